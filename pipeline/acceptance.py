@@ -1,0 +1,156 @@
+"""Acceptance from a server's Prometheus ``/metrics``: counter differences over a window.
+
+Pure functions over parsed scrapes; fetching the text is the caller's job. Definitions
+follow DESIGN.md and ``vllm bench serve``:
+
+- acceptance rate = accepted / draft tokens
+- acceptance length = 1 + accepted / drafts (the bonus token included)
+- per-position rate i = accepted_at_position[i] / drafts (unconditional)
+
+Older (V0) servers expose gauges instead of per-draft counters; those are read as they are,
+since a gauge cannot be differenced.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+V1_DRAFTS = "vllm:spec_decode_num_drafts_total"
+V1_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+V1_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+V1_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+V0_RATE = "vllm:spec_decode_draft_acceptance_rate"
+V0_EFFICIENCY = "vllm:spec_decode_efficiency"
+V0_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+V0_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+V0_EMITTED = "vllm:spec_decode_num_emitted_tokens_total"
+PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
+
+
+class MetricsFormatError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """Sample values of one scrape, summed over every label but ``position``."""
+
+    values: dict[str, float] = field(default_factory=dict)
+    per_position: dict[str, dict[int, float]] = field(default_factory=dict)
+
+    def get(self, name: str) -> float | None:
+        return self.values.get(name)
+
+
+def parse_scrape(text: str) -> Scrape:
+    """Parse Prometheus exposition text with prometheus_client's own parser."""
+    values: dict[str, float] = defaultdict(float)
+    per_position: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    try:
+        families = list(text_string_to_metric_families(text))
+    except ValueError as exc:  # the parser's error for malformed lines
+        raise MetricsFormatError(f"/metrics is not Prometheus text: {exc}") from exc
+    for family in families:
+        for sample in family.samples:
+            # Sum over engines and models: a window's totals are what a job reports.
+            values[sample.name] += sample.value
+            if "position" in sample.labels:
+                per_position[sample.name][int(sample.labels["position"])] += sample.value
+    return Scrape(values=dict(values), per_position={k: dict(v) for k, v in per_position.items()})
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    source: str  # "vllm-v1-counters", "vllm-v0-gauges", or "none"
+    num_drafts: float | None = None
+    num_draft_tokens: float | None = None
+    num_accepted_tokens: float | None = None
+    acceptance_rate: float | None = None  # a fraction in [0, 1]
+    acceptance_length: float | None = None
+    per_position: tuple[float, ...] = ()
+    efficiency: float | None = None  # V0 only
+
+    def as_metrics(self) -> dict[str, float]:
+        """Names and units of ``vllm bench serve``'s result JSON (the rate in percent)."""
+        out: dict[str, float] = {}
+        if self.acceptance_rate is not None:
+            out["spec_decode_acceptance_rate"] = 100.0 * self.acceptance_rate
+        if self.acceptance_length is not None:
+            out["spec_decode_acceptance_length"] = self.acceptance_length
+        for key, value in (
+            ("spec_decode_num_drafts", self.num_drafts),
+            ("spec_decode_draft_tokens", self.num_draft_tokens),
+            ("spec_decode_accepted_tokens", self.num_accepted_tokens),
+            ("spec_decode_efficiency", self.efficiency),
+        ):
+            if value is not None:
+                out[key] = value
+        for i, rate in enumerate(self.per_position):
+            out[f"spec_decode_acceptance_rate_pos_{i}"] = rate
+        return out
+
+
+def _delta(before: Scrape, after: Scrape, name: str) -> float | None:
+    a = after.get(name)
+    if a is None:
+        return None
+    return a - (before.get(name) or 0.0)
+
+
+def acceptance_between(before: Scrape, after: Scrape) -> Acceptance:
+    drafts = _delta(before, after, V1_DRAFTS)
+    if drafts is not None:
+        draft_tokens = _delta(before, after, V1_DRAFT_TOKENS)
+        accepted = _delta(before, after, V1_ACCEPTED)
+        per_pos_after = after.per_position.get(V1_PER_POS, {})
+        per_pos_before = before.per_position.get(V1_PER_POS, {})
+        per_position: tuple[float, ...] = ()
+        if drafts > 0:
+            per_position = tuple(
+                (per_pos_after[p] - per_pos_before.get(p, 0.0)) / drafts for p in sorted(per_pos_after)
+            )
+        return Acceptance(
+            source="vllm-v1-counters",
+            num_drafts=drafts,
+            num_draft_tokens=draft_tokens,
+            num_accepted_tokens=accepted,
+            acceptance_rate=accepted / draft_tokens if accepted is not None and draft_tokens else None,
+            acceptance_length=1.0 + accepted / drafts if accepted is not None and drafts > 0 else None,
+            per_position=per_position,
+        )
+    rate = after.get(V0_RATE)
+    if rate is not None:
+        return Acceptance(
+            source="vllm-v0-gauges",
+            num_draft_tokens=_delta(before, after, V0_DRAFT_TOKENS),
+            num_accepted_tokens=_delta(before, after, V0_ACCEPTED),
+            acceptance_rate=rate,
+            efficiency=after.get(V0_EFFICIENCY),
+        )
+    return Acceptance(source="none")
+
+
+@dataclass(frozen=True)
+class PrefixCacheWindow:
+    queries: float | None
+    hits: float | None
+
+    def as_metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        if self.queries is not None:
+            out["prefix_cache_queries"] = self.queries
+        if self.hits is not None:
+            out["prefix_cache_hits"] = self.hits
+        if self.queries and self.hits is not None:
+            out["prefix_cache_hit_rate"] = self.hits / self.queries
+        return out
+
+
+def prefix_cache_between(before: Scrape, after: Scrape) -> PrefixCacheWindow:
+    return PrefixCacheWindow(
+        queries=_delta(before, after, PREFIX_QUERIES), hits=_delta(before, after, PREFIX_HITS)
+    )

@@ -1,0 +1,173 @@
+"""An async streaming client for OpenAI-compatible servers that records, never raises.
+
+Every request yields one :class:`RequestRecord`, successful or not: errors are data, as in
+vLLM's ``RequestFuncOutput``. Times are ``time.perf_counter()`` seconds; the load generator
+turns them into offsets from the window start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from httpx_sse import SSEError, aconnect_sse
+
+from pipeline.workloads import Request
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    index: int
+    category: str
+    scheduled_s: float  # offset from window start at which it was due
+    sent_s: float  # offset from window start at which it was sent
+    chunk_s: tuple[float, ...] = ()  # offsets of the chunks that carried text
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None  # the server's usage.completion_tokens, never a chunk count
+    finish_reason: str | None = None
+    text: str = ""
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def ttft_s(self) -> float | None:
+        return self.chunk_s[0] - self.sent_s if self.chunk_s else None
+
+    @property
+    def e2el_s(self) -> float | None:
+        return self.chunk_s[-1] - self.sent_s if self.chunk_s else None
+
+    @property
+    def itl_s(self) -> tuple[float, ...]:
+        return tuple(b - a for a, b in zip(self.chunk_s, self.chunk_s[1:]))
+
+    @property
+    def tpot_s(self) -> float | None:
+        if not self.ok or self.output_tokens is None or self.output_tokens <= 1 or not self.chunk_s:
+            return None
+        return (self.chunk_s[-1] - self.chunk_s[0]) / (self.output_tokens - 1)
+
+    def as_row(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "category": self.category,
+            "scheduled_s": self.scheduled_s,
+            "sent_s": self.sent_s,
+            "ttft_s": self.ttft_s,
+            "e2el_s": self.e2el_s,
+            "tpot_s": self.tpot_s,
+            "num_chunks": len(self.chunk_s),
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "finish_reason": self.finish_reason,
+            "error": self.error,
+            "text": self.text,
+            "chunk_s": json.dumps([round(t, 6) for t in self.chunk_s]),
+        }
+
+
+@dataclass(frozen=True)
+class ClientOptions:
+    base_url: str
+    model: str
+    endpoint: str = "chat"  # chat | completions
+    temperature: float = 0.0
+    ignore_eos: bool = False
+    timeout_s: float = 300.0
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def request_body(req: Request, opts: ClientOptions) -> tuple[str, dict[str, Any]]:
+    body: dict[str, Any] = {
+        "model": opts.model,
+        "max_tokens": req.max_tokens,
+        "temperature": opts.temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if opts.ignore_eos:
+        body["ignore_eos"] = True  # a vLLM and SGLang extension
+    if opts.endpoint == "chat":
+        # Raw prompt: the server applies the chat template, once.
+        body["messages"] = [{"role": "user", "content": req.prompt}]
+        return "/v1/chat/completions", body
+    body["prompt"] = req.prompt
+    return "/v1/completions", body
+
+
+def _chunk_text(payload: dict[str, Any], endpoint: str) -> tuple[str, str | None]:
+    choices = payload.get("choices") or []
+    if not choices:
+        return "", None
+    choice = choices[0]
+    # Chat's first chunk carries only the role; it is no token and does not end TTFT.
+    text = (choice.get("delta") or {}).get("content") or "" if endpoint == "chat" else choice.get("text") or ""
+    return text, choice.get("finish_reason")
+
+
+async def send(
+    client: httpx.AsyncClient, req: Request, opts: ClientOptions, scheduled_s: float, t0: float
+) -> RequestRecord:
+    path, body = request_body(req, opts)
+    sent = time.perf_counter()
+    chunks: list[float] = []
+    pieces: list[str] = []
+    usage: dict[str, Any] = {}
+    finish: str | None = None
+    done = False
+    error: str | None = None
+    try:
+        async with asyncio.timeout(opts.timeout_s):
+            async with aconnect_sse(client, "POST", opts.base_url + path, json=body, headers=opts.headers) as source:
+                response = source.response
+                if response.status_code != 200:
+                    detail = (await response.aread()).decode(errors="replace")[:500]
+                    raise _HTTPStatus(f"HTTP {response.status_code}: {detail}")
+                async for event in source.aiter_sse():
+                    now = time.perf_counter()
+                    if event.data == "[DONE]":
+                        done = True
+                        break
+                    payload = json.loads(event.data)
+                    if "error" in payload:
+                        raise _HTTPStatus(f"server error in stream: {payload['error']}")
+                    text, reason = _chunk_text(payload, opts.endpoint)
+                    if text:
+                        chunks.append(now - t0)
+                        pieces.append(text)
+                    finish = reason or finish
+                    if payload.get("usage"):
+                        usage = payload["usage"]
+        if not done:
+            error = "stream ended before [DONE]"
+        elif not usage:
+            error = "no usage in the stream; the server ignored stream_options.include_usage"
+    except TimeoutError:
+        error = f"timed out after {opts.timeout_s:g} s (load.request_timeout_s)"
+    except _HTTPStatus as exc:
+        error = str(exc)
+    except (httpx.HTTPError, SSEError, json.JSONDecodeError) as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    return RequestRecord(
+        index=req.index,
+        category=req.category,
+        scheduled_s=scheduled_s,
+        sent_s=sent - t0,
+        chunk_s=tuple(chunks),
+        prompt_tokens=usage.get("prompt_tokens"),
+        output_tokens=usage.get("completion_tokens"),
+        finish_reason=finish,
+        text="".join(pieces),
+        error=error,
+    )
+
+
+class _HTTPStatus(Exception):
+    pass

