@@ -25,15 +25,15 @@ run: install
 	$(PY) -m pipeline.sweep $(ARGS)
 
 test: install
-	$(PY) -m ruff check pipeline tests benchmarks
+	$(PY) -m ruff check pipeline tests
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: install
 	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
 
 lint: install
-	$(PY) -m ruff check pipeline tests benchmarks
-	$(PY) -m ruff format --check pipeline tests benchmarks
+	$(PY) -m ruff check pipeline tests
+	$(PY) -m ruff format --check pipeline tests
 
 clean:
 	rm -rf $(VENV) outputs multirun

@@ -151,6 +151,4 @@ class PrefixCacheWindow:
 
 
 def prefix_cache_between(before: Scrape, after: Scrape) -> PrefixCacheWindow:
-    return PrefixCacheWindow(
-        queries=_delta(before, after, PREFIX_QUERIES), hits=_delta(before, after, PREFIX_HITS)
-    )
+    return PrefixCacheWindow(queries=_delta(before, after, PREFIX_QUERIES), hits=_delta(before, after, PREFIX_HITS))

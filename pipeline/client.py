@@ -8,6 +8,7 @@ turns them into offsets from the window start.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 from dataclasses import dataclass, field
@@ -46,7 +47,7 @@ class RequestRecord:
 
     @property
     def itl_s(self) -> tuple[float, ...]:
-        return tuple(b - a for a, b in zip(self.chunk_s, self.chunk_s[1:]))
+        return tuple(b - a for a, b in itertools.pairwise(self.chunk_s))
 
     @property
     def tpot_s(self) -> float | None:

@@ -12,7 +12,7 @@ import dataclasses
 import math
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 SPEC_METHODS = ("none", "ngram", "draft", "eagle", "eagle3", "medusa", "mtp", "suffix")
 DEVICES = ("auto", "cpu", "gpu")
@@ -32,7 +32,7 @@ class EngineConfig:
     dtype: str = "bfloat16"
     max_model_len: int = 2048
     # None: eager on CPU, where compiling costs ~100 s of start-up; compiled on GPU.
-    enforce_eager: Optional[bool] = None
+    enforce_eager: bool | None = None
     tensor_parallel_size: int = 1
     # Both servers of a comparison must start each window from the same cache state.
     prefix_caching: bool = True
@@ -40,7 +40,7 @@ class EngineConfig:
     startup_timeout_s: float = 600.0
     cpu_kvcache_gib: int = 2
     # Interpreter of the environment the engine is installed in (default: this one).
-    python: Optional[str] = None
+    python: str | None = None
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
 
@@ -56,7 +56,7 @@ class SpecConfig:
     method: str = "ngram"
     k: int = 3  # draft tokens per step (vLLM num_speculative_tokens)
     # embedded:NAME, a folder, a hub id, or "self" for the target as its own draft.
-    draft_model: Optional[str] = None
+    draft_model: str | None = None
     # Extra keys for the engine's speculative config, e.g. prompt_lookup_max for ngram.
     options: dict[str, Any] = field(default_factory=dict)
 
@@ -81,16 +81,16 @@ class WorkloadConfig:
 
 @dataclass(frozen=True)
 class SloConfig:
-    ttft_ms: Optional[float] = None
-    tpot_ms: Optional[float] = None
-    e2el_ms: Optional[float] = None
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2el_ms: float | None = None
 
 
 @dataclass(frozen=True)
 class TrackingConfig:
     # None: a SQLite store under the project's mlruns/.
-    uri: Optional[str] = None
-    experiment: Optional[str] = None  # default: the sweep name
+    uri: str | None = None
+    experiment: str | None = None  # default: the sweep name
 
 
 @dataclass(frozen=True)
@@ -186,7 +186,11 @@ def validate(job: JobConfig) -> None:
     if spec.method != "none" and spec.k < 1:
         raise ConfigError(f"spec.k={spec.k} is not valid: speculation drafts at least 1 token per step; use spec.k>=1")
     if spec.method in ("draft", "eagle", "eagle3", "medusa") and not spec.draft_model:
-        hint = "embedded:smollm2-135m-l4, self, a folder or a hub id" if spec.method == "draft" else "a folder or hub id of the head"
+        hint = (
+            "embedded:smollm2-135m-l4, self, a folder or a hub id"
+            if spec.method == "draft"
+            else "a folder or hub id of the head"
+        )
         raise ConfigError(f"spec.method={spec.method} needs spec.draft_model ({hint}); e.g. spec=draft")
     if spec.method in ("none", "ngram", "suffix", "mtp") and spec.draft_model:
         raise ConfigError(f"spec.method={spec.method} takes no spec.draft_model; remove it or use spec.method=draft")
@@ -203,7 +207,9 @@ def validate(job: JobConfig) -> None:
     if workload.max_tokens < 1:
         raise ConfigError(f"workload.max_tokens={workload.max_tokens} must be >= 1")
     if engine.max_model_len < workload.max_tokens + 1:
-        raise ConfigError(f"engine.max_model_len={engine.max_model_len} leaves no room for workload.max_tokens={workload.max_tokens}")
+        raise ConfigError(
+            f"engine.max_model_len={engine.max_model_len} leaves no room for workload.max_tokens={workload.max_tokens}"
+        )
     for key in ("ttft_ms", "tpot_ms", "e2el_ms"):
         value = getattr(job.slo, key)
         if value is not None and value <= 0:

@@ -120,14 +120,21 @@ def run_role(role: str, job: JobConfig, prepared: Prepared, tracker: Tracker, ou
     run_id: str | None = None
     server: EngineServer | None = None
     try:
-        with tracker.child(f"{role}-{job.spec.method}-k{job.spec.k}-r{job.load.request_rate:g}", flatten_params(job), tags) as run_id:
+        with tracker.child(
+            f"{role}-{job.spec.method}-k{job.spec.k}-r{job.load.request_rate:g}", flatten_params(job), tags
+        ) as run_id:
             (role_dir / "server_command.txt").write_text(command + "\n")
             tracker.log_text(command + "\n", "server_command.txt")
             try:
                 with EngineServer(spec) as server:
                     print(f"[{role}] server ready in {server.startup_s:.1f} s at {server.base_url}")
                     measurement = measure(
-                        server.base_url, job.model.id, job, prepared.warmup, prepared.requests, f"{role} rate={job.load.request_rate:g}"
+                        server.base_url,
+                        job.model.id,
+                        job,
+                        prepared.warmup,
+                        prepared.requests,
+                        f"{role} rate={job.load.request_rate:g}",
                     )
             finally:
                 _redact_log(spec.log_path, secrets)

@@ -59,7 +59,7 @@ async def _run(
             on_done(record)
             return record
 
-        records = await asyncio.gather(*(one(r, d) for r, d in zip(requests, offsets)))
+        records = await asyncio.gather(*(one(r, d) for r, d in zip(requests, offsets, strict=True)))
         duration = time.perf_counter() - t0
     return Window(records=tuple(records), duration_s=duration)
 

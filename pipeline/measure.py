@@ -14,7 +14,14 @@ import httpx
 import numpy as np
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from pipeline.acceptance import Acceptance, PrefixCacheWindow, Scrape, acceptance_between, parse_scrape, prefix_cache_between
+from pipeline.acceptance import (
+    Acceptance,
+    PrefixCacheWindow,
+    Scrape,
+    acceptance_between,
+    parse_scrape,
+    prefix_cache_between,
+)
 from pipeline.client import ClientOptions, RequestRecord
 from pipeline.config import JobConfig
 from pipeline.loadgen import Window, arrival_offsets, run_window
@@ -92,7 +99,9 @@ def measure(
     if reset:
         reset_prefix_cache(base_url)
     # The schedule depends on the seed alone, so baseline and speculation see the same one.
-    offsets = arrival_offsets(len(requests), job.load.request_rate, job.load.burstiness, np.random.default_rng(job.seed))
+    offsets = arrival_offsets(
+        len(requests), job.load.request_rate, job.load.burstiness, np.random.default_rng(job.seed)
+    )
     before = scrape(base_url)
     window = _progress_run(label, requests, offsets, opts)
     after = scrape(base_url)

@@ -70,8 +70,6 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, slo: SloConfi
     return summary
 
 
-
-
 @dataclass(frozen=True)
 class Comparison:
     """How many times better speculation is than its baseline; > 1 means faster."""

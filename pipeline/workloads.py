@@ -83,7 +83,9 @@ def build_requests(workload: WorkloadConfig, count: int, seed: int, start_index:
     ]
 
 
-def split_warmup(workload: WorkloadConfig, measured: int, warmup: int, seed: int) -> tuple[list[Request], list[Request]]:
+def split_warmup(
+    workload: WorkloadConfig, measured: int, warmup: int, seed: int
+) -> tuple[list[Request], list[Request]]:
     """Warm-up prompts are drawn apart from the measured ones, so they never warm their cache."""
     both = build_requests(workload, measured + warmup, seed)
     return both[measured:], both[:measured]

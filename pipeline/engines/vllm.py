@@ -102,7 +102,9 @@ def validate_spec(spec: SpecConfig, version: Version) -> None:
     if since is not None and version < since:
         raise ConfigError(f"spec.method={spec.method} needs vLLM >= {since}; the installed vLLM is {version}")
     if version < JSON_CONFIG_SINCE and spec.method not in LEGACY_METHODS:
-        raise ConfigError(f"spec.method={spec.method} needs vLLM >= {JSON_CONFIG_SINCE}; the installed vLLM is {version}")
+        raise ConfigError(
+            f"spec.method={spec.method} needs vLLM >= {JSON_CONFIG_SINCE}; the installed vLLM is {version}"
+        )
     misplaced = [k for k in NGRAM_OPTIONS if k in spec.options and spec.method != "ngram"]
     if misplaced:
         raise ConfigError(

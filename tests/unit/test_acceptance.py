@@ -1,0 +1,96 @@
+from __future__ import annotations
+
+import pytest
+
+from pipeline.acceptance import MetricsFormatError, Scrape, acceptance_between, parse_scrape, prefix_cache_between
+
+
+def v1_text(drafts: float, draft_tokens: float, accepted: float, per_pos: list[float], engines: int = 1) -> str:
+    lines = [
+        "# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.",
+        "# TYPE vllm:spec_decode_num_drafts_total counter",
+    ]
+    for e in range(engines):
+        lines.append(f'vllm:spec_decode_num_drafts_total{{engine="{e}",model_name="m"}} {drafts / engines}')
+    lines += ["# TYPE vllm:spec_decode_num_draft_tokens_total counter"]
+    lines += [
+        f'vllm:spec_decode_num_draft_tokens_total{{engine="{e}",model_name="m"}} {draft_tokens / engines}'
+        for e in range(engines)
+    ]
+    lines += ["# TYPE vllm:spec_decode_num_accepted_tokens_total counter"]
+    lines += [
+        f'vllm:spec_decode_num_accepted_tokens_total{{engine="{e}",model_name="m"}} {accepted / engines}'
+        for e in range(engines)
+    ]
+    lines += ["# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter"]
+    for e in range(engines):
+        lines += [
+            f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="{e}",model_name="m",position="{i}"}} {v / engines}'
+            for i, v in enumerate(per_pos)
+        ]
+    lines += [
+        "# TYPE vllm:prefix_cache_queries_total counter",
+        f'vllm:prefix_cache_queries_total{{engine="0",model_name="m"}} {drafts * 10}',
+        "# TYPE vllm:prefix_cache_hits_total counter",
+        f'vllm:prefix_cache_hits_total{{engine="0",model_name="m"}} {drafts * 2}',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def test_v1_counter_deltas_follow_the_definitions() -> None:
+    before = parse_scrape(v1_text(10, 30, 20, [9, 7, 4]))
+    after = parse_scrape(v1_text(110, 330, 230, [99, 77, 54]))
+    acc = acceptance_between(before, after)
+    assert acc.source == "vllm-v1-counters"
+    assert (acc.num_drafts, acc.num_draft_tokens, acc.num_accepted_tokens) == (100, 300, 210)
+    assert acc.acceptance_rate == pytest.approx(0.7)
+    assert acc.acceptance_length == pytest.approx(3.1)
+    assert acc.per_position == pytest.approx((0.9, 0.7, 0.5))
+    metrics = acc.as_metrics()
+    # vllm bench serve reports the rate in percent.
+    assert metrics["spec_decode_acceptance_rate"] == pytest.approx(70.0)
+    assert metrics["spec_decode_acceptance_rate_pos_2"] == pytest.approx(0.5)
+    prefix = prefix_cache_between(before, after)
+    assert (prefix.queries, prefix.hits) == (1000, 200)
+    assert prefix.as_metrics()["prefix_cache_hit_rate"] == pytest.approx(0.2)
+
+
+def test_counters_are_summed_over_engines() -> None:
+    acc = acceptance_between(Scrape(), parse_scrape(v1_text(100, 300, 150, [60, 50, 40], engines=2)))
+    assert acc.num_drafts == 100 and acc.acceptance_rate == pytest.approx(0.5)
+    assert acc.per_position == pytest.approx((0.6, 0.5, 0.4))
+
+
+def test_no_drafts_in_window_gives_no_rate_not_a_crash() -> None:
+    same = parse_scrape(v1_text(10, 30, 20, [9, 7, 4]))
+    acc = acceptance_between(same, same)
+    assert acc.num_drafts == 0 and acc.acceptance_rate is None and acc.acceptance_length is None
+    assert "spec_decode_acceptance_rate" not in acc.as_metrics()
+
+
+def test_v0_gauges_when_v1_counters_are_absent() -> None:
+    text = (
+        "# TYPE vllm:spec_decode_draft_acceptance_rate gauge\n"
+        'vllm:spec_decode_draft_acceptance_rate{model_name="m"} 0.62\n'
+        "# TYPE vllm:spec_decode_efficiency gauge\n"
+        'vllm:spec_decode_efficiency{model_name="m"} 0.55\n'
+        "# TYPE vllm:spec_decode_num_accepted_tokens_total counter\n"
+        'vllm:spec_decode_num_accepted_tokens_total{model_name="m"} 620\n'
+        "# TYPE vllm:spec_decode_num_draft_tokens_total counter\n"
+        'vllm:spec_decode_num_draft_tokens_total{model_name="m"} 1000\n'
+    )
+    acc = acceptance_between(Scrape(), parse_scrape(text))
+    assert acc.source == "vllm-v0-gauges"
+    assert acc.acceptance_rate == pytest.approx(0.62) and acc.efficiency == pytest.approx(0.55)
+    assert acc.num_draft_tokens == 1000 and acc.acceptance_length is None
+
+
+def test_baseline_server_has_no_acceptance() -> None:
+    text = '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name="m"} 0\n'
+    acc = acceptance_between(Scrape(), parse_scrape(text))
+    assert acc.source == "none" and acc.as_metrics() == {}
+
+
+def test_malformed_metrics_text_is_a_clear_error() -> None:
+    with pytest.raises(MetricsFormatError, match="not Prometheus text"):
+        parse_scrape("vllm:spec_decode_num_drafts_total{engine=0 12 13 14\n")

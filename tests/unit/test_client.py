@@ -1,0 +1,105 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pipeline.client import ClientOptions
+from pipeline.loadgen import run_window
+from pipeline.workloads import Request
+from tests.fakes import FakeServer, Script, chat_chunk, chat_script, usage_chunk
+
+
+def _request(i: int = 0, max_tokens: int = 16) -> Request:
+    return Request(index=i, prompt="def f(): pass", category="code_edit", max_tokens=max_tokens)
+
+
+def _opts(url: str, **kw: object) -> ClientOptions:
+    return ClientOptions(base_url=url, model="m", **kw)  # type: ignore[arg-type]
+
+
+def test_timing_invariants_and_usage_tokens() -> None:
+    # One chunk carries several tokens (as under speculation): 3 chunks, 7 tokens.
+    script = chat_script(["def", " f(x: int)", " -> None: pass"], completion_tokens=7, gap_s=0.02, first_s=0.05)
+    with FakeServer(lambda body: script) as url:
+        record = run_window([_request()], [0.0], _opts(url)).records[0]
+    assert record.ok, record.error
+    assert record.output_tokens == 7  # from usage, not the 3 chunks
+    assert len(record.chunk_s) == 3  # the role-only first chunk carries no token
+    assert record.text == "def f(x: int) -> None: pass"
+    assert record.finish_reason == "stop"
+    # vLLM's test_endpoint_request_func_timing invariant: latency - ttft == sum(itl).
+    assert math.isclose(record.e2el_s - record.ttft_s, sum(record.itl_s), abs_tol=1e-9)
+    assert record.ttft_s >= 0.05
+    assert math.isclose(record.tpot_s, (record.e2el_s - record.ttft_s) / 6, rel_tol=1e-9)
+    assert all(gap >= 0.015 for gap in record.itl_s)
+
+
+def test_request_body_is_streaming_chat_with_usage() -> None:
+    server = FakeServer(lambda body: chat_script(["x"], 1))
+    with server as url:
+        run_window([_request(max_tokens=9)], [0.0], _opts(url, ignore_eos=True))
+    body = server.bodies[0]
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert body["messages"] == [{"role": "user", "content": "def f(): pass"}]
+    assert body["max_tokens"] == 9 and body["temperature"] == 0.0 and body["ignore_eos"] is True
+
+
+def test_completions_endpoint_reads_text() -> None:
+    import json
+
+    steps = [(0.0, json.dumps({"choices": [{"text": t, "finish_reason": None}]})) for t in ("a", "b")]
+    steps += [(0.0, usage_chunk(3, 2)), (0.0, "[DONE]")]
+    server = FakeServer(lambda body: Script(steps=steps))
+    with server as url:
+        record = run_window([_request()], [0.0], _opts(url, endpoint="completions")).records[0]
+    assert record.ok and record.text == "ab" and record.output_tokens == 2
+    assert server.bodies[0]["prompt"] == "def f(): pass"
+
+
+@pytest.mark.parametrize(
+    ("script", "expected"),
+    [
+        (Script(status=500), "HTTP 500"),
+        (Script(steps=[(0.0, chat_chunk("a")), (0.0, chat_chunk("b"))], drop_after=1), ""),
+        (Script(steps=[(0.0, chat_chunk("a")), (0.0, "[DONE]")]), "no usage"),
+        (Script(steps=[(0.0, chat_chunk("a")), (0.0, "not json")]), "JSONDecodeError"),
+    ],
+    ids=["http-500", "dropped-mid-stream", "no-usage", "malformed-chunk"],
+)
+def test_faults_become_records_not_exceptions(script: Script, expected: str) -> None:
+    with FakeServer(lambda body: script) as url:
+        window = run_window([_request(0), _request(1)], [0.0, 0.0], _opts(url))
+    assert len(window.records) == 2
+    for record in window.records:
+        assert not record.ok
+        assert expected in (record.error or "")
+
+
+def test_every_request_has_a_deadline() -> None:
+    hang = Script(steps=[(0.0, chat_chunk("a")), (30.0, chat_chunk("b"))])
+    with FakeServer(lambda body: hang) as url:
+        window = run_window([_request()], [0.0], _opts(url, timeout_s=0.5))
+    record = window.records[0]
+    assert not record.ok and "timed out" in (record.error or "")
+    assert window.duration_s < 10  # bounded by the deadline, not by the server
+
+
+def test_unreachable_server_is_an_error_record() -> None:
+    from pipeline.engines.base import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"
+    record = run_window([_request()], [0.0], _opts(url, timeout_s=5)).records[0]
+    assert not record.ok and "ConnectError" in (record.error or "")
+
+
+def test_open_loop_sends_on_schedule_not_after_completion() -> None:
+    slow = chat_script(["a", "b"], 2, gap_s=0.3)
+    with FakeServer(lambda body: slow) as url:
+        window = run_window([_request(i) for i in range(3)], [0.0, 0.1, 0.2], _opts(url))
+    sent = [r.sent_s for r in window.records]
+    # Each request left near its due time although the previous one was still streaming.
+    for record in window.records:
+        assert record.ok
+        assert record.sent_s - record.scheduled_s < 0.08
+    assert sent[2] < window.records[0].e2el_s + window.records[0].sent_s

@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+
+from pipeline.config import ConfigError, JobConfig, LoadConfig, SpecConfig, register_schema, to_job_config, validate
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir())
+
+
+def _compose(overrides: list[str]) -> JobConfig:
+    register_schema()
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        cfg = compose(config_name="config", overrides=[*overrides, "output_dir=/tmp/x"])
+    return to_job_config(cfg)
+
+
+def test_default_config_is_ngram_k3_rate1_on_embedded_model() -> None:
+    job = _compose([])
+    assert job.spec == SpecConfig(method="ngram", k=3, options={"prompt_lookup_max": 4, "prompt_lookup_min": 2})
+    assert job.load.request_rate == 1.0 and job.model.id == "embedded:smollm2-135m"
+    assert job.engine.host == "127.0.0.1"
+
+
+@pytest.mark.parametrize(("group", "option"), [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))])
+def test_every_config_group_option_composes(group: str, option: str) -> None:
+    job = _compose([f"{group}={option}"])
+    assert isinstance(job, JobConfig)
+
+
+def test_issue_command_line_overrides_compose() -> None:
+    job = _compose(["spec.method=ngram", "spec.k=5", "load.request_rate=2"])
+    assert job.spec.k == 5 and job.load.request_rate == 2.0
+
+
+def test_misspelled_key_fails_at_compose() -> None:
+    with pytest.raises(ConfigCompositionException, match="spec.kk"):
+        _compose(["spec.kk=3"])
+
+
+def test_wrong_type_fails_at_compose() -> None:
+    with pytest.raises(ConfigCompositionException):
+        _compose(["spec.k=three"])
+
+
+def test_baseline_is_same_point_without_speculation() -> None:
+    job = _compose(["spec=draft"])
+    base = job.baseline()
+    assert base.spec.method == "none" and base.spec.draft_model is None
+    assert dataclasses.replace(base, spec=job.spec) == job
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"spec": SpecConfig(method="lookahead")}, "spec.method='lookahead' is not valid; choose one of: none, ngram"),
+        ({"spec": SpecConfig(method="ngram", k=0)}, "spec.k=0"),
+        ({"spec": SpecConfig(method="draft")}, "needs spec.draft_model"),
+        ({"spec": SpecConfig(method="eagle")}, "needs spec.draft_model"),
+        ({"spec": SpecConfig(method="ngram", draft_model="x")}, "takes no spec.draft_model"),
+        ({"load": LoadConfig(request_rate=0)}, "load.request_rate=0"),
+        ({"load": LoadConfig(request_rate=-1)}, "must be > 0"),
+        ({"load": LoadConfig(num_requests=-2)}, "load.num_requests=-2"),
+        ({"load": LoadConfig(burstiness=0)}, "load.burstiness"),
+    ],
+)
+def test_invalid_configs_name_the_key_and_fix(change: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        validate(dataclasses.replace(JobConfig(), **change))
+
+
+def test_inf_rate_is_valid() -> None:
+    validate(dataclasses.replace(JobConfig(), load=LoadConfig(request_rate=float("inf"))))
+
+
+def test_unknown_method_is_refused_at_compose_time() -> None:
+    with pytest.raises(ConfigError, match="choose one of"):
+        _compose(["spec.method=medusa2"])

@@ -1,0 +1,124 @@
+"""EngineServer's lifetime guarantees, with small scripted processes standing in for vLLM."""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.engines.base import EngineServer, ServerError, ServerSpec, free_port
+
+# Serves /health after a delay, and leaves a grandchild running, as vLLM's engine core does.
+SERVER = textwrap.dedent(
+    """
+    import http.server, subprocess, sys, time
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    open(sys.argv[3], "w").write(str(child.pid))
+    time.sleep(float(sys.argv[2]))
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200); self.end_headers(); self.wfile.write(b"ok")
+        def log_message(self, *a): pass
+    print("serving", flush=True)
+    http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+    """
+)
+
+
+def _spec(tmp_path: Path, args: list[str], timeout_s: float = 30.0) -> ServerSpec:
+    port = free_port()
+    script = tmp_path / "server.py"
+    script.write_text(SERVER)
+    return ServerSpec(
+        engine="fake",
+        engine_version="0",
+        command=(sys.executable, str(script), str(port), *args),
+        host="127.0.0.1",
+        port=port,
+        log_path=tmp_path / "server.log",
+        startup_timeout_s=timeout_s,
+    )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it has exited all the same.
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split(")")[-1].split()[0] != "Z"
+
+
+def _wait_gone(pid: int, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_ready_then_whole_group_stopped(tmp_path: Path) -> None:
+    child_file = tmp_path / "child.pid"
+    with EngineServer(_spec(tmp_path, ["0.5", str(child_file)]), poll_s=0.05) as server:
+        assert server.startup_s is not None and server.startup_s >= 0.5
+        leader = server.pid
+        child = int(child_file.read_text())
+        assert leader is not None and _alive(leader) and _alive(child)
+    assert _wait_gone(leader) and _wait_gone(child)
+
+
+def test_ctrl_c_inside_the_block_still_stops_the_group(tmp_path: Path) -> None:
+    child_file = tmp_path / "child.pid"
+    with pytest.raises(KeyboardInterrupt):
+        with EngineServer(_spec(tmp_path, ["0", str(child_file)]), poll_s=0.05) as server:
+            leader = server.pid
+            raise KeyboardInterrupt
+    assert leader is not None
+    assert _wait_gone(leader) and _wait_gone(int(child_file.read_text()))
+
+
+def test_process_dying_at_start_fails_fast_with_log_tail(tmp_path: Path) -> None:
+    spec = _spec(tmp_path, [])
+    spec = ServerSpec(
+        **{
+            **spec.__dict__,
+            "command": (
+                sys.executable,
+                "-c",
+                "import sys; print('error: unrecognized arguments: --bogus'); sys.exit(2)",
+            ),
+        }
+    )
+    started = time.monotonic()
+    with pytest.raises(ServerError, match="exited with code 2") as info:
+        with EngineServer(spec, poll_s=0.05):
+            pass
+    assert time.monotonic() - started < 10  # not the 30 s deadline
+    assert "unrecognized arguments: --bogus" in info.value.log_tail
+
+
+def test_never_healthy_hits_the_deadline_and_is_stopped(tmp_path: Path) -> None:
+    child_file = tmp_path / "child.pid"
+    with pytest.raises(ServerError, match="not healthy after 1 s"):
+        with EngineServer(_spec(tmp_path, ["600", str(child_file)], timeout_s=1.0), poll_s=0.05):
+            pass
+    assert _wait_gone(int(child_file.read_text()))
+
+
+def test_missing_interpreter_is_a_server_error(tmp_path: Path) -> None:
+    spec = _spec(tmp_path, [])
+    spec = ServerSpec(**{**spec.__dict__, "command": (str(tmp_path / "no-python"), "-m", "vllm")})
+    with pytest.raises(ServerError, match="engine.python"):
+        with EngineServer(spec):
+            pass
+
+
+def test_redacted_command_masks_api_key(tmp_path: Path) -> None:
+    spec = _spec(tmp_path, ["--api-key", "sk-secret-value"])
+    assert "sk-secret-value" not in spec.redacted_command()

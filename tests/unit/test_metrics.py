@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pipeline.client import RequestRecord
+from pipeline.config import SloConfig
+from pipeline.metrics import compare, summarize
+
+
+def rec(i: int, sent: float, chunks: list[float], tokens: int | None, error: str | None = None) -> RequestRecord:
+    return RequestRecord(
+        index=i, category="c", scheduled_s=sent, sent_s=sent, chunk_s=tuple(chunks),
+        prompt_tokens=10, output_tokens=tokens, error=error,
+    )  # fmt: skip
+
+
+def test_summary_definitions() -> None:
+    records = [
+        rec(0, 0.0, [0.1, 0.2, 0.3], 5),  # ttft 100 ms, tpot (0.2/4)=50 ms, e2el 300 ms
+        rec(1, 1.0, [1.2, 1.6], 3),  # ttft 200 ms, tpot 200 ms, e2el 600 ms
+        rec(2, 1.5, [1.7], 1),  # one token: no TPOT
+        rec(3, 2.0, [], None, error="HTTP 500"),
+    ]
+    s = summarize(records, duration_s=2.0, slo=SloConfig())
+    assert s["completed"] == 3 and s["failed"] == 1 and s["error_rate"] == pytest.approx(0.25)
+    assert s["total_output_tokens"] == 9 and s["output_throughput"] == pytest.approx(4.5)
+    assert s["request_throughput"] == pytest.approx(1.5)
+    assert s["total_input_tokens"] == 30
+    assert s["median_ttft_ms"] == pytest.approx(200.0)
+    assert s["mean_tpot_ms"] == pytest.approx(125.0)
+    assert s["median_e2el_ms"] == pytest.approx(300.0)
+    # ITL pools gaps across requests: 100, 100, 400 ms.
+    assert s["mean_itl_ms"] == pytest.approx(200.0) and s["median_itl_ms"] == pytest.approx(100.0)
+    assert "request_goodput" not in s  # no SLO configured
+
+
+def test_goodput_counts_requests_meeting_every_slo() -> None:
+    records = [rec(0, 0.0, [0.1, 0.2, 0.3], 5), rec(1, 1.0, [1.2, 1.6], 3)]
+    s = summarize(records, duration_s=2.0, slo=SloConfig(ttft_ms=150, tpot_ms=100))
+    assert s["request_goodput"] == pytest.approx(0.5)
+
+
+def test_empty_window_is_nan_not_a_crash() -> None:
+    s = summarize([rec(0, 0.0, [], None, error="x")], duration_s=1.0, slo=SloConfig())
+    assert s["completed"] == 0 and math.isnan(s["median_tpot_ms"])
+
+
+def test_comparison_is_baseline_over_speculative_for_latency() -> None:
+    base = {
+        "median_tpot_ms": 40.0,
+        "median_e2el_ms": 4000.0,
+        "median_ttft_ms": 500.0,
+        "p99_tpot_ms": 50.0,
+        "output_throughput": 25.0,
+    }
+    spec = {
+        "median_tpot_ms": 18.0,
+        "median_e2el_ms": 2000.0,
+        "median_ttft_ms": 600.0,
+        "p99_tpot_ms": 100.0,
+        "output_throughput": 55.0,
+    }
+    c = compare(base, spec)
+    assert c.speedup_median_tpot == pytest.approx(40 / 18)
+    assert c.speedup_median_ttft == pytest.approx(500 / 600)  # < 1: a TTFT regression
+    assert c.speedup_p99_tpot == pytest.approx(0.5)
+    assert c.output_throughput_ratio == pytest.approx(2.2)
+    assert math.isnan(compare(base, {**spec, "median_tpot_ms": math.nan}).speedup_median_tpot)

