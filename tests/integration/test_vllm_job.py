@@ -16,7 +16,8 @@ from mlflow.tracking import MlflowClient
 from pipeline.config import EngineConfig, JobConfig, LoadConfig, SpecConfig, WorkloadConfig
 from pipeline.job import prepare, run_role
 from pipeline.models import ensure_embedded
-from pipeline.tracking import Tracker, prepare as prepare_store, resolve_store
+from pipeline.tracking import Tracker, resolve_store
+from pipeline.tracking import prepare as prepare_store
 from tests.integration.conftest import run_sweep
 
 pytestmark = pytest.mark.integration
