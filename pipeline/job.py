@@ -151,8 +151,9 @@ def run_role(role: str, job: JobConfig, prepared: Prepared, tracker: Tracker, ou
             tracker.log_metrics(metrics)
             tracker.log_json(metrics | {"acceptance_source": measurement.acceptance.source}, "summary.json")
             tracker.set_tags({"acceptance.source": measurement.acceptance.source, "status": "finished"})
-    except (ServerError, MeasurementError) as exc:
-        message = redact_text(str(exc), secrets)
+    except Exception as exc:  # noqa: BLE001 - one role's failure is data; the other role still runs
+        detail = str(exc) if isinstance(exc, (ServerError, MeasurementError)) else f"{type(exc).__name__}: {exc}"
+        message = redact_text(detail, secrets)
         print(f"[{role}] FAILED: {message}")
         return RoleResult(role, job, run_id, None, command, error=message)
     return RoleResult(role, job, run_id, measurement, command, startup_s=server.startup_s if server else None)

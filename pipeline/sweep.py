@@ -43,8 +43,12 @@ def run(job: JobConfig, project_root: Path) -> int:
     tracker = tracking.Tracker(store, tracking.prepare(store, experiment))
     out_dir = Path(job.output_dir).resolve()
     print(f"outputs: {out_dir}\nMLflow: {store.tracking_uri} (experiment {experiment!r})")
-    with tracker.parent(f"{job.spec.method}-k{job.spec.k}-r{job.load.request_rate:g}", {"role": "sweep"}):
-        result = jobs.run_job(prepared, tracker, out_dir)
+    try:
+        with tracker.parent(f"{job.spec.method}-k{job.spec.k}-r{job.load.request_rate:g}", {"role": "sweep"}):
+            result = jobs.run_job(prepared, tracker, out_dir)
+    except KeyboardInterrupt:
+        print("interrupted: every server was stopped; finished runs are in MLflow", file=sys.stderr)
+        return 130
     table.render(result)
     return EXIT_FAILED_POINT if result.failed else 0
 

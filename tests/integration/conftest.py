@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+# The API server, and the engine-core and worker processes it spawns (named by setproctitle).
+SERVER_PATTERN = "vllm.entrypoints.openai.api_server|VLLM::"
 
 
 def vllm_server_pids() -> set[int]:
-    out = subprocess.run(["pgrep", "-f", SERVER_MODULE], capture_output=True, text=True).stdout
+    out = subprocess.run(["pgrep", "-f", SERVER_PATTERN], capture_output=True, text=True).stdout
     return {int(p) for p in out.split()}
 
 

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -18,7 +21,7 @@ from pipeline.job import prepare, run_role
 from pipeline.models import ensure_embedded
 from pipeline.tracking import Tracker, resolve_store
 from pipeline.tracking import prepare as prepare_store
-from tests.integration.conftest import run_sweep
+from tests.integration.conftest import run_sweep, vllm_server_pids
 
 pytestmark = pytest.mark.integration
 
@@ -114,3 +117,25 @@ def test_truncated_draft_has_four_layers() -> None:
     folder = ensure_embedded("smollm2-135m-l4")
     config = json.loads((folder / "config.json").read_text())
     assert config["num_hidden_layers"] == 4 and config["vocab_size"] == 49152
+
+
+def test_sigterm_mid_job_stops_every_server_process(tmp_path: Path, no_leftover_servers: None) -> None:
+    # What a scheduler sends: the job must stop its server's whole group (API server,
+    # engine core, workers), not only the process it started.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.sweep", f"hydra.run.dir={tmp_path}/out", "sweep_name=term", *SMALL],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    seen: list[str] = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "server ready" in line:
+            break
+    assert vllm_server_pids(), "expected a running server before the signal:\n" + "".join(seen[-20:])
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=120)
+    assert proc.returncode != 0
