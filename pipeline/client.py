@@ -1,8 +1,8 @@
 """An async streaming client for OpenAI-compatible servers that records, never raises.
 
 Every request yields one :class:`RequestRecord`, successful or not: errors are data, as in
-vLLM's ``RequestFuncOutput``. Times are ``time.perf_counter()`` seconds; the load generator
-turns them into offsets from the window start.
+vLLM's ``RequestFuncOutput``. Times are offsets in seconds from the window start, read from
+``clock`` (the system-wide monotonic clock, so worker processes share one time origin).
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from httpx_sse import SSEError, aconnect_sse
 
 from pipeline.workloads import Request
 
+clock = time.monotonic
+
 
 @dataclass(frozen=True)
 class RequestRecord:
@@ -26,6 +28,7 @@ class RequestRecord:
     category: str
     scheduled_s: float  # offset from window start at which it was due
     sent_s: float  # offset from window start at which it was sent
+    queued_s: float = 0.0  # of the lateness, the time spent waiting for a max_concurrency slot
     chunk_s: tuple[float, ...] = ()  # offsets of the chunks that carried text
     prompt_tokens: int | None = None
     output_tokens: int | None = None  # the server's usage.completion_tokens, never a chunk count
@@ -36,6 +39,11 @@ class RequestRecord:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @property
+    def lateness_s(self) -> float:
+        """How late the client sent it, deliberate queueing excluded: the client's own health."""
+        return self.sent_s - self.scheduled_s - self.queued_s
 
     @property
     def ttft_s(self) -> float | None:
@@ -61,6 +69,7 @@ class RequestRecord:
             "category": self.category,
             "scheduled_s": self.scheduled_s,
             "sent_s": self.sent_s,
+            "queued_s": self.queued_s,
             "ttft_s": self.ttft_s,
             "e2el_s": self.e2el_s,
             "tpot_s": self.tpot_s,
@@ -114,10 +123,10 @@ def _chunk_text(payload: dict[str, Any], endpoint: str) -> tuple[str, str | None
 
 
 async def send(
-    client: httpx.AsyncClient, req: Request, opts: ClientOptions, scheduled_s: float, t0: float
+    client: httpx.AsyncClient, req: Request, opts: ClientOptions, scheduled_s: float, t0: float, queued_s: float = 0.0
 ) -> RequestRecord:
     path, body = request_body(req, opts)
-    sent = time.perf_counter()
+    sent = clock()
     chunks: list[float] = []
     pieces: list[str] = []
     usage: dict[str, Any] = {}
@@ -132,7 +141,7 @@ async def send(
                     detail = (await response.aread()).decode(errors="replace")[:500]
                     raise _HTTPStatus(f"HTTP {response.status_code}: {detail}")
                 async for event in source.aiter_sse():
-                    now = time.perf_counter()
+                    now = clock()
                     if event.data == "[DONE]":
                         done = True
                         break
@@ -161,6 +170,7 @@ async def send(
         category=req.category,
         scheduled_s=scheduled_s,
         sent_s=sent - t0,
+        queued_s=queued_s,
         chunk_s=tuple(chunks),
         prompt_tokens=usage.get("prompt_tokens"),
         output_tokens=usage.get("completion_tokens"),

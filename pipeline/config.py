@@ -66,17 +66,29 @@ class LoadConfig:
     request_rate: float = 1.0  # requests per second; inf sends every request at once
     burstiness: float = 1.0  # gamma shape of inter-arrival times; 1.0 is Poisson
     num_requests: int = 16
+    # Instead of num_requests: every arrival due within this many seconds (finite rates).
+    duration_s: float | None = None
+    # Cap on requests in flight; with request_rate=inf this is closed-loop load.
+    max_concurrency: int | None = None
     warmup_requests: int = 2
     request_timeout_s: float = 300.0
+    # Client processes sharing the schedule, for rates one process cannot send on time.
+    client_workers: int = 1
 
 
 @dataclass(frozen=True)
 class WorkloadConfig:
+    # Bundled: code_edit, summarize, chat, qa, mixed. Files: sharegpt, spec_bench, jsonl
+    # (set path). Or random, with the length settings below.
     name: str = "code_edit"
+    path: str | None = None
     endpoint: str = "chat"
-    max_tokens: int = 128
+    max_tokens: int = 128  # the cap on every request's output length
     ignore_eos: bool = False
     temperature: float = 0.0
+    random_input_len: int = 256
+    random_output_len: int = 128
+    random_range_ratio: float = 0.0  # lengths drawn uniformly in len × [1 - ratio, 1 + ratio]
 
 
 @dataclass(frozen=True)
@@ -200,10 +212,28 @@ def validate(job: JobConfig) -> None:
         raise ConfigError(f"load.burstiness={load.burstiness} must be a positive number (1.0 is Poisson)")
     if load.num_requests < 1:
         raise ConfigError(f"load.num_requests={load.num_requests} must be >= 1")
+    if load.duration_s is not None:
+        if not load.duration_s > 0 or math.isinf(load.duration_s):
+            raise ConfigError(f"load.duration_s={load.duration_s} must be a positive number of seconds or null")
+        if math.isinf(load.request_rate):
+            raise ConfigError("load.duration_s needs a finite load.request_rate; for closed loop use load.num_requests")
+    if load.max_concurrency is not None and load.max_concurrency < 1:
+        raise ConfigError(f"load.max_concurrency={load.max_concurrency} must be >= 1 or null")
+    if load.client_workers < 1:
+        raise ConfigError(f"load.client_workers={load.client_workers} must be >= 1")
+    if load.max_concurrency is not None and load.max_concurrency < load.client_workers:
+        raise ConfigError(
+            f"load.max_concurrency={load.max_concurrency} is below load.client_workers={load.client_workers}: "
+            f"every worker needs at least one slot"
+        )
     if load.warmup_requests < 0:
         raise ConfigError(f"load.warmup_requests={load.warmup_requests} must be >= 0")
     if load.request_timeout_s <= 0:
         raise ConfigError(f"load.request_timeout_s={load.request_timeout_s} must be > 0")
+    if not 0 <= workload.random_range_ratio < 1:
+        raise ConfigError(f"workload.random_range_ratio={workload.random_range_ratio} must be in [0, 1)")
+    if workload.random_input_len < 1 or workload.random_output_len < 1:
+        raise ConfigError("workload.random_input_len and workload.random_output_len must be >= 1")
     if workload.max_tokens < 1:
         raise ConfigError(f"workload.max_tokens={workload.max_tokens} must be >= 1")
     if engine.max_model_len < workload.max_tokens + 1:

@@ -15,15 +15,17 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
-from pipeline.config import JobConfig
+from pipeline.config import JobConfig, LoadConfig
 from pipeline.engines import vllm
 from pipeline.engines.base import EngineServer, ServerError, ServerSpec, free_port
 from pipeline.hardware import hardware_tags, resolve_device
+from pipeline.loadgen import arrival_offsets, arrivals_within
 from pipeline.measure import Measurement, MeasurementError, measure
 from pipeline.metrics import Comparison, compare
-from pipeline.models import cache_root, resolve_model
+from pipeline.models import cache_root, load_tokenizer, resolve_model
 from pipeline.redact import redact_text, secret_values
 from pipeline.tracking import Tracker, flatten_params
 from pipeline.workloads import Request, split_warmup
@@ -40,6 +42,7 @@ class Prepared:
     draft_path: str | None
     warmup: tuple[Request, ...]
     requests: tuple[Request, ...]
+    offsets: tuple[float, ...]  # when each request is due, seconds from the window start
 
 
 def prepare(job: JobConfig) -> Prepared:
@@ -49,8 +52,18 @@ def prepare(job: JobConfig) -> Prepared:
     vllm.validate_spec(job.spec, install.version)
     model_path = resolve_model(job.model.id)
     draft_path = resolve_model(job.spec.draft_model, target=model_path) if job.spec.draft_model else None
-    warmup, requests = split_warmup(job.workload, job.load.num_requests, job.load.warmup_requests, job.seed)
-    return Prepared(job, install, on_gpu, model_path, draft_path, tuple(warmup), tuple(requests))
+    tokenizer = load_tokenizer(model_path)
+    offsets = schedule(job.load, job.seed)
+    warmup, requests = split_warmup(job.workload, len(offsets), job.load.warmup_requests, job.seed, tokenizer)
+    return Prepared(job, install, on_gpu, model_path, draft_path, tuple(warmup), tuple(requests), tuple(offsets))
+
+
+def schedule(load: LoadConfig, seed: int) -> list[float]:
+    """The arrival times, from the seed alone: baseline and speculation get the same ones."""
+    rng = np.random.default_rng(seed)
+    if load.duration_s is not None:
+        return arrivals_within(load.duration_s, load.request_rate, load.burstiness, rng)
+    return arrival_offsets(load.num_requests, load.request_rate, load.burstiness, rng)
 
 
 def point_hash(job: JobConfig) -> str:
@@ -134,6 +147,7 @@ def run_role(role: str, job: JobConfig, prepared: Prepared, tracker: Tracker, ou
                         job,
                         prepared.warmup,
                         prepared.requests,
+                        prepared.offsets,
                         f"{role} rate={job.load.request_rate:g}",
                     )
             finally:

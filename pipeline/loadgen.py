@@ -1,14 +1,17 @@
 """Open-loop load: arrival times fixed up front from a seeded generator, then kept to.
 
 A request is sent at its scheduled time whether or not earlier ones have finished, so a
-slow server queues work instead of slowing the client down (closed-loop would hide that).
+slow server queues work instead of slowing the client down. ``max_concurrency`` caps the
+requests in flight (closed loop when the rate is infinite), and where one process cannot
+keep up, ``workers`` processes share the schedule and one monotonic clock.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-import time
+import multiprocessing as mp
+import queue
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -20,8 +23,11 @@ try:
 except ImportError:  # optional: a faster event loop where it installs
     uvloop = None  # type: ignore[assignment]
 
-from pipeline.client import ClientOptions, RequestRecord, send
+from pipeline.client import ClientOptions, RequestRecord, clock, send
 from pipeline.workloads import Request
+
+WORKER_START_TIMEOUT_S = 60.0
+TIMER_SLACK_S = 0.001
 
 
 def arrival_offsets(count: int, rate: float, burstiness: float, rng: np.random.Generator) -> list[float]:
@@ -37,6 +43,17 @@ def arrival_offsets(count: int, rate: float, burstiness: float, rng: np.random.G
     return [0.0, *np.cumsum(gaps).tolist()][:count]
 
 
+def arrivals_within(duration_s: float, rate: float, burstiness: float, rng: np.random.Generator) -> list[float]:
+    """Every arrival due before ``duration_s``: the schedule of a fixed-duration window."""
+    expected = int(duration_s * rate)
+    count = max(16, expected + 8 * int(math.sqrt(expected / burstiness) + 1))  # far beyond the tail
+    offsets = arrival_offsets(count, rate, burstiness, rng)
+    while offsets[-1] < duration_s:  # never in practice; kept so the bound is exact
+        count *= 2
+        offsets = arrival_offsets(count, rate, burstiness, rng)
+    return [t for t in offsets if t < duration_s]
+
+
 @dataclass(frozen=True)
 class Window:
     records: tuple[RequestRecord, ...]
@@ -44,24 +61,88 @@ class Window:
 
 
 async def _run(
-    requests: Sequence[Request], offsets: Sequence[float], opts: ClientOptions, on_done: Callable[[RequestRecord], None]
+    requests: Sequence[Request],
+    offsets: Sequence[float],
+    opts: ClientOptions,
+    on_done: Callable[[RequestRecord], None],
+    start_at: Callable[[], float] = clock,
+    max_concurrency: int | None = None,
 ) -> Window:
+    """``start_at`` returns the window's time origin once the client is ready to send."""
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     timeout = httpx.Timeout(opts.timeout_s, connect=min(30.0, opts.timeout_s))
+    slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
-        t0 = time.perf_counter()
+        await _prime(client, opts)
+        start = start_at()
 
         async def one(req: Request, due: float) -> RequestRecord:
-            delay = due - (time.perf_counter() - t0)
-            if delay > 0:
+            # Event-loop timers have ~1 ms resolution and may fire early; sleeping again for
+            # less than that would overshoot by more than it corrects.
+            while (delay := due - (clock() - start)) > TIMER_SLACK_S:
                 await asyncio.sleep(delay)
-            record = await send(client, req, opts, due, t0)
+            if slots is None:
+                record = await send(client, req, opts, due, start)
+            else:
+                queued_from = clock()
+                async with slots:
+                    record = await send(client, req, opts, due, start, queued_s=clock() - queued_from)
             on_done(record)
             return record
 
         records = await asyncio.gather(*(one(r, d) for r, d in zip(requests, offsets, strict=True)))
-        duration = time.perf_counter() - t0
+        duration = clock() - start
     return Window(records=tuple(records), duration_s=duration)
+
+
+async def _prime(client: httpx.AsyncClient, opts: ClientOptions) -> None:
+    """One cheap request before the clock starts: the first request of a process pays
+    ~30 ms of lazy imports and connection set-up, which would show as client lateness."""
+    try:
+        await client.get(opts.base_url + "/v1/models", headers=opts.headers, timeout=10.0)
+    except httpx.HTTPError:
+        pass  # only warming up; the window reports any real fault
+
+
+def _event_loop_run(coro):  # type: ignore[no-untyped-def]
+    return (uvloop.run if uvloop is not None else asyncio.run)(coro)
+
+
+def _worker(
+    requests: Sequence[Request],
+    offsets: Sequence[float],
+    opts: ClientOptions,
+    max_concurrency: int | None,
+    ready: mp.Queue,
+    go: mp.Queue,
+    out: mp.Queue,
+) -> None:
+    def start_at() -> float:
+        # Blocking is fine here: nothing is scheduled yet. The parent hands every worker
+        # the same reading of the system-wide monotonic clock, one time origin for all.
+        ready.put(True)
+        return float(go.get())
+
+    try:
+        _event_loop_run(_run(requests, offsets, opts, out.put, start_at=start_at, max_concurrency=max_concurrency))
+    finally:
+        out.put(None)
+
+
+def _share(total: int | None, workers: int, i: int) -> int | None:
+    return None if total is None else total // workers + (1 if i < total % workers else 0)
+
+
+def _await_ready(ready: mp.Queue, procs: Sequence[mp.process.BaseProcess]) -> None:
+    deadline = clock() + WORKER_START_TIMEOUT_S
+    waiting = len(procs)
+    while waiting:
+        try:
+            ready.get(timeout=1.0)
+            waiting -= 1
+        except queue.Empty:
+            if any(p.exitcode not in (None, 0) for p in procs) or clock() > deadline:
+                raise RuntimeError("a load-generator worker failed to start; see its output above") from None
 
 
 def run_window(
@@ -69,7 +150,48 @@ def run_window(
     offsets: Sequence[float],
     opts: ClientOptions,
     on_done: Callable[[RequestRecord], None] = lambda r: None,
+    *,
+    max_concurrency: int | None = None,
+    workers: int = 1,
 ) -> Window:
     """Run one measured window to completion; every request ends within its timeout."""
-    runner = uvloop.run if uvloop is not None else asyncio.run
-    return runner(_run(requests, offsets, opts, on_done))
+    if workers <= 1:
+        return _event_loop_run(_run(requests, offsets, opts, on_done, max_concurrency=max_concurrency))
+    ctx = mp.get_context("spawn")  # no fork: the parent holds threads (MLflow, progress)
+    ready, go, out = ctx.Queue(), ctx.Queue(), ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=_worker,
+            args=(requests[i::workers], offsets[i::workers], opts, _share(max_concurrency, workers, i), ready, go, out),
+            daemon=True,
+        )
+        for i in range(workers)
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        _await_ready(ready, procs)
+        t0 = clock() + 0.05
+        for _ in procs:
+            go.put(t0)
+        records: list[RequestRecord] = []
+        finished = 0
+        while finished < len(procs):
+            try:
+                item = out.get(timeout=1.0)
+            except queue.Empty:
+                if not any(p.is_alive() for p in procs):
+                    raise RuntimeError("a load-generator worker died; see its output above") from None
+                continue
+            if item is None:
+                finished += 1
+            else:
+                records.append(item)
+                on_done(item)
+        duration = clock() - t0
+    finally:
+        for proc in procs:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+    return Window(records=tuple(sorted(records, key=lambda r: r.index)), duration_s=duration)

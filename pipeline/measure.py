@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import httpx
-import numpy as np
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pipeline.acceptance import (
@@ -23,8 +22,8 @@ from pipeline.acceptance import (
     prefix_cache_between,
 )
 from pipeline.client import ClientOptions, RequestRecord
-from pipeline.config import JobConfig
-from pipeline.loadgen import Window, arrival_offsets, run_window
+from pipeline.config import JobConfig, LoadConfig
+from pipeline.loadgen import Window, run_window
 from pipeline.metrics import summarize
 from pipeline.workloads import Request
 
@@ -57,7 +56,9 @@ def reset_prefix_cache(base_url: str) -> None:
         )
 
 
-def _progress_run(label: str, requests: Sequence[Request], offsets: Sequence[float], opts: ClientOptions) -> Window:
+def _progress_run(
+    label: str, requests: Sequence[Request], offsets: Sequence[float], opts: ClientOptions, load: LoadConfig
+) -> Window:
     errors = 0
     tokens = 0
     with Progress(
@@ -75,11 +76,19 @@ def _progress_run(label: str, requests: Sequence[Request], offsets: Sequence[flo
             elapsed = max(time.perf_counter() - started, 1e-9)
             progress.update(task, advance=1, errors=errors, tps=tokens / elapsed)
 
-        return run_window(requests, offsets, opts, on_done)
+        return run_window(
+            requests, offsets, opts, on_done, max_concurrency=load.max_concurrency, workers=load.client_workers
+        )
 
 
 def measure(
-    base_url: str, served_name: str, job: JobConfig, warmup: Sequence[Request], requests: Sequence[Request], label: str
+    base_url: str,
+    served_name: str,
+    job: JobConfig,
+    warmup: Sequence[Request],
+    requests: Sequence[Request],
+    offsets: Sequence[float],
+    label: str,
 ) -> Measurement:
     opts = ClientOptions(
         base_url=base_url,
@@ -98,17 +107,13 @@ def measure(
                 raise MeasurementError(f"warm-up request failed, so the server cannot be measured: {record.error}")
     if reset:
         reset_prefix_cache(base_url)
-    # The schedule depends on the seed alone, so baseline and speculation see the same one.
-    offsets = arrival_offsets(
-        len(requests), job.load.request_rate, job.load.burstiness, np.random.default_rng(job.seed)
-    )
     before = scrape(base_url)
-    window = _progress_run(label, requests, offsets, opts)
+    window = _progress_run(label, requests, offsets, opts, job.load)
     after = scrape(base_url)
     return Measurement(
         window=window,
         offsets=tuple(offsets),
         acceptance=acceptance_between(before, after),
         prefix_cache=prefix_cache_between(before, after),
-        summary=summarize(window.records, window.duration_s, job.slo),
+        summary=summarize(window.records, window.duration_s, job.slo, job.load.request_rate),
     )

@@ -45,7 +45,25 @@ def meets_slo(record: RequestRecord, slo: SloConfig) -> bool:
     return True
 
 
-def summarize(records: Sequence[RequestRecord], duration_s: float, slo: SloConfig) -> dict[str, float]:
+def client_health(records: Sequence[RequestRecord], target_rate: float) -> dict[str, float]:
+    """Was the client on schedule? Lateness excludes deliberate max_concurrency queueing."""
+    if not records:
+        return {}
+    lateness_ms = np.asarray([r.lateness_s for r in records]) * 1000.0
+    sends = sorted(r.sent_s for r in records)
+    span = sends[-1] - sends[0]
+    return {
+        "send_lateness_p50_ms": float(np.percentile(lateness_ms, 50)),
+        "send_lateness_p99_ms": float(np.percentile(lateness_ms, 99)),
+        "send_lateness_max_ms": float(lateness_ms.max()),
+        "target_request_rate": target_rate,
+        "achieved_request_rate": (len(sends) - 1) / span if span > 0 else math.inf,
+    }
+
+
+def summarize(
+    records: Sequence[RequestRecord], duration_s: float, slo: SloConfig, target_rate: float = math.nan
+) -> dict[str, float]:
     ok = [r for r in records if r.ok]
     output_tokens = sum(r.output_tokens or 0 for r in ok)
     input_tokens = sum(r.prompt_tokens or 0 for r in ok)
@@ -63,6 +81,7 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, slo: SloConfi
     if any(v is not None for v in (slo.ttft_ms, slo.tpot_ms, slo.e2el_ms)):
         good = sum(1 for r in ok if meets_slo(r, slo))
         summary["request_goodput"] = good / duration_s if duration_s > 0 else math.nan
+    summary |= client_health(records, target_rate)
     summary |= _stats("ttft", [r.ttft_s for r in ok if r.ttft_s is not None])
     summary |= _stats("tpot", [r.tpot_s for r in ok if r.tpot_s is not None])
     summary |= _stats("itl", [gap for r in ok for gap in r.itl_s])

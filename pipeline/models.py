@@ -14,6 +14,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock
 
@@ -157,3 +158,16 @@ def _build_truncated(source: Path, out: Path, num_layers: int) -> None:
         full.config.layer_types = full.config.layer_types[:num_layers]
     full.save_pretrained(str(out))
     AutoTokenizer.from_pretrained(str(source)).save_pretrained(str(out))
+
+
+def load_tokenizer(model_path: str) -> Any:
+    """The model's own tokenizer, for prompt lengths and random prompts."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(model_path)
+    except (OSError, ValueError) as exc:
+        raise ModelError(
+            f"cannot load the tokenizer of {model_path}: {exc}. Use a folder that holds the tokenizer "
+            f"files, or a hub id reachable from this machine"
+        ) from exc

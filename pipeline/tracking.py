@@ -75,8 +75,8 @@ def flatten_params(job: JobConfig) -> dict[str, str]:
 
 
 def _finite(metrics: Mapping[str, float]) -> dict[str, float]:
-    # MLflow stores NaN, but the UI's compare view chokes on it; a missing metric is clearer.
-    return {k: float(v) for k, v in metrics.items() if v is not None and not math.isnan(float(v))}
+    # MLflow stores NaN and inf, but the UI's compare view chokes on them; a missing metric is clearer.
+    return {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
 
 
 class Tracker:

@@ -1,21 +1,54 @@
-"""Prompt sets that need no download: built from text that ships with Python.
+"""Prompt sets: bundled ones built from text that ships with Python, and users' files.
 
-Each set is seeded: the same (name, seed, count) gives the same prompts, on any machine
-with the same Python version. Acceptance depends on the kind of text, so every request
-carries its category.
+Every set is seeded: the same (name, seed, count) gives the same prompts on any machine
+with the same Python. Acceptance depends on the kind of text, so every request carries its
+category, and the bundled sets span code editing, summarisation, chat and question answering.
 """
 
 from __future__ import annotations
 
 import ast
+import codecs
 import importlib
+import importlib.util
 import inspect
 import random
 import textwrap
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from functools import cache
+from typing import Protocol
 
 from pipeline.config import ConfigError, WorkloadConfig
+
+
+@dataclass(frozen=True)
+class Item:
+    """One prompt as a source gives it, before it becomes a numbered request."""
+
+    prompt: str
+    category: str
+    output_tokens: int | None = None  # a dataset's reference output length, where it has one
+
+
+@dataclass(frozen=True)
+class Request:
+    index: int
+    prompt: str
+    category: str
+    max_tokens: int
+    prompt_tokens: int | None = None  # by the model's own tokenizer
+
+
+class Tokenizer(Protocol):
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+
+# ---- bundled sets ---------------------------------------------------------------------
 
 # Pure-Python standard-library modules whose functions make realistic edit targets.
 _CODE_MODULES = (
@@ -29,15 +62,22 @@ _EDIT_INSTRUCTIONS = (
     "Add a concise docstring and inline comments to this function. Reply with the full function only.",
     "Rewrite this function so that it uses f-strings and early returns where possible. Reply with the full function only.",
 )
-_MIN_CHARS, _MAX_CHARS = 200, 1200
-
-
-@dataclass(frozen=True)
-class Request:
-    index: int
-    prompt: str
-    category: str
-    max_tokens: int
+_SUMMARY_INSTRUCTIONS = (
+    "Summarise the following passage from the Python reference in three sentences.",
+    "Write a one-paragraph summary of this passage for someone new to Python.",
+    "List the five most important points of the following passage as bullet points.",
+)
+_QA_TEMPLATES = (
+    "{passage}\n\nAccording to the passage above, what does the {topic} construct do, and when would you use it?",
+    "{passage}\n\nBased only on the passage above, what is one common mistake people make with {topic}?",
+    "Read this passage and answer: how would you explain {topic} to a colleague in two sentences?\n\n{passage}",
+)
+_CHAT_TEMPLATES = (
+    ("creative", 'Write a short poem inspired by the saying: "{line}"'),
+    ("creative", 'Write a very short story in which a programmer learns that "{line}"'),
+    ("chat", 'What does "{line}" mean to you? Answer conversationally, as you would to a friend.'),
+    ("chat", 'Give me three everyday examples, outside programming, of the idea "{line}"'),
+)
 
 
 @cache
@@ -49,43 +89,139 @@ def _stdlib_functions() -> tuple[str, ...]:
             text = inspect.getsource(module)
         except (OSError, TypeError):  # a frozen or C build of the module
             continue
-        tree = ast.parse(text)
-        for node in ast.walk(tree):
+        for node in ast.walk(ast.parse(text)):
             if isinstance(node, ast.FunctionDef):
                 # padded=True keeps a method's first-line indent, so dedent sees it whole.
                 src = textwrap.dedent(ast.get_source_segment(text, node, padded=True) or "")
-                if _MIN_CHARS <= len(src) <= _MAX_CHARS:
+                if 200 <= len(src) <= 1200:
                     sources.append(src)
-    if not sources:
-        raise ConfigError("no standard-library source found for the code_edit workload; is this Python stripped?")
-    return tuple(sorted(set(sources)))
+    return _nonempty("code_edit", "standard-library source", sources)
 
 
-def _code_edit(rng: random.Random, count: int) -> list[tuple[str, str]]:
-    functions = _stdlib_functions()
-    picks = rng.sample(functions, k=min(count, len(functions)))
-    while len(picks) < count:  # more requests than functions: repeat with other instructions
-        picks.append(rng.choice(functions))
-    return [(f"{rng.choice(_EDIT_INSTRUCTIONS)}\n\n```python\n{src}\n```", "code_edit") for src in picks]
+@cache
+def _reference_passages(min_chars: int, max_chars: int) -> tuple[tuple[str, str], ...]:
+    """(topic, text) from the language reference that ships with Python (pydoc_data)."""
+    from pydoc_data.topics import topics
+
+    passages = [(k, v.strip()) for k, v in sorted(topics.items()) if min_chars <= len(v.strip()) <= max_chars]
+    return _nonempty("summarize/qa", "pydoc_data reference passages", passages)
 
 
-WORKLOADS = {"code_edit": _code_edit}
+@cache
+def _zen_lines() -> tuple[str, ...]:
+    # `import this` prints the poem; read its rot13 source text instead.
+    spec = importlib.util.find_spec("this")
+    origin = spec.origin if spec else None
+    if not origin:
+        raise ConfigError("the chat workload needs the standard library's `this` module, which is missing")
+    tree = ast.parse(open(origin).read())
+    encoded = next(n.value.value for n in tree.body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant))
+    lines = codecs.decode(encoded, "rot13").splitlines()
+    return _nonempty("chat", "the Zen of Python", [ln.strip() for ln in lines[2:] if ln.strip()])
 
 
-def build_requests(workload: WorkloadConfig, count: int, seed: int, start_index: int = 0) -> list[Request]:
-    if workload.name not in WORKLOADS:
-        raise ConfigError(f"workload.name={workload.name!r} is not valid; choose one of: {', '.join(WORKLOADS)}")
-    rng = random.Random(f"{workload.name}:{seed}")
-    prompts = WORKLOADS[workload.name](rng, count)
+def _nonempty(name: str, what: str, values: list) -> tuple:
+    if not values:
+        raise ConfigError(f"no {what} found for the {name} workload; is this Python stripped?")
+    return tuple(sorted(set(values)))
+
+
+def _draw(rng: random.Random, pool: Sequence, count: int) -> list:
+    """Without repeats while the pool lasts, then with: any count works on any pool."""
+    picks = rng.sample(list(pool), k=min(count, len(pool)))
+    picks += [rng.choice(pool) for _ in range(count - len(picks))]
+    return picks
+
+
+def code_edit(rng: random.Random, count: int) -> list[Item]:
     return [
-        Request(index=start_index + i, prompt=p, category=c, max_tokens=workload.max_tokens)
-        for i, (p, c) in enumerate(prompts)
+        Item(f"{rng.choice(_EDIT_INSTRUCTIONS)}\n\n```python\n{src}\n```", "code_edit")
+        for src in _draw(rng, _stdlib_functions(), count)
     ]
 
 
+def summarize(rng: random.Random, count: int) -> list[Item]:
+    return [
+        Item(f"{rng.choice(_SUMMARY_INSTRUCTIONS)}\n\n{text}", "summarize")
+        for _, text in _draw(rng, _reference_passages(1500, 5000), count)
+    ]
+
+
+def qa(rng: random.Random, count: int) -> list[Item]:
+    return [
+        Item(rng.choice(_QA_TEMPLATES).format(passage=text, topic=topic.replace("-", " ")), "qa")
+        for topic, text in _draw(rng, _reference_passages(600, 2500), count)
+    ]
+
+
+def chat(rng: random.Random, count: int) -> list[Item]:
+    items = []
+    for line in _draw(rng, _zen_lines(), count):
+        category, template = rng.choice(_CHAT_TEMPLATES)
+        items.append(Item(template.format(line=line), category))
+    return items
+
+
+def mixed(rng: random.Random, count: int) -> list[Item]:
+    """All four kinds, interleaved, so a window holds each in equal share."""
+    sources = (code_edit, summarize, chat, qa)
+    per_source = [source(rng, (count + len(sources) - 1 - i) // len(sources)) for i, source in enumerate(sources)]
+    return [items[j] for j in range(max(map(len, per_source))) for items in per_source if j < len(items)]
+
+
+BUNDLED: dict[str, Callable[[random.Random, int], list[Item]]] = {
+    "code_edit": code_edit,
+    "summarize": summarize,
+    "chat": chat,
+    "qa": qa,
+    "mixed": mixed,
+}
+FILE_FORMATS = ("sharegpt", "spec_bench", "jsonl")
+WORKLOAD_NAMES = (*BUNDLED, *FILE_FORMATS, "random")
+
+
+# ---- requests -------------------------------------------------------------------------
+
+
+def load_items(workload: WorkloadConfig, count: int, seed: int, tokenizer: Tokenizer | None) -> list[Item]:
+    from pipeline import datasets  # file parsing stays out of the bundled sets' way
+
+    rng = random.Random(f"{workload.name}:{seed}")
+    if workload.name in BUNDLED:
+        return BUNDLED[workload.name](rng, count)
+    if workload.name == "random":
+        if tokenizer is None:
+            raise ConfigError("workload.name=random needs the model's tokenizer to build prompts of exact lengths")
+        return datasets.random_items(workload, count, rng, tokenizer)
+    if workload.name in FILE_FORMATS:
+        if not workload.path:
+            raise ConfigError(f"workload.name={workload.name} reads a file: set workload.path=/path/to/file")
+        items = datasets.read(workload.name, workload.path, tokenizer)
+        return _draw(rng, items, count)
+    raise ConfigError(f"workload.name={workload.name!r} is not valid; choose one of: {', '.join(WORKLOAD_NAMES)}")
+
+
+def to_requests(items: Sequence[Item], workload: WorkloadConfig, tokenizer: Tokenizer | None) -> list[Request]:
+    requests = []
+    for i, item in enumerate(items):
+        # A dataset's reference length is honoured, but never above the configured cap.
+        cap = min(item.output_tokens, workload.max_tokens) if item.output_tokens else workload.max_tokens
+        length = len(tokenizer.encode(item.prompt, add_special_tokens=False)) if tokenizer is not None else None
+        requests.append(
+            Request(index=i, prompt=item.prompt, category=item.category, max_tokens=max(cap, 1), prompt_tokens=length)
+        )
+    return requests
+
+
+def build_requests(
+    workload: WorkloadConfig, count: int, seed: int, tokenizer: Tokenizer | None = None
+) -> list[Request]:
+    return to_requests(load_items(workload, count, seed, tokenizer), workload, tokenizer)
+
+
 def split_warmup(
-    workload: WorkloadConfig, measured: int, warmup: int, seed: int
+    workload: WorkloadConfig, measured: int, warmup: int, seed: int, tokenizer: Tokenizer | None = None
 ) -> tuple[list[Request], list[Request]]:
     """Warm-up prompts are drawn apart from the measured ones, so they never warm their cache."""
-    both = build_requests(workload, measured + warmup, seed)
-    return both[measured:], both[:measured]
+    both = build_requests(workload, measured + warmup, seed, tokenizer)
+    return [replace(r, index=i) for i, r in enumerate(both[measured:])], both[:measured]

@@ -156,22 +156,44 @@ class EngineServer:
         return self._proc is not None and self._proc.poll() is None
 
     def stop(self, grace_s: float = 20.0) -> None:
-        """SIGTERM the process group, then SIGKILL whatever is left after ``grace_s``."""
+        """SIGTERM the process group, SIGKILL whatever is left after ``grace_s``, and return
+        only once no process of the group runs: the engine core and workers included."""
         proc, self._proc = self._proc, None
         if proc is None:
             return
         pgid = proc.pid  # start_new_session makes the child its group's leader
         _signal_group(pgid, signal.SIGTERM)
+        if not _wait_group_gone(proc, pgid, grace_s):
+            _signal_group(pgid, signal.SIGKILL)
+            if not _wait_group_gone(proc, pgid, 10.0):
+                raise ServerError(f"processes of group {pgid} survived SIGKILL: {_live_members(pgid)}")
+
+
+def _live_members(pgid: int) -> list[int]:
+    """Processes of the group that still run (zombies excluded: they have exited)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
         try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            pass
-        # Workers may outlive the leader; the group id still reaches them.
-        _signal_group(pgid, signal.SIGKILL)
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
+            # /proc/PID/stat: "pid (comm) state ppid pgrp ..."; comm may hold spaces.
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+def _wait_group_gone(proc: subprocess.Popen[bytes], pgid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        proc.poll()  # reap the leader so that it leaves the table
+        if not _live_members(pgid):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

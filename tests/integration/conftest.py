@@ -14,7 +14,15 @@ SERVER_PATTERN = "vllm.entrypoints.openai.api_server|VLLM::"
 
 def vllm_server_pids() -> set[int]:
     out = subprocess.run(["pgrep", "-f", SERVER_PATTERN], capture_output=True, text=True).stdout
-    return {int(p) for p in out.split()}
+    # A zombie has exited; it waits only for a parent (here often PID 1) to reap it.
+    return {int(p) for p in out.split() if _state(int(p)) not in ("Z", None)}
+
+
+def _state(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 @pytest.fixture()
@@ -22,7 +30,17 @@ def no_leftover_servers() -> Iterator[None]:
     before = vllm_server_pids()
     yield
     leftover = vllm_server_pids() - before
-    assert not leftover, f"server processes outlived the job: {sorted(leftover)}"
+    details = {pid: _describe(pid) for pid in sorted(leftover)}
+    assert not leftover, f"server processes outlived the job: {details}"
+
+
+def _describe(pid: int) -> str:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return "gone"
+    return f"{stat[:120]} | {cmdline[:200]}"
 
 
 def run_sweep(project: Path, *overrides: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
