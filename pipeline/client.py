@@ -14,9 +14,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-from httpx_sse import SSEError, aconnect_sse
+import aiohttp
+import msgspec
 
+from pipeline.sse import SSEDecoder
 from pipeline.workloads import Request
 
 clock = time.monotonic
@@ -112,58 +113,95 @@ def request_body(req: Request, opts: ClientOptions) -> tuple[str, dict[str, Any]
     return "/v1/completions", body
 
 
-def _chunk_text(payload: dict[str, Any], endpoint: str) -> tuple[str, str | None]:
-    choices = payload.get("choices") or []
-    if not choices:
+class _Delta(msgspec.Struct):
+    content: str | None = None
+
+
+class _Choice(msgspec.Struct):
+    delta: _Delta | None = None  # chat
+    text: str | None = None  # completions
+    finish_reason: str | None = None
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+class _Chunk(msgspec.Struct):
+    """The fields of a streamed chunk that the measurement reads; the rest is skipped."""
+
+    choices: list[_Choice] = []
+    usage: _Usage | None = None
+    error: Any = None
+
+
+_decode_chunk = msgspec.json.Decoder(_Chunk).decode
+
+
+def _chunk_text(chunk: _Chunk, endpoint: str) -> tuple[str, str | None]:
+    if not chunk.choices:
         return "", None
-    choice = choices[0]
+    choice = chunk.choices[0]
     # Chat's first chunk carries only the role; it is no token and does not end TTFT.
-    text = (choice.get("delta") or {}).get("content") or "" if endpoint == "chat" else choice.get("text") or ""
-    return text, choice.get("finish_reason")
+    if endpoint == "chat":
+        text = (choice.delta.content if choice.delta else None) or ""
+    else:
+        text = choice.text or ""
+    return text, choice.finish_reason
 
 
 async def send(
-    client: httpx.AsyncClient, req: Request, opts: ClientOptions, scheduled_s: float, t0: float, queued_s: float = 0.0
+    session: aiohttp.ClientSession,
+    req: Request,
+    opts: ClientOptions,
+    scheduled_s: float,
+    t0: float,
+    queued_s: float = 0.0,
 ) -> RequestRecord:
     path, body = request_body(req, opts)
-    sent = clock()
     chunks: list[float] = []
     pieces: list[str] = []
-    usage: dict[str, Any] = {}
+    usage: _Usage | None = None
     finish: str | None = None
     done = False
     error: str | None = None
+    sent = clock()
     try:
         async with asyncio.timeout(opts.timeout_s):
-            async with aconnect_sse(client, "POST", opts.base_url + path, json=body, headers=opts.headers) as source:
-                response = source.response
-                if response.status_code != 200:
-                    detail = (await response.aread()).decode(errors="replace")[:500]
-                    raise _HTTPStatus(f"HTTP {response.status_code}: {detail}")
-                async for event in source.aiter_sse():
-                    now = clock()
-                    if event.data == "[DONE]":
-                        done = True
+            async with session.post(opts.base_url + path, json=body, headers=opts.headers) as response:
+                if response.status != 200:
+                    detail = (await response.read()).decode(errors="replace")[:500]
+                    raise _HTTPStatus(f"HTTP {response.status}: {detail}")
+                decoder = SSEDecoder()
+                async for data in response.content.iter_any():
+                    now = clock()  # one reading per read: events in one read arrived together
+                    for payload in decoder.feed(data):
+                        if payload == b"[DONE]":
+                            done = True
+                            break
+                        chunk = _decode_chunk(payload)
+                        if chunk.error is not None:
+                            raise _HTTPStatus(f"server error in stream: {chunk.error}")
+                        text, reason = _chunk_text(chunk, opts.endpoint)
+                        if text:
+                            chunks.append(now - t0)
+                            pieces.append(text)
+                        finish = reason or finish
+                        usage = chunk.usage or usage
+                    if done:
                         break
-                    payload = json.loads(event.data)
-                    if "error" in payload:
-                        raise _HTTPStatus(f"server error in stream: {payload['error']}")
-                    text, reason = _chunk_text(payload, opts.endpoint)
-                    if text:
-                        chunks.append(now - t0)
-                        pieces.append(text)
-                    finish = reason or finish
-                    if payload.get("usage"):
-                        usage = payload["usage"]
         if not done:
             error = "stream ended before [DONE]"
-        elif not usage:
+        elif usage is None:
             error = "no usage in the stream; the server ignored stream_options.include_usage"
     except TimeoutError:
         error = f"timed out after {opts.timeout_s:g} s (load.request_timeout_s)"
     except _HTTPStatus as exc:
         error = str(exc)
-    except (httpx.HTTPError, SSEError, json.JSONDecodeError) as exc:
+    except msgspec.DecodeError as exc:
+        error = f"malformed stream chunk: {exc}"
+    except aiohttp.ClientError as exc:
         error = f"{type(exc).__name__}: {exc}"
     return RequestRecord(
         index=req.index,
@@ -172,8 +210,8 @@ async def send(
         sent_s=sent - t0,
         queued_s=queued_s,
         chunk_s=tuple(chunks),
-        prompt_tokens=usage.get("prompt_tokens"),
-        output_tokens=usage.get("completion_tokens"),
+        prompt_tokens=usage.prompt_tokens if usage else None,
+        output_tokens=usage.completion_tokens if usage else None,
         finish_reason=finish,
         text="".join(pieces),
         error=error,

@@ -13,9 +13,9 @@ import math
 import multiprocessing as mp
 import queue
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-import httpx
+import aiohttp
 import numpy as np
 
 try:
@@ -56,8 +56,10 @@ def arrivals_within(duration_s: float, rate: float, burstiness: float, rng: np.r
 
 @dataclass(frozen=True)
 class Window:
-    records: tuple[RequestRecord, ...]
-    duration_s: float  # from the window start to the last response's end
+    # repr=False: asyncio's runner formats the main task's result when it restores the
+    # SIGINT handler, and thousands of records took ~0.15 s to format.
+    records: tuple[RequestRecord, ...] = field(repr=False)
+    duration_s: float = 0.0  # from the window start to the last response's end
 
 
 async def _run(
@@ -69,10 +71,11 @@ async def _run(
     max_concurrency: int | None = None,
 ) -> Window:
     """``start_at`` returns the window's time origin once the client is ready to send."""
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    timeout = httpx.Timeout(opts.timeout_s, connect=min(30.0, opts.timeout_s))
     slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-    async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
+    # No pool limit: an open-loop client must never queue requests behind its own sockets.
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(30.0, opts.timeout_s))
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as client:
         await _prime(client, opts)
         start = start_at()
 
@@ -95,12 +98,13 @@ async def _run(
     return Window(records=tuple(records), duration_s=duration)
 
 
-async def _prime(client: httpx.AsyncClient, opts: ClientOptions) -> None:
+async def _prime(client: aiohttp.ClientSession, opts: ClientOptions) -> None:
     """One cheap request before the clock starts: the first request of a process pays
-    ~30 ms of lazy imports and connection set-up, which would show as client lateness."""
+    lazy imports and connection set-up, which would show as client lateness."""
     try:
-        await client.get(opts.base_url + "/v1/models", headers=opts.headers, timeout=10.0)
-    except httpx.HTTPError:
+        async with client.get(opts.base_url + "/v1/models", headers=opts.headers) as response:
+            await response.read()
+    except (aiohttp.ClientError, TimeoutError):
         pass  # only warming up; the window reports any real fault
 
 

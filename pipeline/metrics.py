@@ -86,7 +86,33 @@ def summarize(
     summary |= _stats("tpot", [r.tpot_s for r in ok if r.tpot_s is not None])
     summary |= _stats("itl", [gap for r in ok for gap in r.itl_s])
     summary |= _stats("e2el", [r.e2el_s for r in ok if r.e2el_s is not None])
+    summary |= by_category(records)
     return summary
+
+
+CATEGORY_KEYS = ("median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_e2el_ms", "p99_e2el_ms")
+
+
+def by_category(records: Sequence[RequestRecord]) -> dict[str, float]:
+    """Latency summaries per workload category, as ``category.<name>.<metric>``.
+
+    Acceptance differs by kind of text (code editing gains where chat may lose), so an
+    overall median can hide both. Throughputs are left out: categories share one window.
+    """
+    categories = sorted({r.category for r in records})
+    if len(categories) < 2:
+        return {}
+    out: dict[str, float] = {}
+    for category in categories:
+        ok = [r for r in records if r.category == category and r.ok]
+        stats = {
+            **_stats("ttft", [r.ttft_s for r in ok if r.ttft_s is not None]),
+            **_stats("tpot", [r.tpot_s for r in ok if r.tpot_s is not None]),
+            **_stats("e2el", [r.e2el_s for r in ok if r.e2el_s is not None]),
+        }
+        out[f"category.{category}.completed"] = float(len(ok))
+        out |= {f"category.{category}.{k}": stats[k] for k in CATEGORY_KEYS}
+    return out
 
 
 @dataclass(frozen=True)

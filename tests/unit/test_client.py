@@ -61,9 +61,9 @@ def test_completions_endpoint_reads_text() -> None:
     ("script", "expected"),
     [
         (Script(status=500), "HTTP 500"),
-        (Script(steps=[(0.0, chat_chunk("a")), (0.0, chat_chunk("b"))], drop_after=1), ""),
+        (Script(steps=[(0.0, chat_chunk("a")), (0.0, chat_chunk("b"))], drop_after=1), "payload is not completed"),
         (Script(steps=[(0.0, chat_chunk("a")), (0.0, "[DONE]")]), "no usage"),
-        (Script(steps=[(0.0, chat_chunk("a")), (0.0, "not json")]), "JSONDecodeError"),
+        (Script(steps=[(0.0, chat_chunk("a")), (0.0, "not json")]), "malformed stream chunk"),
     ],
     ids=["http-500", "dropped-mid-stream", "no-usage", "malformed-chunk"],
 )
@@ -90,7 +90,7 @@ def test_unreachable_server_is_an_error_record() -> None:
 
     url = f"http://127.0.0.1:{free_port()}"
     record = run_window([_request()], [0.0], _opts(url, timeout_s=5)).records[0]
-    assert not record.ok and "ConnectError" in (record.error or "")
+    assert not record.ok and "Cannot connect" in (record.error or "")
 
 
 def test_open_loop_sends_on_schedule_not_after_completion() -> None:

@@ -68,3 +68,16 @@ def test_comparison_is_baseline_over_speculative_for_latency() -> None:
     assert c.speedup_p99_tpot == pytest.approx(0.5)
     assert c.output_throughput_ratio == pytest.approx(2.2)
     assert math.isnan(compare(base, {**spec, "median_tpot_ms": math.nan}).speedup_median_tpot)
+
+
+def test_per_category_summaries_when_the_window_mixes_kinds() -> None:
+    records = [
+        RequestRecord(index=0, category="code_edit", scheduled_s=0, sent_s=0, chunk_s=(0.1, 0.2), output_tokens=3),
+        RequestRecord(index=1, category="chat", scheduled_s=0, sent_s=0, chunk_s=(0.3, 0.9), output_tokens=3),
+    ]
+    s = summarize(records, duration_s=1.0, slo=SloConfig())
+    assert s["category.code_edit.median_tpot_ms"] == pytest.approx(50.0)
+    assert s["category.chat.median_ttft_ms"] == pytest.approx(300.0)
+    assert s["category.chat.completed"] == 1
+    single = summarize(records[:1], duration_s=1.0, slo=SloConfig())
+    assert not any(k.startswith("category.") for k in single)
