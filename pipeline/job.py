@@ -15,7 +15,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from pipeline.config import JobConfig, LoadConfig
@@ -60,10 +59,9 @@ def prepare(job: JobConfig) -> Prepared:
 
 def schedule(load: LoadConfig, seed: int) -> list[float]:
     """The arrival times, from the seed alone: baseline and speculation get the same ones."""
-    rng = np.random.default_rng(seed)
     if load.duration_s is not None:
-        return arrivals_within(load.duration_s, load.request_rate, load.burstiness, rng)
-    return arrival_offsets(load.num_requests, load.request_rate, load.burstiness, rng)
+        return arrivals_within(load.duration_s, load.request_rate, load.burstiness, seed)
+    return arrival_offsets(load.num_requests, load.request_rate, load.burstiness, seed)
 
 
 def point_hash(job: JobConfig) -> str:

@@ -30,28 +30,39 @@ WORKER_START_TIMEOUT_S = 60.0
 TIMER_SLACK_S = 0.001
 
 
-def arrival_offsets(count: int, rate: float, burstiness: float, rng: np.random.Generator) -> list[float]:
-    """Seconds from the window start at which each request is due.
+def _gamma_gaps(count: int, rate: float, burstiness: float, seed: int) -> np.ndarray:
+    # The legacy RandomState, drawn one gap per request: the stream `vllm bench serve`
+    # draws after np.random.seed(seed), so one seed gives both tools one schedule.
+    return np.random.RandomState(seed).gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=count)
 
-    Inter-arrival gaps are gamma-distributed with shape ``burstiness`` and mean ``1/rate``,
-    as ``vllm bench serve`` draws them: shape 1 is Poisson, below 1 burstier, above 1
-    more regular. ``rate=inf`` sends everything at once. The first request goes at 0.
+
+def arrival_offsets(count: int, rate: float, burstiness: float, seed: int) -> list[float]:
+    """Seconds from the window start at which each request is due, as `vllm bench serve`
+    schedules them.
+
+    Every request, the first included, waits a gamma-distributed gap of shape
+    ``burstiness`` and mean ``1/rate`` (shape 1 is Poisson, below 1 burstier, above 1 more
+    regular); the sum is then scaled so that the last request is due at ``count / rate``,
+    which keeps the offered rate exact whatever the seed. ``rate=inf`` sends all at once.
     """
     if math.isinf(rate):
         return [0.0] * count
-    gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=max(count - 1, 0))
-    return [0.0, *np.cumsum(gaps).tolist()][:count]
+    if count == 0:
+        return []
+    due = np.cumsum(_gamma_gaps(count, rate, burstiness, seed))
+    return (due * ((count / rate) / due[-1])).tolist()
 
 
-def arrivals_within(duration_s: float, rate: float, burstiness: float, rng: np.random.Generator) -> list[float]:
-    """Every arrival due before ``duration_s``: the schedule of a fixed-duration window."""
+def arrivals_within(duration_s: float, rate: float, burstiness: float, seed: int) -> list[float]:
+    """Every arrival due before ``duration_s``: the schedule of a fixed-duration window.
+    Not rescaled: the count is what the seeded process yields in that time."""
     expected = int(duration_s * rate)
     count = max(16, expected + 8 * int(math.sqrt(expected / burstiness) + 1))  # far beyond the tail
-    offsets = arrival_offsets(count, rate, burstiness, rng)
-    while offsets[-1] < duration_s:  # never in practice; kept so the bound is exact
+    due = np.cumsum(_gamma_gaps(count, rate, burstiness, seed))
+    while due[-1] < duration_s:  # never in practice; kept so the bound is exact
         count *= 2
-        offsets = arrival_offsets(count, rate, burstiness, rng)
-    return [t for t in offsets if t < duration_s]
+        due = np.cumsum(_gamma_gaps(count, rate, burstiness, seed))
+    return [float(t) for t in due if t < duration_s]
 
 
 @dataclass(frozen=True)

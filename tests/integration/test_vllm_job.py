@@ -78,6 +78,12 @@ def test_baseline_and_ngram_end_to_end(tmp_path: Path, no_leftover_servers: None
     assert len(base_rows) == 6
     assert (base_rows["text"] == spec_rows["text"]).all()
     assert (base_rows["output_tokens"] == spec_rows["output_tokens"]).all()
+    # Under speculation one chunk can carry several tokens: tokens come from usage, not chunks.
+    assert spec_rows["num_chunks"].sum() < spec_rows["output_tokens"].sum()
+    assert (base_rows["category"] == "code_edit").all()
+    # The client reports its own health, and sent on schedule.
+    assert spec.data.metrics["send_lateness_p99_ms"] < 50
+    assert spec.data.metrics["target_request_rate"] == 2.0
 
 
 def test_model_as_its_own_draft_accepts_nearly_everything(tmp_path: Path, no_leftover_servers: None) -> None:

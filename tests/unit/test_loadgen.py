@@ -12,29 +12,34 @@ from tests.fakes import FakeServer, chat_script
 
 @pytest.mark.parametrize("burstiness", [0.5, 1.0, 4.0])
 def test_gamma_arrivals_have_the_requested_rate_and_shape(burstiness: float) -> None:
-    offsets = arrival_offsets(20001, rate=4.0, burstiness=burstiness, rng=np.random.default_rng(0))
-    gaps = np.diff(offsets)
-    assert offsets[0] == 0.0 and np.all(gaps >= 0)
-    assert 1 / gaps.mean() == pytest.approx(4.0, rel=0.03)
+    offsets = arrival_offsets(20000, rate=4.0, burstiness=burstiness, seed=0)
+    gaps = np.diff([0.0, *offsets])
+    assert np.all(gaps >= 0)
+    # Rescaled as vllm bench serve does: the last request is due at count / rate exactly.
+    assert offsets[-1] == pytest.approx(20000 / 4.0)
+    assert 1 / gaps.mean() == pytest.approx(4.0, rel=1e-9)
     # Gamma with shape b has coefficient of variation 1/sqrt(b); Poisson (b=1) has 1.
     assert gaps.std() / gaps.mean() == pytest.approx(1 / np.sqrt(burstiness), rel=0.05)
 
 
-def test_same_seed_same_schedule() -> None:
-    a = arrival_offsets(50, 2.0, 1.0, np.random.default_rng(3))
-    b = arrival_offsets(50, 2.0, 1.0, np.random.default_rng(3))
-    c = arrival_offsets(50, 2.0, 1.0, np.random.default_rng(4))
-    assert a == b and a != c
+def test_same_seed_same_schedule_as_vllm_bench_serve_draws_it() -> None:
+    a = arrival_offsets(50, 2.0, 1.0, seed=3)
+    assert a == arrival_offsets(50, 2.0, 1.0, seed=3) and a != arrival_offsets(50, 2.0, 1.0, seed=4)
+    # vLLM: np.random.seed(seed), one np.random.gamma per request, cumulative, rescaled.
+    np.random.seed(3)
+    gaps = [np.random.gamma(shape=1.0, scale=1.0 / 2.0) for _ in range(50)]
+    due = np.cumsum(gaps)
+    assert a == pytest.approx((due * (25.0 / due[-1])).tolist(), rel=1e-12)
 
 
 def test_infinite_rate_sends_everything_at_once() -> None:
-    assert arrival_offsets(5, float("inf"), 1.0, np.random.default_rng(0)) == [0.0] * 5
-    assert arrival_offsets(1, 3.0, 1.0, np.random.default_rng(0)) == [0.0]
+    assert arrival_offsets(5, float("inf"), 1.0, seed=0) == [0.0] * 5
+    assert arrival_offsets(1, 3.0, 1.0, seed=0) == [pytest.approx(1 / 3)]
 
 
 def test_duration_schedule_keeps_every_arrival_before_the_end() -> None:
-    offsets = arrivals_within(30.0, rate=5.0, burstiness=1.0, rng=np.random.default_rng(1))
-    assert offsets[0] == 0.0 and max(offsets) < 30.0
+    offsets = arrivals_within(30.0, rate=5.0, burstiness=1.0, seed=1)
+    assert max(offsets) < 30.0
     assert 100 < len(offsets) < 200  # about 150 = 30 s x 5 req/s
 
 
