@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,6 +112,7 @@ def ensure_embedded(name: str) -> Path:
             return final
         artifact = EMBEDDED[name]
         source = ensure_embedded(TARGET) if artifact.num_layers is not None else None
+        print(f"building {artifact.description} into {final} (first use only, ~30 s)", file=sys.stderr, flush=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
         staging.chmod(0o755)  # mkdtemp makes it private; the cache is shared by every job
         try:
