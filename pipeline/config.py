@@ -117,6 +117,7 @@ class JobConfig:
     sweep_name: str = "default"
     seed: int = 0
     output_dir: str = "outputs"
+    dry_run: bool = False  # print the servers, their exact commands and a time estimate; start nothing
 
     def baseline(self) -> JobConfig:
         """The same point without speculation: what this job is compared against."""

@@ -31,30 +31,44 @@ from pipeline.workloads import Request, split_warmup
 
 
 @dataclass(frozen=True)
-class Prepared:
-    """A job whose every refusable input has been checked; starting servers is next."""
+class Target:
+    """What every server of a job runs: the engine install, the device, the model paths."""
 
-    job: JobConfig
     install: vllm.VllmInstall
     on_gpu: bool
     model_path: str
     draft_path: str | None
+
+
+def resolve_target(job: JobConfig, *, build: bool = True) -> Target:
+    """Check the engine, device and models; ``build=False`` names embedded models unbuilt."""
+    on_gpu = resolve_device(job.engine.device)
+    install = vllm.detect_install(job.engine.python)
+    vllm.validate_engine(job.engine, install, on_gpu)
+    vllm.validate_spec(job.spec, install.version)
+    model_path = resolve_model(job.model.id, build=build)
+    draft = job.spec.draft_model
+    draft_path = resolve_model(draft, target=model_path, build=build) if draft else None
+    return Target(install, on_gpu, model_path, draft_path)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A job whose every refusable input has been checked; starting servers is next."""
+
+    job: JobConfig
+    target: Target
     warmup: tuple[Request, ...]
     requests: tuple[Request, ...]
     offsets: tuple[float, ...]  # when each request is due, seconds from the window start
 
 
 def prepare(job: JobConfig) -> Prepared:
-    on_gpu = resolve_device(job.engine.device)
-    install = vllm.detect_install(job.engine.python)
-    vllm.validate_engine(job.engine, install, on_gpu)
-    vllm.validate_spec(job.spec, install.version)
-    model_path = resolve_model(job.model.id)
-    draft_path = resolve_model(job.spec.draft_model, target=model_path) if job.spec.draft_model else None
-    tokenizer = load_tokenizer(model_path)
+    target = resolve_target(job)
+    tokenizer = load_tokenizer(target.model_path)
     offsets = schedule(job.load, job.seed)
     warmup, requests = split_warmup(job.workload, len(offsets), job.load.warmup_requests, job.seed, tokenizer)
-    return Prepared(job, install, on_gpu, model_path, draft_path, tuple(warmup), tuple(requests), tuple(offsets))
+    return Prepared(job, target, tuple(warmup), tuple(requests), tuple(offsets))
 
 
 def schedule(load: LoadConfig, seed: int) -> list[float]:
@@ -67,7 +81,7 @@ def schedule(load: LoadConfig, seed: int) -> list[float]:
 def point_hash(job: JobConfig) -> str:
     """Identifies a measured point (server config, load, workload, seed), for resume."""
     point = dataclasses.asdict(job)
-    for volatile in ("output_dir", "tracking", "sweep_name"):
+    for volatile in ("output_dir", "tracking", "sweep_name", "dry_run"):
         point.pop(volatile)
     return hashlib.sha256(json.dumps(point, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -83,23 +97,23 @@ class RoleResult:
     error: str | None = None
 
 
-def server_spec(prepared: Prepared, job: JobConfig, log_path: Path) -> ServerSpec:
-    port = free_port(job.engine.host)
+def server_spec(target: Target, job: JobConfig, log_path: Path, port: int | None = None) -> ServerSpec:
+    port = free_port(job.engine.host) if port is None else port
     launch = vllm.build_launch(
-        install=prepared.install,
+        install=target.install,
         engine=job.engine,
         spec=job.spec,
-        model_path=prepared.model_path,
-        draft_path=prepared.draft_path if job.spec.method != "none" else None,
+        model_path=target.model_path,
+        draft_path=target.draft_path if job.spec.method != "none" else None,
         served_name=job.model.id,
         port=port,
-        on_gpu=prepared.on_gpu,
+        on_gpu=target.on_gpu,
         seed=job.seed,
         cache_dir=cache_root(),
     )
     return ServerSpec(
         engine="vllm",
-        engine_version=str(prepared.install.version),
+        engine_version=str(target.install.version),
         command=tuple(launch.command),
         host=job.engine.host,
         port=port,
@@ -109,6 +123,11 @@ def server_spec(prepared: Prepared, job: JobConfig, log_path: Path) -> ServerSpe
     )
 
 
+def roles(job: JobConfig) -> list[tuple[str, JobConfig]]:
+    """The servers a job measures, in order: the baseline, then speculation if any."""
+    return [("baseline", job.baseline())] + ([("speculative", job)] if job.spec.method != "none" else [])
+
+
 def _records_frame(measurement: Measurement) -> pd.DataFrame:
     return pd.DataFrame([r.as_row() for r in measurement.window.records])
 
@@ -116,17 +135,17 @@ def _records_frame(measurement: Measurement) -> pd.DataFrame:
 def run_role(role: str, job: JobConfig, prepared: Prepared, tracker: Tracker, out_dir: Path) -> RoleResult:
     role_dir = out_dir / role
     role_dir.mkdir(parents=True, exist_ok=True)
-    spec = server_spec(prepared, job, role_dir / "server.log")
+    spec = server_spec(prepared.target, job, role_dir / "server.log")
     secrets = secret_values(spec.command, {**os.environ, **spec.env})
     command = spec.redacted_command()
     tags = {
         "role": role,
         "engine": "vllm",
         "engine.version": spec.engine_version,
-        "engine.distribution": prepared.install.distribution,
+        "engine.distribution": prepared.target.install.distribution,
         "spec.method": job.spec.method,
         "point_hash": point_hash(job),
-        **hardware_tags(prepared.on_gpu),
+        **hardware_tags(prepared.target.on_gpu),
     }
     run_id: str | None = None
     server: EngineServer | None = None
@@ -188,11 +207,10 @@ class JobResult:
 
 
 def run_job(prepared: Prepared, tracker: Tracker, out_dir: Path) -> JobResult:
-    job = prepared.job
-    baseline = run_role("baseline", job.baseline(), prepared, tracker, out_dir)
-    if job.spec.method == "none":
+    results = [run_role(role, job, prepared, tracker, out_dir) for role, job in roles(prepared.job)]
+    baseline, speculative = results[0], (results[1] if len(results) > 1 else None)
+    if speculative is None:
         return JobResult(baseline, None, None)
-    speculative = run_role("speculative", job, prepared, tracker, out_dir)
     comparison = None
     if baseline.measurement and speculative.measurement:
         comparison = compare(baseline.measurement.summary, speculative.measurement.summary)

@@ -71,19 +71,20 @@ def gguf_path() -> Path:
     return path
 
 
-def resolve_model(ref: str, *, target: str | None = None) -> str:
+def resolve_model(ref: str, *, target: str | None = None, build: bool = True) -> str:
     """Return what the engine's ``--model`` should be for ``ref``.
 
     ``self`` means the target itself (the model as its own draft). ``embedded:NAME``
-    builds or reuses a cached folder. A string that looks like a path must exist;
-    anything else is taken as a hub id.
+    builds or reuses a cached folder (with ``build=False``, only names it). A string that
+    looks like a path must exist; anything else is taken as a hub id.
     """
     if ref == "self":
         if target is None:
             raise ModelError("'self' is only valid as a draft model: it names the target model")
         return target
     if ref.startswith(EMBEDDED_PREFIX):
-        return str(ensure_embedded(ref.removeprefix(EMBEDDED_PREFIX)))
+        name = ref.removeprefix(EMBEDDED_PREFIX)
+        return str(ensure_embedded(name) if build else embedded_path(name))
     path = Path(ref).expanduser()
     # "org/name" is a hub id unless such a folder exists; "./x", "/x" and "~/x" are paths.
     if ref.startswith(("/", "./", "../", "~")) or path.exists():
@@ -96,14 +97,19 @@ def resolve_model(ref: str, *, target: str | None = None) -> str:
     return ref
 
 
-def ensure_embedded(name: str) -> Path:
-    """Build the embedded artefact ``name`` once, under a lock, and return its folder."""
+def embedded_path(name: str) -> Path:
+    """Where the embedded artefact ``name`` lives once built."""
     if name not in EMBEDDED:
         raise ModelError(
             f"unknown embedded model {name!r}; choose one of {sorted(EMBEDDED_PREFIX + n for n in EMBEDDED)}"
         )
-    root = cache_root() / "models"
-    final = root / f"{name}-r{RECIPE_VERSION}"
+    return cache_root() / "models" / f"{name}-r{RECIPE_VERSION}"
+
+
+def ensure_embedded(name: str) -> Path:
+    """Build the embedded artefact ``name`` once, under a lock, and return its folder."""
+    final = embedded_path(name)
+    root = final.parent
     if (final / DONE_MARKER).is_file():
         return final
     root.mkdir(parents=True, exist_ok=True)

@@ -34,10 +34,19 @@ def run(job: JobConfig, project_root: Path) -> int:
     from pipeline import table, tracking
 
     try:
+        if job.dry_run:
+            from pipeline import plan
+
+            print(plan.describe(job, jobs.resolve_target(job, build=False)))
+            return 0
         prepared = jobs.prepare(job)
     except (ConfigError, EngineNotInstalled, ModelError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    from pipeline.plan import estimate_s
+
+    servers = len(jobs.roles(job))
+    print(f"plan: {servers} server(s), estimated ~{estimate_s(job, prepared.target) / 60:.1f} min (rough)")
     store = tracking.resolve_store(job.tracking, project_root)
     experiment = job.tracking.experiment or job.sweep_name
     tracker = tracking.Tracker(store, tracking.prepare(store, experiment))

@@ -78,10 +78,11 @@ def test_worker_processes_share_one_schedule() -> None:
 
 def test_client_health_reports_lateness_and_achieved_rate() -> None:
     script = chat_script(["a"], 1)
-    offsets = [i * 0.02 for i in range(20)]
+    # A 1 s span: a few ms of scheduler jitter on a busy 2-core machine stays under 10%.
+    offsets = [i * 0.05 for i in range(21)]
     with FakeServer(lambda body: script) as url:
-        window = run_window(_requests(20), offsets, ClientOptions(base_url=url, model="m"))
-    health = client_health(window.records, target_rate=50.0)
-    assert health["target_request_rate"] == 50.0
-    assert health["achieved_request_rate"] == pytest.approx(50.0, rel=0.1)
+        window = run_window(_requests(21), offsets, ClientOptions(base_url=url, model="m"))
+    health = client_health(window.records, target_rate=20.0)
+    assert health["target_request_rate"] == 20.0
+    assert health["achieved_request_rate"] == pytest.approx(20.0, rel=0.1)
     assert 0 <= health["send_lateness_p50_ms"] <= health["send_lateness_p99_ms"] < 20
