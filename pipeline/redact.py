@@ -37,7 +37,8 @@ def redact_mapping(values: dict[str, str]) -> dict[str, str]:
 
 def redact_text(text: str, secrets: Iterable[str]) -> str:
     """Mask known secret values wherever they appear (a server may echo its arguments)."""
-    for secret in sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True):
+    # Short values ("1", "true") would mask ordinary words; real keys and tokens are longer.
+    for secret in sorted({s for s in secrets if len(s) >= 8}, key=len, reverse=True):
         text = text.replace(secret, MASK)
     return text
 

@@ -30,23 +30,20 @@ def _terminate_as_exit(signum: int, frame: Any) -> None:
 
 
 def run(job: JobConfig, project_root: Path) -> int:
+    # Imported here, not at the top: a config error should not wait for mlflow and pandas.
     from pipeline import job as jobs
-    from pipeline import table, tracking
+    from pipeline import plan, table, tracking
 
     try:
         if job.dry_run:
-            from pipeline import plan
-
             print(plan.describe(job, jobs.resolve_target(job, build=False)))
             return 0
         prepared = jobs.prepare(job)
     except (ConfigError, EngineNotInstalled, ModelError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    from pipeline.plan import estimate_s
-
     servers = len(jobs.roles(job))
-    print(f"plan: {servers} server(s), estimated ~{estimate_s(job, prepared.target) / 60:.1f} min (rough)")
+    print(f"plan: {servers} server(s), estimated ~{plan.estimate_s(job, prepared.target) / 60:.1f} min (rough)")
     store = tracking.resolve_store(job.tracking, project_root)
     experiment = job.tracking.experiment or job.sweep_name
     tracker = tracking.Tracker(store, tracking.prepare(store, experiment))
