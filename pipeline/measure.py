@@ -35,7 +35,6 @@ class MeasurementError(RuntimeError):
 @dataclass(frozen=True)
 class Measurement:
     window: Window
-    offsets: tuple[float, ...]
     acceptance: Acceptance
     prefix_cache: PrefixCacheWindow
     summary: dict[str, float]
@@ -99,12 +98,11 @@ def measure(
         timeout_s=job.load.request_timeout_s,
     )
     reset = job.engine.prefix_caching and job.engine.reset_prefix_cache
-    if warmup:
-        # One at a time: warm-up exercises the code paths, not the scheduler.
-        for request in warmup:
-            record = run_window([request], [0.0], opts).records[0]
-            if not record.ok:
-                raise MeasurementError(f"warm-up request failed, so the server cannot be measured: {record.error}")
+    # One at a time: warm-up exercises the code paths, not the scheduler.
+    for request in warmup:
+        record = run_window([request], [0.0], opts).records[0]
+        if not record.ok:
+            raise MeasurementError(f"warm-up request failed, so the server cannot be measured: {record.error}")
     if reset:
         reset_prefix_cache(base_url)
     before = scrape(base_url)
@@ -112,7 +110,6 @@ def measure(
     after = scrape(base_url)
     return Measurement(
         window=window,
-        offsets=tuple(offsets),
         acceptance=acceptance_between(before, after),
         prefix_cache=prefix_cache_between(before, after),
         summary=summarize(window.records, window.duration_s, job.slo, job.load.request_rate),

@@ -7,6 +7,7 @@ still checked, so a dry run fails exactly where the real run would fail before s
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 from pipeline.config import JobConfig
@@ -19,10 +20,9 @@ STARTUP_S = {"cpu-eager": 45.0, "compiled": 130.0}
 CPU_TPOT_S = 0.04
 
 
-def estimate_s(job: JobConfig, target: Target) -> float:
+def estimate_s(job: JobConfig, target: Target, offsets: Sequence[float]) -> float:
     eager = job.engine.enforce_eager if job.engine.enforce_eager is not None else not target.on_gpu
     startup = STARTUP_S["cpu-eager" if eager and not target.on_gpu else "compiled"]
-    offsets = schedule(job.load, job.seed)
     # The tail: the last request's decode after its arrival, plus sequential warm-ups.
     tpot = CPU_TPOT_S if not target.on_gpu else CPU_TPOT_S / 4
     span = (offsets[-1] if offsets else 0.0) + job.workload.max_tokens * tpot
@@ -49,6 +49,6 @@ def describe(job: JobConfig, target: Target) -> str:
         f"each server: {job.load.warmup_requests} warm-up + {len(offsets)} measured requests, {rate}"
         f" ({job.workload.name}, up to {job.workload.max_tokens} tokens each), arrivals over "
         f"{offsets[-1] if offsets else 0.0:.1f} s",
-        f"estimated time: ~{estimate_s(job, target) / 60:.1f} min (rough: start-ups dominate on CPU)",
+        f"estimated time: ~{estimate_s(job, target, offsets) / 60:.1f} min (rough: start-ups dominate on CPU)",
     ]
     return "\n".join(lines)

@@ -43,7 +43,9 @@ def run(job: JobConfig, project_root: Path) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     servers = len(jobs.roles(job))
-    print(f"plan: {servers} server(s), estimated ~{plan.estimate_s(job, prepared.target) / 60:.1f} min (rough)")
+    print(
+        f"plan: {servers} server(s), estimated ~{plan.estimate_s(job, prepared.target, prepared.offsets) / 60:.1f} min (rough)"
+    )
     store = tracking.resolve_store(job.tracking, project_root)
     experiment = job.tracking.experiment or job.sweep_name
     tracker = tracking.Tracker(store, tracking.prepare(store, experiment))
