@@ -106,6 +106,13 @@ class TrackingConfig:
 
 
 @dataclass(frozen=True)
+class RayConfig:
+    # None: start a local Ray; "auto" or host:port joins a running cluster.
+    address: str | None = None
+    connect_timeout_s: float = 30.0  # an unreachable address fails after this long
+
+
+@dataclass(frozen=True)
 class JobConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -118,6 +125,8 @@ class JobConfig:
     seed: int = 0
     output_dir: str = "outputs"
     dry_run: bool = False  # print the servers, their exact commands and a time estimate; start nothing
+    force: bool = False  # re-measure points that an earlier run of this sweep finished
+    ray: RayConfig = field(default_factory=RayConfig)
 
     def baseline(self) -> JobConfig:
         """The same point without speculation: what this job is compared against."""
@@ -148,10 +157,18 @@ def _mutable_twin(cls: type) -> type:
     return _MUTABLE[cls]
 
 
+# Set by the sweeper for each job it launches: the server group that job runs. Not part of
+# JobConfig, since it says how a job was launched, not what is measured.
+GROUP_FILE_KEY = "group_file"
+
+
 def register_schema() -> None:
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(name="specsweep_schema", node=_mutable_twin(JobConfig))
+    root = dataclasses.make_dataclass(
+        "SpecsweepRoot", [(GROUP_FILE_KEY, str | None, field(default=None))], bases=(_mutable_twin(JobConfig),)
+    )
+    ConfigStore.instance().store(name="specsweep_schema", node=root)
 
 
 def from_dict(cls: type, values: dict[str, Any], path: str = "") -> Any:
@@ -174,9 +191,10 @@ def to_job_config(cfg: Any) -> JobConfig:
     """Convert Hydra's composed config once, at the entry point, and validate it."""
     from omegaconf import OmegaConf
 
-    values = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    # Hydra's own node is left out: outside a running job some of it is still unset.
+    own = OmegaConf.masked_copy(cfg, [k for k in cfg if k not in ("hydra", GROUP_FILE_KEY)])
+    values = OmegaConf.to_container(own, resolve=True, throw_on_missing=True)
     assert isinstance(values, dict)
-    values.pop("hydra", None)
     job = from_dict(JobConfig, values)
     validate(job)
     return job
@@ -241,6 +259,8 @@ def validate(job: JobConfig) -> None:
         raise ConfigError(
             f"engine.max_model_len={engine.max_model_len} leaves no room for workload.max_tokens={workload.max_tokens}"
         )
+    if job.ray.connect_timeout_s <= 0:
+        raise ConfigError(f"ray.connect_timeout_s={job.ray.connect_timeout_s} must be > 0")
     for key in ("ttft_ms", "tpot_ms", "e2el_ms"):
         value = getattr(job.slo, key)
         if value is not None and value <= 0:

@@ -24,6 +24,7 @@ except ImportError:  # optional: a faster event loop where it installs
     uvloop = None  # type: ignore[assignment]
 
 from pipeline.client import ClientOptions, RequestRecord, clock, send
+from pipeline.config import LoadConfig
 from pipeline.workloads import Request
 
 WORKER_START_TIMEOUT_S = 60.0
@@ -63,6 +64,13 @@ def arrivals_within(duration_s: float, rate: float, burstiness: float, seed: int
         count *= 2
         due = np.cumsum(_gamma_gaps(count, rate, burstiness, seed))
     return [float(t) for t in due if t < duration_s]
+
+
+def schedule(load: LoadConfig, seed: int) -> list[float]:
+    """A point's arrival times, from the seed alone: baseline and speculation get the same ones."""
+    if load.duration_s is not None:
+        return arrivals_within(load.duration_s, load.request_rate, load.burstiness, seed)
+    return arrival_offsets(load.num_requests, load.request_rate, load.burstiness, seed)
 
 
 @dataclass(frozen=True)

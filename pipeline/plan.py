@@ -1,54 +1,193 @@
-"""``dry_run=true``: what a job would start, with the exact commands, and a rough duration.
+"""Planning a sweep, before anything runs: which servers, which points on each, how long.
 
-Nothing is started and no model is built; the engine, device, methods and model paths are
-still checked, so a dry run fails exactly where the real run would fail before starting.
+Pure: no server, no MLflow, no engine install is touched here. A point is one measured
+window (a server configuration at one load); a group is the points that share one server.
+Jobs that differ only in load share a server, and every speculative configuration of a
+sweep shares one baseline server, so a k x rate grid starts k + 1 servers, not 2 x k x rate.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import math
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
-from pipeline.config import JobConfig
-from pipeline.job import Target, roles, schedule, server_spec
-from pipeline.redact import redact_args, redact_mapping, shell_line
+from pipeline.config import ConfigError, JobConfig
+from pipeline.loadgen import schedule
 
-# Rough per-server start-up and per-token costs, measured with the embedded 135M model:
-# eager CPU servers started in 31-48 s here; compiled start-ups take ~2 min (DESIGN.md).
+# Keys that say how or where a sweep runs, not what it measures.
+_VOLATILE = ("output_dir", "tracking", "sweep_name", "dry_run", "force", "ray")
+# What a server's command line is made of; everything else (load, workload, SLOs) is per point.
+_SERVER_KEYS = ("engine", "model", "spec", "seed")
+
+# Rough costs, measured with the embedded 135M model on 2 cores: eager CPU servers start in
+# 31-49 s; compiled start-ups take ~2 min (DESIGN.md). TPOT ~40 ms per token without speculation.
 STARTUP_S = {"cpu-eager": 45.0, "compiled": 130.0}
 CPU_TPOT_S = 0.04
+STOP_S = 5.0
+# Warm-up requests only need to exercise the code paths; they are capped at this many tokens.
+WARMUP_MAX_TOKENS = 32
 
 
-def estimate_s(job: JobConfig, target: Target, offsets: Sequence[float]) -> float:
-    eager = job.engine.enforce_eager if job.engine.enforce_eager is not None else not target.on_gpu
-    startup = STARTUP_S["cpu-eager" if eager and not target.on_gpu else "compiled"]
-    # The tail: the last request's decode after its arrival, plus sequential warm-ups.
-    tpot = CPU_TPOT_S if not target.on_gpu else CPU_TPOT_S / 4
-    span = (offsets[-1] if offsets else 0.0) + job.workload.max_tokens * tpot
-    warmup = job.load.warmup_requests * job.workload.max_tokens * tpot
-    return len(roles(job)) * (startup + warmup + span)
+def _digest(values: dict) -> str:
+    return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def describe(job: JobConfig, target: Target) -> str:
+def point_hash(job: JobConfig) -> str:
+    """Identifies a measured point (server config, load, workload, seed), for resume."""
+    point = dataclasses.asdict(job)
+    for volatile in _VOLATILE:
+        point.pop(volatile)
+    return _digest(point)
+
+
+def server_key(job: JobConfig) -> str:
+    """Jobs with equal keys can be measured on one server."""
+    values = dataclasses.asdict(job)
+    return _digest({k: values[k] for k in _SERVER_KEYS})
+
+
+@dataclass(frozen=True)
+class Point:
+    role: str  # "baseline" or "speculative"
+    job: JobConfig
+    hash: str
+    baseline_hash: str | None = None  # the point this one is compared with (speculative only)
+
+    @property
+    def label(self) -> str:
+        spec = self.job.spec
+        name = "baseline" if self.role == "baseline" else f"{spec.method}-k{spec.k}"
+        return f"{name}-r{self.job.load.request_rate:g}"
+
+
+@dataclass(frozen=True)
+class ServerGroup:
+    index: int
+    role: str
+    points: tuple[Point, ...]
+
+    @property
+    def server_job(self) -> JobConfig:
+        return self.points[0].job
+
+    @property
+    def label(self) -> str:
+        spec = self.server_job.spec
+        name = "baseline" if self.role == "baseline" else f"{spec.method}-k{spec.k}"
+        return f"{self.index:02d}-{name}"
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    groups: tuple[ServerGroup, ...]
+
+    @property
+    def points(self) -> tuple[Point, ...]:
+        return tuple(p for g in self.groups for p in g.points)
+
+    def without(self, done: Iterable[str]) -> SweepPlan:
+        """The plan left once the points whose hashes are in ``done`` are skipped."""
+        skip = set(done)
+        groups = []
+        for group in self.groups:
+            left = tuple(p for p in group.points if p.hash not in skip)
+            if left:
+                groups.append(dataclasses.replace(group, points=left))
+        return SweepPlan(tuple(groups))
+
+
+def plan_sweep(jobs: Sequence[JobConfig]) -> SweepPlan:
+    """Group the jobs' points by server; the baseline servers come first."""
+    if not jobs:
+        raise ConfigError(
+            "the sweep expands to no jobs: a sweep value list is empty; give at least one value, "
+            "e.g. spec.k=3,5 load.request_rate=1,2"
+        )
+    points: dict[str, Point] = {}
+    for job in jobs:
+        base = job.baseline()
+        base_hash = point_hash(base)
+        points.setdefault(base_hash, Point("baseline", base, base_hash))
+        if job.spec.method != "none":
+            h = point_hash(job)
+            points.setdefault(h, Point("speculative", job, h, base_hash))
+    by_server: dict[str, list[Point]] = {}
+    ordered = sorted(points.values(), key=lambda p: p.role != "baseline")  # stable: grid order within a role
+    for point in ordered:
+        by_server.setdefault(server_key(point.job), []).append(point)
+    groups = tuple(
+        ServerGroup(i, pts[0].role, tuple(sorted(pts, key=lambda p: p.job.load.request_rate)))
+        for i, pts in enumerate(by_server.values(), start=1)
+    )
+    return SweepPlan(groups)
+
+
+# ---- Time estimate and the dry-run text ------------------------------------------------
+
+
+def _eager(job: JobConfig, on_gpu: bool) -> bool:
+    return job.engine.enforce_eager if job.engine.enforce_eager is not None else not on_gpu
+
+
+def point_estimate_s(job: JobConfig, on_gpu: bool) -> float:
+    """Arrivals plus the last request's decode; speculation is assumed no faster (an upper bound)."""
+    tpot = CPU_TPOT_S if not on_gpu else CPU_TPOT_S / 4
     offsets = schedule(job.load, job.seed)
+    span = offsets[-1] if offsets and math.isfinite(offsets[-1]) else 0.0
+    if math.isinf(job.load.request_rate):  # all at once: the batch decodes together, slower per token
+        span = len(offsets) * tpot * 4
+    return span + job.workload.max_tokens * tpot
+
+
+def group_estimate_s(group: ServerGroup, on_gpu: bool) -> float:
+    job = group.server_job
+    startup = STARTUP_S["cpu-eager" if _eager(job, on_gpu) and not on_gpu else "compiled"]
+    tpot = CPU_TPOT_S if not on_gpu else CPU_TPOT_S / 4
+    warmup = job.load.warmup_requests * min(job.workload.max_tokens, WARMUP_MAX_TOKENS) * tpot
+    return startup + warmup + STOP_S + sum(point_estimate_s(p.job, on_gpu) for p in group.points)
+
+
+def estimate_s(plan: SweepPlan, on_gpu: bool) -> float:
+    return sum(group_estimate_s(g, on_gpu) for g in plan.groups)
+
+
+@dataclass(frozen=True)
+class ServerLine:
+    """A group's launch, already redacted: what the dry run prints."""
+
+    engine: str
+    version: str
+    args: tuple[str, ...]
+    env: dict[str, str]
+
+
+def describe(plan: SweepPlan, servers: Sequence[ServerLine], on_gpu: bool) -> str:
+    from pipeline.redact import shell_line
+
     lines = ["dry run: nothing was started.", ""]
-    servers = roles(job)
-    for i, (role, role_job) in enumerate(servers, start=1):
-        spec = server_spec(target, role_job, Path(job.output_dir) / role / "server.log", port=0)
-        args = list(redact_args(spec.command))
-        args[args.index("--port") + 1] = "<free port>"
-        label = "no speculation" if role == "baseline" else f"{job.spec.method} k={job.spec.k}"
-        lines.append(f"server {i}/{len(servers)} {role} ({label}), vLLM {spec.engine_version}:")
-        lines.append("  " + shell_line(args).replace("'<free port>'", "<free port>"))
-        env = " ".join(f"{k}={v}" for k, v in sorted(redact_mapping(spec.env).items()))
-        lines.append(f"  environment: {env}")
-    rate = "all at once" if math.isinf(job.load.request_rate) else f"{job.load.request_rate:g} req/s"
+    n = len(plan.groups)
+    for group, server in zip(plan.groups, servers, strict=True):
+        spec = group.server_job.spec
+        what = "no speculation" if group.role == "baseline" else f"{spec.method} k={spec.k}"
+        lines.append(f"server {group.index}/{n} {group.role} ({what}), {server.engine} {server.version}:")
+        lines.append("  " + shell_line(server.args).replace("'<free port>'", "<free port>"))
+        lines.append("  environment: " + " ".join(f"{k}={v}" for k, v in sorted(server.env.items())))
+        for point in group.points:
+            load = point.job.load
+            rate = "all at once" if math.isinf(load.request_rate) else f"{load.request_rate:g} req/s"
+            count = len(schedule(load, point.job.seed))
+            lines.append(
+                f"  - point {point.label}: {count} requests at {rate} ({point.job.workload.name}, "
+                f"up to {point.job.workload.max_tokens} tokens), ~{point_estimate_s(point.job, on_gpu):.0f} s"
+            )
+        lines.append("")
+    warm = plan.groups[0].server_job.load.warmup_requests if plan.groups else 0
     lines += [
-        "",
-        f"each server: {job.load.warmup_requests} warm-up + {len(offsets)} measured requests, {rate}"
-        f" ({job.workload.name}, up to {job.workload.max_tokens} tokens each), arrivals over "
-        f"{offsets[-1] if offsets else 0.0:.1f} s",
-        f"estimated time: ~{estimate_s(job, target, offsets) / 60:.1f} min (rough: start-ups dominate on CPU)",
+        f"{n} server start(s), {len(plan.points)} measured point(s); {warm} warm-up request(s) per server",
+        f"estimated time: ~{estimate_s(plan, on_gpu) / 60:.1f} min (rough: start-ups dominate on CPU)",
     ]
     return "\n".join(lines)

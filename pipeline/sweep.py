@@ -1,7 +1,10 @@
-"""Entry point: ``python -m pipeline.sweep [overrides]``.
+"""Entry point: ``python -m pipeline.sweep [overrides]``, or ``-m`` for a sweep.
 
-Hydra composes the config; it is converted once into a frozen :class:`JobConfig` here,
-and nothing below this module sees Hydra or OmegaConf.
+Hydra composes the config; it is converted once into a frozen :class:`JobConfig` here (or,
+in a multirun, in our sweeper plugin), and nothing below sees Hydra or OmegaConf. A single
+run is planned and recorded exactly like a sweep of one point. In a multirun, the sweeper
+plans the whole grid and launches one job per server group; each of those jobs lands in
+:func:`main` with ``group_file`` set.
 """
 
 from __future__ import annotations
@@ -14,13 +17,10 @@ from typing import Any
 
 import hydra
 
-from pipeline.config import ConfigError, JobConfig, register_schema, to_job_config
-from pipeline.engines.vllm import EngineNotInstalled
-from pipeline.models import ModelError
+from pipeline.config import GROUP_FILE_KEY, ConfigError, register_schema, to_job_config
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 EXIT_BAD_INPUT = 2
-EXIT_FAILED_POINT = 3
 
 
 def _terminate_as_exit(signum: int, frame: Any) -> None:
@@ -29,51 +29,35 @@ def _terminate_as_exit(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
-def run(job: JobConfig, project_root: Path) -> int:
-    # Imported here, not at the top: a config error should not wait for mlflow and pandas.
-    from pipeline import job as jobs
-    from pipeline import plan, table, tracking
+def run_group_file(path: str, out_dir: Path) -> Any:
+    """A launched job of a multirun: run the server group the sweeper wrote for it."""
+    from pipeline.group import GroupTask, run_group
 
-    try:
-        if job.dry_run:
-            print(plan.describe(job, jobs.resolve_target(job, build=False)))
-            return 0
-        prepared = jobs.prepare(job)
-    except (ConfigError, EngineNotInstalled, ModelError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    servers = len(jobs.roles(job))
-    print(
-        f"plan: {servers} server(s), estimated ~{plan.estimate_s(job, prepared.target, prepared.offsets) / 60:.1f} min (rough)"
-    )
-    store = tracking.resolve_store(job.tracking, project_root)
-    experiment = job.tracking.experiment or job.sweep_name
-    tracker = tracking.Tracker(store, tracking.prepare(store, experiment))
-    out_dir = Path(job.output_dir).resolve()
-    print(f"outputs: {out_dir}\nMLflow: {store.tracking_uri} (experiment {experiment!r})")
-    try:
-        with tracker.parent(f"{job.spec.method}-k{job.spec.k}-r{job.load.request_rate:g}", {"role": "sweep"}):
-            result = jobs.run_job(prepared, tracker, out_dir)
-    except KeyboardInterrupt:
-        print("interrupted: every server was stopped; finished runs are in MLflow", file=sys.stderr)
-        return 130
-    table.render(result)
-    return EXIT_FAILED_POINT if result.failed else 0
+    return run_group(GroupTask.load(path), out_dir)
 
 
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")
-def main(cfg: Any) -> None:
-    signal.signal(signal.SIGTERM, _terminate_as_exit)
+def main(cfg: Any) -> Any:
+    try:
+        signal.signal(signal.SIGTERM, _terminate_as_exit)
+    except ValueError:  # not the main thread (some launchers); their own teardown applies
+        pass
     # Hydra sets the root logger to INFO; a line per HTTP request buries the progress bar.
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    if cfg.get(GROUP_FILE_KEY):
+        return run_group_file(cfg[GROUP_FILE_KEY], Path(cfg.output_dir).resolve())
     try:
         job = to_job_config(cfg)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
-    code = run(job, Path.cwd())
+    # A single run is a sweep of one point and its baseline, run in this process.
+    from pipeline.driver import InProcess, run_sweep
+
+    code = run_sweep([job], InProcess(Path(job.output_dir).resolve()), Path.cwd())
     if code:
         sys.exit(code)
+    return None
 
 
 register_schema()

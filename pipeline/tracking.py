@@ -11,13 +11,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import mlflow
+from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from pipeline.config import JobConfig, TrackingConfig
@@ -79,47 +80,83 @@ def _finite(metrics: Mapping[str, float]) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
 
 
+def check_reachable(store: Store, timeout_s: float = 5.0) -> None:
+    """Fail fast on a tracking server that does not answer; MLflow itself retries for minutes."""
+    if not store.tracking_uri.startswith(("http://", "https://")):
+        return
+    import httpx
+
+    url = store.tracking_uri.rstrip("/") + "/health"
+    try:
+        httpx.get(url, timeout=timeout_s, trust_env=False).raise_for_status()
+    except httpx.HTTPError as exc:
+        raise TrackingError(
+            f"tracking.uri={store.tracking_uri} does not answer ({type(exc).__name__}: {exc}); start it with "
+            f"`mlflow server --host 0.0.0.0 --port 5000`, fix the address, or drop tracking.uri for the local store"
+        ) from exc
+
+
+class TrackingError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class FinishedPoint:
+    run_id: str
+    metrics: dict[str, float]
+
+
 class Tracker:
+    """Runs addressed by id, not MLflow's active-run stack: a sweep's child runs are made in
+    other processes (Ray workers) than its parent run."""
+
     def __init__(self, store: Store, experiment_id: str) -> None:
         self.store = store
         self.experiment_id = experiment_id
-        mlflow.set_tracking_uri(store.tracking_uri)
+        self.client = MlflowClient(store.tracking_uri)
 
-    @contextmanager
-    def parent(self, name: str, tags: Mapping[str, str]) -> Iterator[str]:
-        with mlflow.start_run(experiment_id=self.experiment_id, run_name=name, tags=dict(tags)) as run:
-            yield run.info.run_id
+    def start_run(self, name: str, tags: Mapping[str, str], parent_id: str | None = None) -> str:
+        tags = dict(tags) | ({"mlflow.parentRunId": parent_id} if parent_id else {})
+        return self.client.create_run(self.experiment_id, run_name=name, tags=tags).info.run_id
 
-    @contextmanager
-    def child(self, name: str, params: Mapping[str, str], tags: Mapping[str, str]) -> Iterator[str]:
-        """A nested run; an exception inside marks it FAILED with the error as a tag."""
-        with mlflow.start_run(experiment_id=self.experiment_id, run_name=name, nested=True, tags=dict(tags)) as run:
-            mlflow.log_params(dict(params))
-            try:
-                yield run.info.run_id
-            except BaseException as exc:
-                mlflow.set_tag("error", f"{type(exc).__name__}: {exc}"[:5000])
-                mlflow.set_tag("status", "failed")
-                raise
+    def end_run(self, run_id: str, error: str | None = None, killed: bool = False) -> None:
+        if error is not None:
+            self.set_tags(run_id, {"status": "failed", "error": error[:5000]})
+        status = "KILLED" if killed else ("FAILED" if error is not None else "FINISHED")
+        self.client.set_terminated(run_id, status=status)
 
-    def log_metrics(self, metrics: Mapping[str, float], run_id: str | None = None) -> None:
-        """Log to the active run, or to ``run_id`` (a run that has already ended)."""
-        if run_id is None:
-            mlflow.log_metrics(_finite(metrics))
-            return
-        client = MlflowClient(self.store.tracking_uri)
-        for key, value in _finite(metrics).items():
-            client.log_metric(run_id, key, value)
+    def log_params(self, run_id: str, params: Mapping[str, str]) -> None:
+        self.client.log_batch(run_id, params=[Param(k, v) for k, v in params.items()])
 
-    def set_tags(self, tags: Mapping[str, str]) -> None:
-        mlflow.set_tags(dict(tags))
+    def log_metrics(self, run_id: str, metrics: Mapping[str, float]) -> None:
+        now = int(time.time() * 1000)
+        self.client.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in _finite(metrics).items()])
 
-    def log_text(self, text: str, name: str) -> None:
-        mlflow.log_text(text, name)
+    def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
+        self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
-    def log_json(self, data: Any, name: str) -> None:
-        mlflow.log_text(json.dumps(data, indent=2, default=str), name)
+    def log_text(self, run_id: str, text: str, name: str) -> None:
+        self.client.log_text(run_id, text, name)
 
-    def log_file(self, path: Path, folder: str | None = None) -> None:
+    def log_json(self, run_id: str, data: Any, name: str) -> None:
+        self.client.log_text(run_id, json.dumps(data, indent=2, default=str), name)
+
+    def log_file(self, run_id: str, path: Path, folder: str | None = None) -> None:
         if path.is_file():
-            mlflow.log_artifact(str(path), folder)
+            self.client.log_artifact(run_id, str(path), folder)
+
+    def log_table(self, run_id: str, frame: Any, name: str) -> None:
+        """A table the MLflow UI shows in its artifact view (and ``mlflow.load_table`` reads)."""
+        self.client.log_table(run_id, frame, name)
+
+    def finished_points(self) -> dict[str, FinishedPoint]:
+        """Points measured to the end by earlier runs of this experiment, by point hash."""
+        runs = self.client.search_runs(
+            [self.experiment_id], filter_string="tags.status = 'finished' and attributes.status = 'FINISHED'"
+        )
+        found: dict[str, FinishedPoint] = {}
+        for run in runs:  # newest first: the latest measurement of a point wins
+            key = run.data.tags.get("point_hash")
+            if key and key not in found:
+                found[key] = FinishedPoint(run.info.run_id, dict(run.data.metrics))
+        return found

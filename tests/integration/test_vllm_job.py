@@ -17,8 +17,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from pipeline.config import EngineConfig, JobConfig, LoadConfig, SpecConfig, WorkloadConfig
-from pipeline.job import prepare, run_role
+from pipeline.group import GroupTask, run_group
 from pipeline.models import ensure_embedded
+from pipeline.plan import plan_sweep
 from pipeline.tracking import Tracker, resolve_store
 from pipeline.tracking import prepare as prepare_store
 from tests.integration.conftest import run_sweep, vllm_server_pids
@@ -46,7 +47,7 @@ def _runs(project: Path, experiment: str) -> list:
 def test_baseline_and_ngram_end_to_end(tmp_path: Path, no_leftover_servers: None) -> None:
     proc = run_sweep(tmp_path, "spec=ngram", "spec.k=3", "sweep_name=itest", *SMALL)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "speculative" in proc.stdout and "acceptance rate" in proc.stdout  # the final table
+    assert "ngram-k3-r2" in proc.stdout and "TPOT speedup" in proc.stdout  # the final table
 
     runs = _runs(tmp_path, "itest")
     by_role = {r.data.tags.get("role"): r for r in runs}
@@ -64,7 +65,8 @@ def test_baseline_and_ngram_end_to_end(tmp_path: Path, no_leftover_servers: None
     assert 0 < spec.data.metrics["spec_decode_acceptance_rate"] < 100
     assert 1 < spec.data.metrics["spec_decode_acceptance_length"] < 4
     assert "spec_decode_num_drafts" not in base.data.metrics
-    assert spec.data.metrics["speedup_median_tpot"] > 0 and parent.data.metrics["speedup_median_tpot"] > 0
+    assert spec.data.metrics["speedup_median_tpot"] > 0 and parent.data.metrics["server_starts"] == 2
+    assert spec.data.tags["baseline_hash"] == base.data.tags["point_hash"]
 
     client = MlflowClient(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
     artifacts = {a.path for a in client.list_artifacts(spec.info.run_id)}
@@ -73,8 +75,8 @@ def test_baseline_and_ngram_end_to_end(tmp_path: Path, no_leftover_servers: None
     assert '"method":"ngram"' in command and "--host 127.0.0.1" in command
 
     # Greedy outputs are identical with and without speculation (float32).
-    base_rows = pd.read_csv(tmp_path / "out" / "baseline" / "requests.csv").set_index("index")
-    spec_rows = pd.read_csv(tmp_path / "out" / "speculative" / "requests.csv").set_index("index")
+    base_rows = pd.read_csv(tmp_path / "out" / "01-baseline" / "baseline-r2" / "requests.csv").set_index("index")
+    spec_rows = pd.read_csv(tmp_path / "out" / "02-ngram-k3" / "ngram-k3-r2" / "requests.csv").set_index("index")
     assert len(base_rows) == 6
     assert (base_rows["text"] == spec_rows["text"]).all()
     assert (base_rows["output_tokens"] == spec_rows["output_tokens"]).all()
@@ -97,15 +99,17 @@ def test_model_as_its_own_draft_accepts_nearly_everything(tmp_path: Path, no_lef
         sweep_name="self-draft",
         output_dir=str(tmp_path / "out"),
     )
-    prepared = prepare(job)
+    speculative = plan_sweep([job]).groups[1]  # run its server group alone, without the baseline
     store = resolve_store(job.tracking, tmp_path)
     tracker = Tracker(store, prepare_store(store, job.sweep_name))
-    result = run_role("speculative", job, prepared, tracker, tmp_path / "out")
-    assert result.error is None and result.measurement is not None
-    acceptance = result.measurement.acceptance
-    assert acceptance.num_drafts and acceptance.num_drafts > 0
-    assert acceptance.acceptance_rate is not None and acceptance.acceptance_rate > 0.9
-    assert len(acceptance.per_position) == 3
+    parent = tracker.start_run("self-draft", {"role": "sweep"})
+    outcome = run_group(GroupTask(speculative, store, tracker.experiment_id, parent, gpus=0), tmp_path / "out")
+    assert outcome.started and len(outcome.points) == 1
+    point = outcome.points[0]
+    assert point.error is None
+    assert point.metrics["spec_decode_num_drafts"] > 0
+    assert point.metrics["spec_decode_acceptance_rate"] > 90
+    assert "spec_decode_acceptance_rate_pos_2" in point.metrics
 
 
 def test_server_dying_at_start_is_reported_and_marked_failed(tmp_path: Path, no_leftover_servers: None) -> None:

@@ -32,7 +32,7 @@ def test_bad_input_exits_2_without_starting_a_server(tmp_path: Path, overrides: 
     proc = _sweep(tmp_path, *overrides)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert message in proc.stderr
-    assert not (tmp_path / "out" / "baseline").exists()  # no server was started
+    assert not (tmp_path / "out" / "01-baseline").exists()  # no server was started
 
 
 def test_misspelled_key_is_refused_by_hydra(tmp_path: Path) -> None:
@@ -55,4 +55,57 @@ def test_dry_run_prints_exact_commands_and_starts_nothing(tmp_path: Path) -> Non
     assert "vllm.entrypoints.openai.api_server" in out and "estimated time" in out
     assert "hf_secret_value" not in out and "HF_TOKEN=***" in out
     assert not (cache / "models").exists()  # no model was built
-    assert not (tmp_path / "out" / "baseline").exists() and not (tmp_path / "mlruns").exists()
+    assert not (tmp_path / "out" / "01-baseline").exists() and not (tmp_path / "mlruns").exists()
+
+
+def _multirun(tmp_path: Path, *overrides: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.sweep", "-m", f"hydra.sweep.dir={tmp_path}/multi", *overrides],
+        cwd=tmp_path, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def test_multirun_dry_run_plans_one_server_per_k_and_one_baseline(tmp_path: Path) -> None:
+    proc = _multirun(tmp_path, "spec.k=3,5,7", "load.request_rate=1,2", "dry_run=true")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert "4 server start(s), 8 measured point(s)" in out
+    assert out.count("server ") >= 4 and "server 4/4 speculative (ngram k=7)" in out
+    assert "point baseline-r1" in out and "point ngram-k7-r2" in out and '"num_speculative_tokens":7' in out
+    assert not (tmp_path / "mlruns").exists()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["spec.k=3,five"], "spec.k"),  # a sweep value of the wrong type: Hydra names the key
+        (["spec.kk=3,5"], "spec.kk"),  # a key that does not exist
+        (["load.request_rate=range(4,1)"], "expands to no jobs"),  # an empty grid
+        (["spec.k=3,0"], "spec.k=0 is not valid"),  # one bad point refuses the whole sweep
+        (["sweep_name=a,b"], "sweep_name is a setting of the whole sweep"),
+        (["tracking.uri=http://127.0.0.1:9"], "does not answer"),
+    ],
+)
+def test_multirun_bad_input_fails_before_any_server_starts(
+    tmp_path: Path, overrides: list[str], message: str
+) -> None:
+    proc = _multirun(tmp_path, "spec.k=3", *overrides)
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    assert message in proc.stderr, proc.stderr[-3000:]
+    assert not list((tmp_path / "multi").glob("*/server.log"))
+    assert not (tmp_path / "multi" / "groups").exists()  # nothing was launched
+
+
+def test_multirun_dead_ray_address_fails_within_its_deadline(tmp_path: Path) -> None:
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    started = time.monotonic()
+    proc = _multirun(tmp_path, f"ray.address=127.0.0.1:{port}", "ray.connect_timeout_s=3")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"ray.address=127.0.0.1:{port} is not reachable within 3 s" in proc.stderr
+    assert time.monotonic() - started < 90
+    assert not (tmp_path / "multi" / "groups").exists()

@@ -30,21 +30,44 @@ def test_store_runs_and_failed_child(tmp_path: Path) -> None:
     experiment_id = prepare(store, "unit")
     assert prepare(store, "unit") == experiment_id  # idempotent
     tracker = Tracker(store, experiment_id)
-    with tracker.parent("p", {"role": "sweep"}) as parent_id:
-        with tracker.child("ok", {"a": "1"}, {"role": "baseline"}) as ok_id:
-            tracker.log_metrics({"median_tpot_ms": 12.5, "nan_metric": float("nan")})
-            tracker.log_text("cmd\n", "server_command.txt")
-        with pytest.raises(RuntimeError):
-            with tracker.child("bad", {"a": "2"}, {"role": "speculative"}) as bad_id:
-                raise RuntimeError("server died")
-        tracker.log_metrics({"speedup_median_tpot": 2.0}, run_id=ok_id)
+    parent_id = tracker.start_run("p", {"role": "sweep"})
+    ok_id = tracker.start_run("ok", {"role": "baseline", "point_hash": "abc"}, parent_id)
+    tracker.log_params(ok_id, {"a": "1"})
+    tracker.log_metrics(ok_id, {"median_tpot_ms": 12.5, "nan_metric": float("nan")})
+    tracker.log_text(ok_id, "cmd\n", "server_command.txt")
+    tracker.set_tags(ok_id, {"status": "finished"})
+    tracker.end_run(ok_id)
+    bad_id = tracker.start_run("bad", {"role": "speculative", "point_hash": "def"}, parent_id)
+    tracker.end_run(bad_id, error="server died")
+    tracker.end_run(parent_id)
     client = MlflowClient(store.tracking_uri)
     ok = client.get_run(ok_id)
     assert ok.info.status == "FINISHED" and ok.data.metrics["median_tpot_ms"] == 12.5
-    assert "nan_metric" not in ok.data.metrics and ok.data.metrics["speedup_median_tpot"] == 2.0
+    assert "nan_metric" not in ok.data.metrics
     assert ok.data.tags["mlflow.parentRunId"] == parent_id and ok.data.params["a"] == "1"
     bad = client.get_run(bad_id)
     assert bad.info.status == "FAILED" and "server died" in bad.data.tags["error"]
     artifacts = Path(mlflow.artifacts.download_artifacts(run_id=ok_id, tracking_uri=store.tracking_uri))
     assert (artifacts / "server_command.txt").read_text() == "cmd\n"
     assert str(tmp_path / "mlruns" / "artifacts") in client.get_experiment(experiment_id).artifact_location
+    # Resume sees only the point that finished, with its metrics.
+    finished = tracker.finished_points()
+    assert set(finished) == {"abc"} and finished["abc"].run_id == ok_id
+    assert finished["abc"].metrics["median_tpot_ms"] == 12.5
+
+
+def test_unreachable_tracking_server_fails_fast_naming_the_fix() -> None:
+    import socket
+    import time
+
+    from pipeline.config import TrackingConfig
+    from pipeline.tracking import TrackingError, check_reachable
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store = resolve_store(TrackingConfig(uri=f"http://127.0.0.1:{port}"), Path("."))
+    started = time.monotonic()
+    with pytest.raises(TrackingError, match="does not answer.*mlflow server"):
+        check_reachable(store, timeout_s=2.0)
+    assert time.monotonic() - started < 10

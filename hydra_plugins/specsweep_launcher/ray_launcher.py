@@ -1,0 +1,109 @@
+"""A Hydra launcher that runs each job (one server group) as a Ray task.
+
+Why not hydra-ray-launcher: it pins cloudpickle<3, pulls in boto3, shrinks the object
+store and waits forever on a resource request the cluster can never meet (DESIGN.md).
+Here the request is checked against the cluster first, a dead address fails within a
+deadline, and on a machine without GPUs the groups run one at a time, so two servers never
+share the cores being measured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, configure_log, run_job, setup_globals
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from pipeline import cluster
+from pipeline.config import GROUP_FILE_KEY, RayConfig
+from pipeline.group import GroupTask
+
+# After Ctrl-C, how long a cancelled task gets to stop its server before we give up on it.
+CANCEL_GRACE_S = 60.0
+
+
+def _job_in_worker(
+    hydra_context: HydraContext, config: DictConfig, task_function: TaskFunction, state: dict[Any, Any]
+) -> JobReturn:
+    setup_globals()
+    Singleton.set_state(state)
+    return run_job(
+        hydra_context=hydra_context,
+        task_function=task_function,
+        config=config,
+        job_dir_key="hydra.sweep.dir",
+        job_subdir_key="hydra.sweep.subdir",
+    )
+
+
+class SpecsweepRayLauncher(Launcher):
+    def __init__(self) -> None:
+        self.config: DictConfig | None = None
+        self.hydra_context: HydraContext | None = None
+        self.task_function: TaskFunction | None = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
+
+    def _ray_config(self) -> RayConfig:
+        assert self.config is not None
+        values = OmegaConf.to_container(self.config.get("ray") or {}, resolve=True)
+        assert isinstance(values, dict)
+        return RayConfig(**values)
+
+    def preflight(self, tasks: Sequence[GroupTask]) -> None:
+        """Called by our sweeper before any server starts; raises LaunchError."""
+        import ray
+
+        cluster.connect(self._ray_config())
+        cluster.check_feasible(
+            [cluster.Need(t.group.label, t.gpus) for t in tasks], ray.cluster_resources(), cluster.node_gpus()
+        )
+        if tasks:
+            cluster.check_store(tasks[0].store.tracking_uri, len(cluster.node_gpus()))
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        import ray
+
+        assert self.config is not None and self.hydra_context is not None and self.task_function is not None
+        setup_globals()
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        cluster.connect(self._ray_config())  # a no-op after preflight
+        # Ray workers run in a temporary folder: every path they get must be absolute.
+        sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
+        configs, gpus = [], []
+        for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
+            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            with open_dict(cfg):
+                cfg.hydra.job.id = cfg.hydra.job.num = idx
+                cfg.hydra.sweep.dir = str(sweep_dir)
+            configs.append(cfg)
+            group_file = cfg.get(GROUP_FILE_KEY)
+            gpus.append(GroupTask.load(group_file).gpus if group_file else 0)
+        remote = ray.remote(_job_in_worker)
+        state = Singleton.get_state()
+        refs = []
+        try:
+            if not any(gpus):  # CPU only: one server at a time, each with the cores to itself
+                results = []
+                for cfg in configs:
+                    refs = [remote.options(num_cpus=1).remote(self.hydra_context, cfg, self.task_function, state)]
+                    results.append(ray.get(refs[0]))
+                return results
+            refs = [
+                remote.options(num_cpus=1, num_gpus=g).remote(self.hydra_context, cfg, self.task_function, state)
+                for cfg, g in zip(configs, gpus, strict=True)
+            ]
+            return ray.get(refs)
+        except BaseException:
+            # Ctrl-C or SIGTERM here: let each running task stop its server (its `finally`s run
+            # on the KeyboardInterrupt that cancel raises in it) before the driver exits.
+            for ref in refs:
+                ray.cancel(ref)
+            ray.wait(refs, num_returns=len(refs), timeout=CANCEL_GRACE_S)
+            raise

@@ -1,0 +1,77 @@
+"""The sweeper: expands the grid like Hydra's basic sweeper, then plans before running.
+
+Hydra's basic sweeper hands the launcher one job per grid point, so each point would start
+its own servers. This one composes every point first (a bad value fails here, before any
+server starts), groups the points by server with :mod:`pipeline.plan`, and launches one job
+per server group through whichever launcher is configured (ours on Ray, or Hydra's basic).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.utils import JobStatus
+from omegaconf import OmegaConf, open_dict
+
+from pipeline.config import GROUP_FILE_KEY, ConfigError, to_job_config
+from pipeline.driver import EXIT_BAD_INPUT, run_sweep
+from pipeline.group import GroupOutcome, GroupTask
+
+
+class HydraLaunch:
+    """The driver's executor: one launched Hydra job per server group."""
+
+    def __init__(self, launcher: Any, sweep_dir: Path) -> None:
+        self.launcher = launcher
+        self.sweep_dir = sweep_dir
+
+    def preflight(self, tasks: Sequence[GroupTask]) -> None:
+        check = getattr(self.launcher, "preflight", None)  # Hydra's basic launcher has none
+        if check is not None and tasks:
+            check(tasks)
+
+    def run(self, tasks: Sequence[GroupTask]) -> list[GroupOutcome]:
+        if not tasks:  # every point finished earlier: nothing to launch
+            return []
+        files = [t.save(self.sweep_dir / "groups" / f"{t.group.label}.pkl") for t in tasks]
+        returns = self.launcher.launch([[f"{GROUP_FILE_KEY}='{f}'"] for f in files], initial_job_idx=0)
+        outcomes = []
+        for task, ret in zip(tasks, returns, strict=True):
+            if ret.status == JobStatus.COMPLETED and isinstance(ret.return_value, GroupOutcome):
+                outcomes.append(ret.return_value)
+            else:  # the job itself crashed; its points are reported failed, the others stand
+                outcomes.append(GroupOutcome.failed(task, f"launched job failed: {ret._return_value!r}"))
+        return outcomes
+
+
+class SpecsweepSweeper(BasicSweeper):
+    def __init__(self, max_batch_size: int | None = None, params: dict[str, str] | None = None) -> None:
+        super().__init__(max_batch_size=None, params=params)
+
+    def sweep(self, arguments: list[str]) -> Any:
+        assert self.config is not None and self.launcher is not None and self.hydra_context is not None
+        loader = self.hydra_context.config_loader
+        overrides = OverridesParser.create(config_loader=loader).parse_overrides(self._parse_config() + arguments)
+        grid = self.split_arguments(overrides, None)[0]
+        sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        try:
+            jobs = []
+            for point in grid:
+                cfg = loader.load_sweep_config(self.config, list(point))
+                with open_dict(cfg):
+                    cfg.output_dir = str(sweep_dir)  # the driver's own files; groups get Hydra's job folders
+                jobs.append(to_job_config(cfg))
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            sys.exit(EXIT_BAD_INPUT)
+        code = run_sweep(jobs, HydraLaunch(self.launcher, sweep_dir), Path.cwd())
+        if code:
+            sys.exit(code)
+        return []

@@ -1,0 +1,94 @@
+"""Ray, guarded: a dead address fails within a deadline, and a request the cluster can never
+satisfy fails at once instead of queueing forever (both are Ray's defaults, see DESIGN.md).
+
+The checks are pure functions of what the cluster reports, so they are tested without one.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from pipeline.config import RayConfig
+from pipeline.driver import LaunchError
+
+GCS_DEFAULT_PORT = 6379
+# A local Ray for this machine: no dashboard (seconds of start-up, a port), a small object
+# store (the results are a few KB), and the logs of tasks forwarded to this terminal.
+LOCAL_INIT = {"include_dashboard": False, "object_store_memory": 200 * 1024**2, "log_to_driver": True}
+
+
+@dataclass(frozen=True)
+class Need:
+    label: str
+    gpus: int
+
+
+def check_feasible(needs: Sequence[Need], resources: Mapping[str, float], nodes_gpus: Sequence[float]) -> None:
+    """Refuse a group whose server needs more GPUs than any one node has."""
+    biggest = max(nodes_gpus, default=0.0)
+    for need in needs:
+        if need.gpus > biggest:
+            have = ", ".join(f"{k}={v:g}" for k, v in sorted(resources.items()) if k in ("CPU", "GPU", "memory"))
+            raise LaunchError(
+                f"server group {need.label} asks for {need.gpus} GPU(s) on one node, but the Ray cluster's largest "
+                f"node has {biggest:g} (cluster: {have or 'nothing reported'}); lower engine.tensor_parallel_size, "
+                f"join a cluster with GPUs (ray.address=...), or set engine.device=cpu"
+            )
+
+
+def check_store(tracking_uri: str, alive_nodes: int) -> None:
+    """A SQLite file on this machine cannot be written by workers on other nodes."""
+    if alive_nodes > 1 and not tracking_uri.startswith(("http://", "https://", "databricks")):
+        raise LaunchError(
+            f"the Ray cluster has {alive_nodes} nodes but tracking uses a local store ({tracking_uri}), which workers "
+            f"on other nodes cannot reach; run `mlflow server --host 0.0.0.0` and set tracking.uri=http://<host>:5000"
+        )
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host:
+        return port, GCS_DEFAULT_PORT
+    try:
+        return host, int(port)
+    except ValueError as exc:
+        raise LaunchError(f"ray.address={address!r} is not host:port (e.g. 10.0.0.5:6379) or 'auto'") from exc
+
+
+def probe(address: str, timeout_s: float) -> None:
+    """ray.init hangs on an explicit address nobody listens on; a TCP connect does not."""
+    host, port = _split(address)
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return
+    except OSError as exc:
+        raise LaunchError(
+            f"ray.address={address} is not reachable within {timeout_s:g} s ({exc}); start the head with "
+            f"`ray start --head --port={port}`, fix the address, or drop ray.address to start a local Ray"
+        ) from exc
+
+
+def connect(config: RayConfig) -> bool:
+    """Join ``config.address`` or start a local Ray; True if this call started it."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if config.address and config.address != "auto":
+        probe(config.address, config.connect_timeout_s)
+    try:
+        if config.address:
+            ray.init(address=config.address, log_to_driver=True)
+        else:
+            ray.init(**LOCAL_INIT)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise LaunchError(f"cannot start or join Ray (ray.address={config.address}): {exc}") from exc
+    return True
+
+
+def node_gpus() -> list[float]:
+    import ray
+
+    return [float(n["Resources"].get("GPU", 0.0)) for n in ray.nodes() if n.get("Alive")]

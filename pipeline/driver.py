@@ -1,0 +1,158 @@
+"""The sweep driver: plan, check, record, launch, compare, summarise.
+
+Everything refusable is refused here, before any server starts: the grid, each server's
+engine, device, methods and models, the tracking store, and (through the executor's
+preflight) the cluster. Then one parent run is opened, the executor runs the server groups
+(in this process, or as Ray tasks through the Hydra launcher), and the sweep-wide table is
+logged to the parent run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+from pipeline.config import ConfigError, JobConfig
+from pipeline.engines.vllm import EngineNotInstalled
+from pipeline.group import GroupOutcome, GroupTask, PointOutcome, run_group
+from pipeline.job import Target, resolve_target, server_spec
+from pipeline.models import ModelError
+from pipeline.plan import ServerLine, describe, estimate_s, plan_sweep
+from pipeline.redact import redact_args, redact_mapping
+
+EXIT_BAD_INPUT = 2
+EXIT_FAILED_POINT = 3
+EXIT_INTERRUPTED = 130
+# Settings of the whole sweep; a grid that varies them is refused.
+SWEEP_LEVEL = ("tracking", "sweep_name", "dry_run", "force", "ray")
+
+
+class LaunchError(RuntimeError):
+    """The launcher cannot run the plan (cluster unreachable, resources it will never have)."""
+
+
+class Executor(Protocol):
+    def preflight(self, tasks: Sequence[GroupTask]) -> None: ...
+    def run(self, tasks: Sequence[GroupTask]) -> list[GroupOutcome]: ...
+
+
+class InProcess:
+    """Runs the groups one after another in this process: single runs, and tests."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir = out_dir
+
+    def preflight(self, tasks: Sequence[GroupTask]) -> None:
+        return None
+
+    def run(self, tasks: Sequence[GroupTask]) -> list[GroupOutcome]:
+        return [run_group(task, self.out_dir) for task in tasks]
+
+
+def _check_sweep_level(jobs: Sequence[JobConfig]) -> None:
+    for key in SWEEP_LEVEL:
+        values = {repr(getattr(job, key)) for job in jobs}
+        if len(values) > 1:
+            raise ConfigError(f"{key} is a setting of the whole sweep and cannot be swept (got {sorted(values)})")
+
+
+def _server_line(target: Target, job: JobConfig) -> ServerLine:
+    spec = server_spec(target, job, Path("server.log"), port=0)
+    args = list(redact_args(spec.command))
+    args[args.index("--port") + 1] = "<free port>"
+    return ServerLine("vLLM", spec.engine_version, tuple(args), redact_mapping(spec.env))
+
+
+def _error(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path) -> int:
+    from pipeline import summary, table, tracking
+
+    try:
+        plan = plan_sweep(jobs)
+        _check_sweep_level(jobs)
+        first = jobs[0]
+        targets = {g.index: resolve_target(g.server_job, build=not first.dry_run) for g in plan.groups}
+    except (ConfigError, EngineNotInstalled, ModelError) as exc:
+        return _error(str(exc))
+    on_gpu = any(t.on_gpu for t in targets.values())
+    if first.dry_run:
+        print(describe(plan, [_server_line(targets[g.index], g.server_job) for g in plan.groups], on_gpu))
+        return 0
+
+    store = tracking.resolve_store(first.tracking, project_root)
+    experiment = first.tracking.experiment or first.sweep_name
+    try:
+        tracking.check_reachable(store)
+        tracker = tracking.Tracker(store, tracking.prepare(store, experiment))
+    except tracking.TrackingError as exc:
+        return _error(str(exc))
+    done = {} if first.force else tracker.finished_points()
+    todo = plan.without(done)
+    tasks = [
+        GroupTask(g, store, tracker.experiment_id, "", targets[g.index].engine_gpus(g.server_job)) for g in todo.groups
+    ]
+    try:
+        executor.preflight(tasks)
+    except LaunchError as exc:
+        return _error(str(exc))
+
+    skipped = len(plan.points) - len(todo.points)
+    print(
+        f"plan: {len(todo.groups)} server(s), {len(todo.points)} point(s) to measure"
+        + (f", {skipped} already finished (force=true re-measures them)" if skipped else "")
+        + f"; estimated ~{estimate_s(todo, on_gpu) / 60:.1f} min (rough)\n"
+        f"MLflow: {store.tracking_uri} (experiment {experiment!r})"
+    )
+    started = time.monotonic()
+    parent = tracker.start_run(first.sweep_name, {"role": "sweep", "sweep_name": first.sweep_name})
+    tasks = [dataclasses.replace(t, parent_run_id=parent) for t in tasks]
+    try:
+        outcomes = executor.run(tasks)
+    except KeyboardInterrupt:
+        tracker.end_run(parent, killed=True)
+        print("interrupted: every server was stopped; finished points are in MLflow", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BaseException as exc:
+        tracker.end_run(parent, error=f"{type(exc).__name__}: {exc}")
+        raise
+
+    by_hash: dict[str, PointOutcome] = {
+        h: PointOutcome(h, f.run_id, f.metrics, resumed=True) for h, f in done.items() if h in {p.hash for p in plan.points}
+    }
+    for outcome in outcomes:
+        by_hash.update({p.hash: p for p in outcome.points})
+    ratios = summary.comparisons(plan, by_hash)
+    for point_hash, ratio in ratios.items():
+        outcome = by_hash[point_hash]
+        if not outcome.resumed and outcome.run_id:
+            tracker.log_metrics(outcome.run_id, ratio.as_metrics())
+    frame = summary.frame(plan, by_hash, ratios)
+    out_dir = Path(first.output_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(out_dir / "summary.csv", index=False)
+    failed = int((frame["status"] == "failed").sum())
+    tracker.log_file(parent, out_dir / "summary.csv")
+    tracker.log_table(parent, frame, "summary_table.json")
+    tracker.log_metrics(
+        parent,
+        {
+            "server_starts": sum(o.started for o in outcomes),
+            "points": len(plan.points),
+            "points_measured": sum(len(o.points) for o in outcomes),
+            "points_resumed": len(plan.points) - len(todo.points),
+            "points_failed": failed,
+            "sweep_wall_s": time.monotonic() - started,
+        },
+    )
+    tracker.end_run(parent)  # the sweep ran to its end; failed points are marked in their own runs
+    table.render(frame, f"sweep {first.sweep_name!r}: {len(plan.points)} points on {first.model.id}")
+    print(f"summary: {out_dir / 'summary.csv'}; MLflow parent run {parent}")
+    return EXIT_FAILED_POINT if failed else 0

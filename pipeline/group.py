@@ -1,0 +1,186 @@
+"""One server group: start the server once, measure each of its points, record each in MLflow.
+
+This is what a launcher runs, in the driver's process or in a Ray worker. Errors are data:
+a server that fails to start marks each of its points failed (with the log tail), a point
+that fails marks only itself, and the other points still run. The server never outlives
+this function.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from pipeline.engines.base import EngineServer, ServerError
+from pipeline.hardware import hardware_tags
+from pipeline.job import Target, point_requests, resolve_target, server_spec
+from pipeline.measure import Measurement, MeasurementError, measure
+from pipeline.models import load_tokenizer
+from pipeline.plan import Point, ServerGroup
+from pipeline.redact import redact_text, secret_values
+from pipeline.tracking import Store, Tracker, flatten_params
+
+
+@dataclass(frozen=True)
+class GroupTask:
+    """Everything a worker needs to run a group; pickled to a file the launched job reads."""
+
+    group: ServerGroup
+    store: Store
+    experiment_id: str
+    parent_run_id: str
+    gpus: int  # what the group's server needs, for the launcher's resource request
+
+    def save(self, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(pickle.dumps(self))
+        return path.resolve()
+
+    @staticmethod
+    def load(path: str | Path) -> GroupTask:
+        task = pickle.loads(Path(path).read_bytes())
+        if not isinstance(task, GroupTask):
+            raise TypeError(f"{path} holds a {type(task).__name__}, not a GroupTask")
+        return task
+
+
+@dataclass(frozen=True)
+class PointOutcome:
+    hash: str
+    run_id: str | None
+    metrics: dict[str, float] = field(default_factory=dict)  # summary + acceptance + prefix cache
+    error: str | None = None
+    resumed: bool = False  # measured by an earlier run of the sweep, not this one
+
+
+@dataclass(frozen=True)
+class GroupOutcome:
+    index: int
+    points: tuple[PointOutcome, ...]
+    started: bool = False  # whether a server process was launched
+    startup_s: float | None = None
+
+    @staticmethod
+    def failed(task: GroupTask, error: str) -> GroupOutcome:
+        return GroupOutcome(task.group.index, tuple(PointOutcome(p.hash, None, error=error) for p in task.group.points))
+
+
+def _tags(point: Point, target: Target, version: str) -> dict[str, str]:
+    return {
+        "role": point.role,
+        "engine": "vllm",
+        "engine.version": version,
+        "engine.distribution": target.install.distribution,
+        "spec.method": point.job.spec.method,
+        "point_hash": point.hash,
+        **({"baseline_hash": point.baseline_hash} if point.baseline_hash else {}),
+        **hardware_tags(target.on_gpu),
+    }
+
+
+def _metrics(measurement: Measurement, startup_s: float | None) -> dict[str, float]:
+    return {
+        **measurement.summary,
+        **measurement.acceptance.as_metrics(),
+        **measurement.prefix_cache.as_metrics(),
+        **({"server_startup_s": startup_s} if startup_s is not None else {}),
+    }
+
+
+def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
+    group, tracker = task.group, Tracker(task.store, task.experiment_id)
+    out_dir = out_dir / group.label
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        target = resolve_target(group.server_job)
+        tokenizer = load_tokenizer(target.model_path)
+    except Exception as exc:  # noqa: BLE001 - reported per point, like a failed start
+        return GroupOutcome.failed(task, f"{type(exc).__name__}: {exc}")
+    spec = server_spec(target, group.server_job, out_dir / "server.log")
+    secrets = secret_values(spec.command, {**os.environ, **spec.env})
+    command = spec.redacted_command()
+    (out_dir / "server_command.txt").write_text(command + "\n")
+    run_ids = {
+        p.hash: tracker.start_run(p.label, _tags(p, target, spec.engine_version), task.parent_run_id)
+        for p in group.points
+    }
+    for p in group.points:
+        tracker.log_params(run_ids[p.hash], flatten_params(p.job))
+    results: dict[str, PointOutcome] = {}
+    server: EngineServer | None = None
+    interrupted = False
+    try:
+        with EngineServer(spec) as server:
+            print(f"[{group.label}] server ready in {server.startup_s:.1f} s at {server.base_url}")
+            for i, point in enumerate(group.points):
+                results[point.hash] = _measure_point(point, server, tokenizer, tracker, run_ids, out_dir, first=i == 0)
+    except ServerError as exc:
+        message = redact_text(str(exc), secrets)
+        print(f"[{group.label}] FAILED: {message}")
+        for p in group.points:
+            results.setdefault(p.hash, PointOutcome(p.hash, run_ids[p.hash], error=message))
+    except BaseException:
+        interrupted = True
+        raise
+    finally:
+        _redact_log(spec.log_path, secrets)
+        for p in group.points:  # a point left without an outcome was cut short by an interrupt
+            outcome = results.get(p.hash) or PointOutcome(p.hash, run_ids[p.hash], error="interrupted")
+            _finish_run(tracker, outcome, out_dir, interrupted)
+    startup = server.startup_s if server else None
+    return GroupOutcome(group.index, tuple(results[p.hash] for p in group.points), started=True, startup_s=startup)
+
+
+def _measure_point(
+    point: Point,
+    server: EngineServer,
+    tokenizer: Any,
+    tracker: Tracker,
+    run_ids: dict[str, str],
+    out_dir: Path,
+    first: bool,
+) -> PointOutcome:
+    run_id = run_ids[point.hash]
+    sends = point_requests(point.job, tokenizer)
+    try:
+        measurement = measure(
+            server.base_url,
+            point.job.model.id,
+            point.job,
+            sends.warmup if first else (),  # the server is warm after its first point
+            sends.requests,
+            sends.offsets,
+            point.label,
+        )
+    except Exception as exc:  # noqa: BLE001 - one point's failure is data; the next point still runs
+        message = str(exc) if isinstance(exc, MeasurementError) else f"{type(exc).__name__}: {exc}"
+        print(f"[{point.label}] FAILED: {message}")
+        return PointOutcome(point.hash, run_id, error=message)
+    point_dir = out_dir / point.label
+    point_dir.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame([r.as_row() for r in measurement.window.records]).to_csv(point_dir / "requests.csv", index=False)
+    metrics = _metrics(measurement, server.startup_s if first else None)
+    tracker.log_metrics(run_id, metrics)
+    tracker.log_json(run_id, metrics | {"acceptance_source": measurement.acceptance.source}, "summary.json")
+    tracker.log_file(run_id, point_dir / "requests.csv")
+    tracker.set_tags(run_id, {"acceptance.source": measurement.acceptance.source})
+    return PointOutcome(point.hash, run_id, metrics)
+
+
+def _finish_run(tracker: Tracker, outcome: PointOutcome, out_dir: Path, interrupted: bool) -> None:
+    assert outcome.run_id is not None
+    tracker.log_file(outcome.run_id, out_dir / "server_command.txt")
+    tracker.log_file(outcome.run_id, out_dir / "server.log")
+    if outcome.error is None:
+        tracker.set_tags(outcome.run_id, {"status": "finished"})
+    tracker.end_run(outcome.run_id, error=outcome.error, killed=interrupted and outcome.error == "interrupted")
+
+
+def _redact_log(path: Path, secrets: list[str]) -> None:
+    if secrets and path.is_file():
+        path.write_text(redact_text(path.read_text(errors="replace"), secrets))

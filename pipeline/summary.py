@@ -1,0 +1,66 @@
+"""The sweep-wide table: one row per point, baselines included, each speculative point
+beside its baseline's ratios. Pure: outcomes in, a DataFrame out (column names are the
+MLflow metric names)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pandas as pd
+
+from pipeline.group import PointOutcome
+from pipeline.metrics import Comparison, compare
+from pipeline.plan import SweepPlan
+
+# The columns worth a glance, in order; summary.csv carries every metric.
+KEY_METRICS = (
+    "completed", "failed", "median_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_e2el_ms",
+    "output_throughput", "spec_decode_acceptance_rate", "spec_decode_acceptance_length",
+)  # fmt: skip
+
+
+def comparisons(plan: SweepPlan, outcomes: Mapping[str, PointOutcome]) -> dict[str, Comparison]:
+    """Speculative point hash -> its ratios against its baseline, where both were measured."""
+    found: dict[str, Comparison] = {}
+    for point in plan.points:
+        if point.baseline_hash is None:
+            continue
+        spec, base = outcomes.get(point.hash), outcomes.get(point.baseline_hash)
+        if spec and base and spec.error is None and base.error is None:
+            found[point.hash] = compare(base.metrics, spec.metrics)
+    return found
+
+
+def status(outcome: PointOutcome | None) -> str:
+    if outcome is None:
+        return "not run"
+    if outcome.error is not None:
+        return "failed"
+    return "resumed" if outcome.resumed else "finished"
+
+
+def frame(plan: SweepPlan, outcomes: Mapping[str, PointOutcome], ratios: Mapping[str, Comparison]) -> pd.DataFrame:
+    rows = []
+    for group in plan.groups:
+        for point in group.points:
+            outcome = outcomes.get(point.hash)
+            job = point.job
+            row: dict[str, object] = {
+                "point": point.label,
+                "role": point.role,
+                "server": group.index,
+                "engine": job.engine.name,
+                "method": job.spec.method,
+                "k": job.spec.k,
+                "request_rate": job.load.request_rate,
+                "workload": job.workload.name,
+                "status": status(outcome),
+                "error": (outcome.error or "") if outcome else "",
+                "run_id": (outcome.run_id or "") if outcome else "",
+                "point_hash": point.hash,
+            }
+            row.update(outcome.metrics if outcome and outcome.error is None else {})
+            if point.hash in ratios:
+                row.update(ratios[point.hash].as_metrics())
+            rows.append(row)
+    return pd.DataFrame(rows)

@@ -1,0 +1,105 @@
+"""``python -m pipeline.ui``: the MLflow UI for this project's store, on 127.0.0.1.
+
+Prints the URL of the runs table of a sweep's experiment (the newest one unless named) and
+serves until Ctrl-C. One worker: the UI is for one person, and each worker costs memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from pipeline.config import TrackingConfig
+from pipeline.engines.base import free_port
+
+READY_TIMEOUT_S = 60.0
+
+
+def runs_table_url(base_url: str, experiment_id: str) -> str:
+    return f"{base_url}/#/experiments/{experiment_id}/runs"
+
+
+def _experiment_id(tracking_uri: str, name: str | None) -> str:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    if name:
+        found = client.get_experiment_by_name(name)
+        if found is None:
+            names = sorted(e.name for e in client.search_experiments())
+            raise SystemExit(f"error: no experiment named {name!r} in {tracking_uri}; there are: {names}")
+        return found.experiment_id
+    experiments = [e for e in client.search_experiments() if e.name != "Default"]
+    if not experiments:
+        raise SystemExit(f"error: {tracking_uri} holds no sweep yet; run `python -m pipeline.sweep` first")
+    return max(experiments, key=lambda e: e.last_update_time or 0).experiment_id
+
+
+def start(project_root: Path, host: str, port: int) -> tuple[subprocess.Popen[bytes], str, str]:
+    """Start the UI; return the process, its base URL and the tracking URI it serves."""
+    from pipeline.tracking import resolve_store
+
+    store = resolve_store(TrackingConfig(), project_root)
+    db = Path(store.tracking_uri.removeprefix("sqlite:///"))
+    if not db.is_file():
+        raise SystemExit(f"error: no MLflow store at {db}; run a sweep from {project_root} first")
+    command = [
+        sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", store.tracking_uri,
+        "--default-artifact-root", str(store.artifact_root), "--host", host, "--port", str(port), "--workers", "1",
+    ]  # fmt: skip
+    proc = subprocess.Popen(command, start_new_session=True)
+    base_url = f"http://{host}:{port}"
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"error: the MLflow UI exited with code {proc.returncode} at start-up")
+        try:
+            if httpx.get(base_url + "/health", timeout=2.0, trust_env=False).status_code == 200:
+                return proc, base_url, store.tracking_uri
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    stop(proc)
+    raise SystemExit(f"error: the MLflow UI did not answer at {base_url} within {READY_TIMEOUT_S:g} s")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.ui", description=__doc__.splitlines()[0])
+    parser.add_argument("--experiment", help="sweep name (default: the most recently updated)")
+    parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback only)")
+    parser.add_argument("--port", type=int, default=0, help="port (default: a free one)")
+    parser.add_argument("--project", type=Path, default=Path.cwd(), help="folder holding mlruns/ (default: here)")
+    args = parser.parse_args(argv)
+    proc, base_url, uri = start(args.project.resolve(), args.host, args.port or free_port(args.host))
+    try:
+        print(f"MLflow UI: {runs_table_url(base_url, _experiment_id(uri, args.experiment))}", flush=True)
+        proc.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Stop the UI and the server workers it forked (they share its session)."""
+    for sig, wait_s in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+if __name__ == "__main__":
+    main()
