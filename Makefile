@@ -6,7 +6,11 @@ PY := $(VENV)/bin/python
 DEVICE ?= cpu
 STAMP := $(VENV)/.installed-$(DEVICE)
 
-.PHONY: install run test test-unit lint clean
+# Debian's Chromium, for the browser test of the MLflow UI (root, or sudo, for apt-get).
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+BROWSER_STAMP := $(VENV)/.browser
+
+.PHONY: install install-browser run test test-unit lint clean
 
 install: $(STAMP)
 
@@ -21,19 +25,27 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip uninstall -y torchvision torchaudio torchcodec
 	touch $@
 
-run: install
-	$(PY) -m pipeline.sweep $(ARGS)
+install-browser: $(BROWSER_STAMP)
 
-test: install
-	$(PY) -m ruff check pipeline tests
+$(BROWSER_STAMP): $(STAMP)
+	command -v chromium >/dev/null || { $(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium; }
+	touch $@
+
+# The main job: the default sweep (sweeps/default.yaml) on the embedded CPU model.
+run: install
+	$(PY) -m pipeline.sweep +sweep=default $(ARGS)
+
+test: install install-browser
+	$(PY) -m ruff check pipeline tests benchmarks hydra_plugins
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: install
 	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
 
 lint: install
-	$(PY) -m ruff check pipeline tests
-	$(PY) -m ruff format --check pipeline tests
+	$(PY) -m ruff check pipeline tests benchmarks hydra_plugins
+	$(PY) -m ruff format --check pipeline tests hydra_plugins
 
 clean:
 	rm -rf $(VENV) outputs multirun

@@ -112,7 +112,8 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
         f"MLflow: {store.tracking_uri} (experiment {experiment!r})"
     )
     started = time.monotonic()
-    parent = tracker.start_run(first.sweep_name, {"role": "sweep", "sweep_name": first.sweep_name})
+    name = f"{first.sweep_name} {time.strftime('%Y-%m-%d %H:%M:%S')}"  # one parent run per invocation
+    parent = tracker.start_run(name, {"role": "sweep", "sweep_name": first.sweep_name})
     tasks = [dataclasses.replace(t, parent_run_id=parent) for t in tasks]
     try:
         outcomes = executor.run(tasks)

@@ -54,7 +54,8 @@ def start(project_root: Path, host: str, port: int) -> tuple[subprocess.Popen[by
         sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", store.tracking_uri,
         "--default-artifact-root", str(store.artifact_root), "--host", host, "--port", str(port), "--workers", "1",
     ]  # fmt: skip
-    proc = subprocess.Popen(command, start_new_session=True)
+    # The UI's own log goes to stderr, so stdout carries only the URL (scripts read it).
+    proc = subprocess.Popen(command, start_new_session=True, stdout=sys.stderr)
     base_url = f"http://{host}:{port}"
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:

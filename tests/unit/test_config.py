@@ -10,7 +10,8 @@ from hydra.errors import ConfigCompositionException
 from pipeline.config import ConfigError, JobConfig, LoadConfig, SpecConfig, register_schema, to_job_config, validate
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
-GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir())
+GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in ("sweep", "hydra"))
+SWEEPS = sorted(p.stem for p in (CONF.parent / "sweeps").glob("*.yaml"))
 
 
 def _compose(overrides: list[str]) -> JobConfig:
@@ -31,6 +32,27 @@ def test_default_config_is_ngram_k3_rate1_on_embedded_model() -> None:
 def test_every_config_group_option_composes(group: str, option: str) -> None:
     job = _compose([f"{group}={option}"])
     assert isinstance(job, JobConfig)
+
+
+@pytest.mark.parametrize("name", SWEEPS)
+def test_every_named_sweep_composes_and_plans(name: str) -> None:
+    import itertools
+
+    from pipeline.plan import plan_sweep
+
+    register_schema()
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        cfg = compose(config_name="config", overrides=[f"+sweep={name}"], return_hydra_config=True)
+        params = dict(cfg.hydra.sweeper.params)
+        assert cfg.hydra.mode.name == "MULTIRUN" and cfg.sweep_name == name and params
+        grid = itertools.product(*[[f"{k}={v}" for v in str(vals).split(",")] for k, vals in params.items()])
+        jobs = [
+            to_job_config(compose(config_name="config", overrides=[f"+sweep={name}", *point, "output_dir=/tmp/x"]))
+            for point in grid
+        ]
+    plan = plan_sweep(jobs)
+    speculative = {(p.job.spec.method, p.job.spec.k) for p in plan.points if p.role == "speculative"}
+    assert len(plan.groups) == len(speculative) + 1  # one server per configuration, one baseline
 
 
 def test_issue_command_line_overrides_compose() -> None:

@@ -1,0 +1,157 @@
+"""A real multirun: Hydra -m through our sweeper, a local Ray, real vLLM servers, MLflow.
+
+One sweep (2 k values x 2 rates) is run once for the module; the tests then check its runs,
+that re-running it resumes (no server starts), that Hydra's basic launcher gives the same
+points in-process, and that the MLflow UI shows the child runs in a real browser.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.integration.conftest import vllm_server_pids
+
+pytestmark = pytest.mark.integration
+
+GRID = ["spec.k=3,5", "load.request_rate=2,4"]
+SMALL = ["load.num_requests=5", "load.warmup_requests=1", "workload.max_tokens=48", "sweep_name=isweep"]
+
+
+def multirun(project: Path, *overrides: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.sweep", "-m", *overrides],
+        cwd=project, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def _runs(project: Path) -> list:
+    client = MlflowClient(f"sqlite:///{project}/mlruns/mlflow.db")
+    experiment = client.get_experiment_by_name("isweep")
+    assert experiment is not None
+    return client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, subprocess.CompletedProcess[str]]]:
+    project = tmp_path_factory.mktemp("sweep")
+    before = vllm_server_pids()
+    proc = multirun(project, *GRID, *SMALL)
+    assert not vllm_server_pids() - before, "server processes outlived the sweep"
+    yield project, proc
+
+
+def test_multirun_through_ray_starts_one_server_per_configuration(
+    swept: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    project, proc = swept
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "Started a local Ray instance" in proc.stdout + proc.stderr
+    assert "_job_in_worker" in proc.stdout + proc.stderr  # the groups ran as Ray tasks
+    runs = _runs(project)
+    parents = [r for r in runs if r.data.tags.get("role") == "sweep"]
+    children = [r for r in runs if r.data.tags.get("role") != "sweep"]
+    assert len(parents) == 1
+    parent = parents[0]
+    assert parent.info.status == "FINISHED" and parent.data.metrics["server_starts"] == 3  # 2 k + 1 baseline
+    assert parent.data.metrics["points"] == 6 and parent.data.metrics["points_failed"] == 0
+    assert sorted(r.info.run_name for r in children) == [
+        "baseline-r2", "baseline-r4", "ngram-k3-r2", "ngram-k3-r4", "ngram-k5-r2", "ngram-k5-r4",
+    ]  # fmt: skip
+    baselines = {r.data.tags["point_hash"]: r for r in children if r.data.tags["role"] == "baseline"}
+    for run in children:
+        assert run.info.status == "FINISHED" and run.data.tags["status"] == "finished"
+        assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert run.data.tags["engine.version"] and run.data.params["load.request_rate"] in ("2.0", "4.0")
+        assert run.data.metrics["completed"] == 5
+        if run.data.tags["role"] == "speculative":
+            base = baselines[run.data.tags["baseline_hash"]]  # paired with the baseline at its own rate
+            assert base.data.params["load.request_rate"] == run.data.params["load.request_rate"]
+            assert run.data.metrics["speedup_median_tpot"] > 0 and run.data.metrics["spec_decode_num_drafts"] > 0
+    # Each server started once: its start-up time is on the first point it served only.
+    assert sum("server_startup_s" in r.data.metrics for r in children) == 3
+    client = MlflowClient(f"sqlite:///{project}/mlruns/mlflow.db")
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"summary.csv", "summary_table.json"} <= artifacts
+    assert "ngram-k5-r4" in proc.stdout and "TPOT speedup" in proc.stdout  # the final table
+
+
+def test_rerun_resumes_without_starting_a_server(swept: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    project, first = swept
+    assert first.returncode == 0
+    before = {r.info.run_id for r in _runs(project)}
+    proc = multirun(project, *GRID, *SMALL, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "0 server(s), 0 point(s) to measure, 6 already finished" in proc.stdout
+    new = [r for r in _runs(project) if r.info.run_id not in before]
+    assert [r.data.tags["role"] for r in new] == ["sweep"]  # a parent run, and no new point
+    assert new[0].data.metrics["server_starts"] == 0 and new[0].data.metrics["points_resumed"] == 6
+    assert proc.stdout.count("resumed") >= 6
+
+
+def test_basic_launcher_runs_the_same_points_in_process(swept: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    project, first = swept
+    assert first.returncode == 0
+    ray_points = {r.data.tags["point_hash"]: r for r in _runs(project) if r.data.tags.get("role") != "sweep"}
+    before = set(r.info.run_id for r in _runs(project))
+    proc = multirun(project, "hydra/launcher=basic", "force=true", "spec.k=3", "load.request_rate=2,4", *SMALL)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Ray" not in proc.stdout + proc.stderr
+    new = [r for r in _runs(project) if r.info.run_id not in before and r.data.tags.get("role") != "sweep"]
+    assert sorted(r.info.run_name for r in new) == ["baseline-r2", "baseline-r4", "ngram-k3-r2", "ngram-k3-r4"]
+    for run in new:  # the same points (by hash), measured again, recorded alike
+        twin = ray_points[run.data.tags["point_hash"]]
+        assert run.info.status == "FINISHED" and set(run.data.params) == set(twin.data.params)
+        assert run.data.metrics["completed"] == twin.data.metrics["completed"]
+
+
+def test_mlflow_ui_shows_the_child_runs_in_a_browser(
+    swept: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path
+) -> None:
+    from playwright.sync_api import sync_playwright
+
+    project, first = swept
+    assert first.returncode == 0
+    assert Path("/usr/bin/chromium").exists(), "Debian's chromium is missing: `make install-browser` installs it"
+    ui = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.ui", "--project", str(project), "--experiment", "isweep"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert ui.stdout is not None
+        line = ui.stdout.readline()
+        assert line.startswith("MLflow UI: http://127.0.0.1:"), line
+        url = line.split(": ", 1)[1].strip()
+        assert url.endswith("/runs")
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.goto(url)
+            expand = page.locator("button[data-component-id*='runnamecellrenderer']")  # the parent row's "+"
+            expand.first.wait_for(timeout=60_000)
+            for i in range(expand.count()):
+                expand.nth(i).click()
+            page.get_by_text("ngram-k5-r4").first.wait_for(timeout=60_000)
+            names = set(page.locator("a[href*='/runs/']").all_inner_texts())
+            page.screenshot(path=str(tmp_path / "mlflow-runs.png"))
+            browser.close()
+        assert {"baseline-r2", "baseline-r4", "ngram-k3-r2", "ngram-k3-r4", "ngram-k5-r2", "ngram-k5-r4"} <= names
+        assert (tmp_path / "mlflow-runs.png").stat().st_size > 10_000
+    finally:
+        import os
+        import signal
+
+        os.killpg(ui.pid, signal.SIGTERM)
+        ui.wait(timeout=30)
+
+
+# Headless Chromium on a machine without network: no background connections, no sandbox (root).
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync",
+]  # fmt: skip
