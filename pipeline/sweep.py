@@ -10,7 +10,6 @@ plans the whole grid and launches one job per server group; each of those jobs l
 from __future__ import annotations
 
 import logging
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,15 +17,10 @@ from typing import Any
 import hydra
 
 from pipeline.config import GROUP_FILE_KEY, ConfigError, register_schema, to_job_config
+from pipeline.signals import exit_on_sigterm
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 EXIT_BAD_INPUT = 2
-
-
-def _terminate_as_exit(signum: int, frame: Any) -> None:
-    # Default SIGTERM handling skips `finally` blocks; turning it into SystemExit lets
-    # every server context manager stop its process group.
-    raise SystemExit(128 + signum)
 
 
 def run_group_file(path: str, out_dir: Path) -> Any:
@@ -38,10 +32,7 @@ def run_group_file(path: str, out_dir: Path) -> Any:
 
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")
 def main(cfg: Any) -> Any:
-    try:
-        signal.signal(signal.SIGTERM, _terminate_as_exit)
-    except ValueError:  # not the main thread (some launchers); their own teardown applies
-        pass
+    exit_on_sigterm()
     # Hydra sets the root logger to INFO; a line per HTTP request buries the progress bar.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     if cfg.get(GROUP_FILE_KEY):

@@ -21,6 +21,7 @@ from omegaconf import OmegaConf, open_dict
 from pipeline.config import GROUP_FILE_KEY, ConfigError, to_job_config
 from pipeline.driver import EXIT_BAD_INPUT, run_sweep
 from pipeline.group import GroupOutcome, GroupTask
+from pipeline.signals import exit_on_sigterm
 
 
 class HydraLaunch:
@@ -55,6 +56,7 @@ class SpecsweepSweeper(BasicSweeper):
 
     def sweep(self, arguments: list[str]) -> Any:
         assert self.config is not None and self.launcher is not None and self.hydra_context is not None
+        exit_on_sigterm()
         loader = self.hydra_context.config_loader
         overrides = OverridesParser.create(config_loader=loader).parse_overrides(self._parse_config() + arguments)
         grid = self.split_arguments(overrides, None)[0]

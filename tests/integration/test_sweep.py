@@ -155,3 +155,25 @@ CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
     "--disable-component-update", "--disable-sync",
 ]  # fmt: skip
+
+
+def test_sigterm_to_a_ray_sweep_stops_the_server_in_the_worker(tmp_path: Path) -> None:
+    # The server runs in a Ray worker, not under the driver: cancelling the task must stop it.
+    import signal
+
+    before = vllm_server_pids()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.sweep", "-m", "spec.k=3", *SMALL, "sweep_name=term"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    seen: list[str] = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "server ready" in line:
+            break
+    assert vllm_server_pids() - before, "expected a running server before the signal:\n" + "".join(seen[-20:])
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=180)
+    assert proc.returncode != 0
+    assert not vllm_server_pids() - before, "a server outlived the sweep"
