@@ -14,9 +14,12 @@ since a gauge cannot be differenced.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from pipeline.client import RequestRecord
 
 V1_DRAFTS = "vllm:spec_decode_num_drafts_total"
 V1_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
@@ -152,3 +155,93 @@ class PrefixCacheWindow:
 
 def prefix_cache_between(before: Scrape, after: Scrape) -> PrefixCacheWindow:
     return PrefixCacheWindow(queries=_delta(before, after, PREFIX_QUERIES), hits=_delta(before, after, PREFIX_HITS))
+
+
+# ---- SGLang, and acceptance on one scale for every engine ------------------------------
+
+SGLANG_ACCEPT_LENGTH = "sglang:spec_accept_length"
+SGLANG_ACCEPT_RATE = "sglang:spec_accept_rate"
+
+
+@dataclass(frozen=True)
+class SglangAcceptance:
+    """SGLang's acceptance, each figure labelled for what it covers.
+
+    Only the per-request figure covers exactly the window: completion tokens divided by
+    ``meta_info.spec_verify_ct`` (verification steps), summed over the window's requests.
+    The ``sglang:spec_accept_*`` gauges hold recent values, and ``/get_server_info``'s
+    ``avg_spec_accept_length`` is cumulative since the server started (warm-ups included).
+    """
+
+    window_length: float | None = None  # completion tokens / verify steps, over the window
+    verify_steps: float | None = None
+    completion_tokens: float | None = None
+    requests_counted: int = 0
+    gauge_length: float | None = None
+    gauge_rate: float | None = None  # SGLang's accepted / proposed drafts, a fraction
+    since_start_length: float | None = None
+
+    def as_metrics(self) -> dict[str, float]:
+        pairs = (
+            ("sglang_window_accept_length", self.window_length),
+            ("sglang_spec_verify_steps", self.verify_steps),
+            ("sglang_spec_accept_length_gauge", self.gauge_length),
+            ("sglang_spec_accept_rate_gauge", None if self.gauge_rate is None else 100.0 * self.gauge_rate),
+            ("sglang_avg_spec_accept_length_since_start", self.since_start_length),
+        )
+        return {k: v for k, v in pairs if v is not None}
+
+
+def server_info_accept_length(info: dict) -> float | None:
+    """``avg_spec_accept_length`` from /get_server_info: top level in older SGLang, under
+    ``internal_states`` (one entry per data-parallel rank) in newer ones."""
+    values = [info.get("avg_spec_accept_length")]
+    values += [s.get("avg_spec_accept_length") for s in info.get("internal_states") or [] if isinstance(s, dict)]
+    found = [float(v) for v in values if isinstance(v, (int, float))]
+    return sum(found) / len(found) if found else None
+
+
+def sglang_acceptance(
+    records: Sequence[RequestRecord], after: Scrape | None, server_info: dict | None
+) -> SglangAcceptance:
+    counted = [r for r in records if r.ok and r.spec_verify_ct and r.output_tokens]
+    steps = float(sum(r.spec_verify_ct or 0 for r in counted))
+    tokens = float(sum(r.output_tokens or 0 for r in counted))
+    return SglangAcceptance(
+        window_length=tokens / steps if steps else None,
+        verify_steps=steps if counted else None,
+        completion_tokens=tokens if counted else None,
+        requests_counted=len(counted),
+        gauge_length=after.get(SGLANG_ACCEPT_LENGTH) if after else None,
+        gauge_rate=after.get(SGLANG_ACCEPT_RATE) if after else None,
+        since_start_length=server_info_accept_length(server_info) if server_info else None,
+    )
+
+
+def expected_length(alpha: float, k: int) -> float:
+    """L = (1 - alpha^(k+1)) / (1 - alpha): tokens per step with k drafts accepted i.i.d."""
+    return sum(alpha**i for i in range(k + 1))  # the geometric sum, stable as alpha -> 1
+
+
+def alpha_from_length(length: float, k: int) -> float | None:
+    """Invert :func:`expected_length` for alpha in [0, 1] (it increases in alpha)."""
+    if k < 1 or not 1.0 <= length <= k + 1:
+        return None
+    if length == k + 1:
+        return 1.0
+    low, high = 0.0, 1.0
+    for _ in range(60):  # bisection to ~1e-18: far below any measured difference
+        mid = (low + high) / 2
+        if expected_length(mid, k) < length:
+            low = mid
+        else:
+            high = mid
+    return (low + high) / 2
+
+
+def normalized(length: float | None, k: int) -> dict[str, float]:
+    """The cross-engine figures: L (bonus token included) and the alpha it implies at k."""
+    if length is None:
+        return {}
+    alpha = alpha_from_length(length, k)
+    return {"acceptance_length": length} | ({"acceptance_alpha": alpha} if alpha is not None else {})

@@ -36,6 +36,8 @@ class RequestRecord:
     finish_reason: str | None = None
     text: str = ""
     error: str | None = None
+    # SGLang's meta_info.spec_verify_ct: verification steps this request took (native API only).
+    spec_verify_ct: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -79,6 +81,7 @@ class RequestRecord:
             "output_tokens": self.output_tokens,
             "finish_reason": self.finish_reason,
             "error": self.error,
+            "spec_verify_ct": self.spec_verify_ct,
             "text": self.text,
             "chunk_s": json.dumps([round(t, 6) for t in self.chunk_s]),
         }
@@ -88,7 +91,7 @@ class RequestRecord:
 class ClientOptions:
     base_url: str
     model: str
-    endpoint: str = "chat"  # chat | completions
+    endpoint: str = "chat"  # chat | completions | generate (SGLang's native API)
     temperature: float = 0.0
     ignore_eos: bool = False
     timeout_s: float = 300.0
@@ -96,6 +99,11 @@ class ClientOptions:
 
 
 def request_body(req: Request, opts: ClientOptions) -> tuple[str, dict[str, Any]]:
+    if opts.endpoint == "generate":
+        params: dict[str, Any] = {"max_new_tokens": req.max_tokens, "temperature": opts.temperature}
+        if opts.ignore_eos:
+            params["ignore_eos"] = True
+        return "/generate", {"text": req.prompt, "sampling_params": params, "stream": True}
     body: dict[str, Any] = {
         "model": opts.model,
         "max_tokens": req.max_tokens,
@@ -139,6 +147,76 @@ class _Chunk(msgspec.Struct):
 _decode_chunk = msgspec.json.Decoder(_Chunk).decode
 
 
+class _MetaInfo(msgspec.Struct):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    spec_verify_ct: int | None = None
+    finish_reason: Any = None  # null, or {"type": "length" | "stop" | ..., ...}
+
+
+class _GenerateChunk(msgspec.Struct):
+    """A chunk of SGLang's native ``/generate`` stream."""
+
+    text: str = ""
+    meta_info: _MetaInfo | None = None
+    error: Any = None
+
+
+_decode_generate = msgspec.json.Decoder(_GenerateChunk).decode
+
+
+class _Stream:
+    """What a stream has said so far, fed one payload at a time; tells which chunks carry tokens."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.pieces: list[str] = []
+        self.finish: str | None = None
+        self.prompt_tokens: int | None = None
+        self.output_tokens: int | None = None
+        self.verify_ct: int | None = None
+        self.has_usage = False
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+    def feed(self, payload: bytes) -> bool:
+        """Take one payload; True if it carried output tokens."""
+        if self.endpoint == "generate":
+            return self._feed_generate(_decode_generate(payload))
+        chunk = _decode_chunk(payload)
+        if chunk.error is not None:
+            raise _HTTPStatus(f"server error in stream: {chunk.error}")
+        text, reason = _chunk_text(chunk, self.endpoint)
+        if text:
+            self.pieces.append(text)
+        self.finish = reason or self.finish
+        if chunk.usage is not None:
+            self.has_usage = True
+            self.prompt_tokens, self.output_tokens = chunk.usage.prompt_tokens, chunk.usage.completion_tokens
+        return bool(text)
+
+    def _feed_generate(self, chunk: _GenerateChunk) -> bool:
+        if chunk.error is not None:
+            raise _HTTPStatus(f"server error in stream: {chunk.error}")
+        meta = chunk.meta_info
+        if meta is None:
+            return False
+        # A token-bearing chunk is one whose completion count grew: text alone can be empty
+        # (a token that decodes to nothing yet), and one chunk may carry several tokens.
+        grew = (meta.completion_tokens or 0) > (self.output_tokens or 0)
+        # SGLang streams the text so far unless the server runs with --stream-output.
+        so_far = self.text
+        self.pieces = [chunk.text] if chunk.text.startswith(so_far) else [so_far, chunk.text]
+        self.has_usage = meta.completion_tokens is not None
+        self.prompt_tokens, self.output_tokens = meta.prompt_tokens, meta.completion_tokens
+        self.verify_ct = meta.spec_verify_ct if meta.spec_verify_ct is not None else self.verify_ct
+        if isinstance(meta.finish_reason, dict):
+            self.finish = str(meta.finish_reason.get("type"))
+        return grew
+
+
 def _chunk_text(chunk: _Chunk, endpoint: str) -> tuple[str, str | None]:
     if not chunk.choices:
         return "", None
@@ -161,9 +239,7 @@ async def send(
 ) -> RequestRecord:
     path, body = request_body(req, opts)
     chunks: list[float] = []
-    pieces: list[str] = []
-    usage: _Usage | None = None
-    finish: str | None = None
+    stream = _Stream(opts.endpoint)
     done = False
     error: str | None = None
     sent = clock()
@@ -180,20 +256,13 @@ async def send(
                         if payload == b"[DONE]":
                             done = True
                             break
-                        chunk = _decode_chunk(payload)
-                        if chunk.error is not None:
-                            raise _HTTPStatus(f"server error in stream: {chunk.error}")
-                        text, reason = _chunk_text(chunk, opts.endpoint)
-                        if text:
+                        if stream.feed(payload):
                             chunks.append(now - t0)
-                            pieces.append(text)
-                        finish = reason or finish
-                        usage = chunk.usage or usage
                     if done:
                         break
         if not done:
             error = "stream ended before [DONE]"
-        elif usage is None:
+        elif not stream.has_usage:
             error = "no usage in the stream; the server ignored stream_options.include_usage"
     except TimeoutError:
         error = f"timed out after {opts.timeout_s:g} s (load.request_timeout_s)"
@@ -210,11 +279,12 @@ async def send(
         sent_s=sent - t0,
         queued_s=queued_s,
         chunk_s=tuple(chunks),
-        prompt_tokens=usage.prompt_tokens if usage else None,
-        output_tokens=usage.completion_tokens if usage else None,
-        finish_reason=finish,
-        text="".join(pieces),
+        prompt_tokens=stream.prompt_tokens,
+        output_tokens=stream.output_tokens,
+        finish_reason=stream.finish,
+        text=stream.text,
         error=error,
+        spec_verify_ct=stream.verify_ct,
     )
 
 

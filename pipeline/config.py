@@ -16,7 +16,8 @@ from typing import Any
 
 SPEC_METHODS = ("none", "ngram", "draft", "eagle", "eagle3", "medusa", "mtp", "suffix")
 DEVICES = ("auto", "cpu", "gpu")
-ENDPOINTS = ("chat", "completions")
+ENDPOINTS = ("chat", "completions", "generate")  # generate: SGLang's native streaming endpoint
+ENGINES = ("vllm", "sglang")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 
 
@@ -210,10 +211,13 @@ def _choice(key: str, value: str, choices: tuple[str, ...]) -> None:
 
 def validate(job: JobConfig) -> None:
     spec, load, engine, workload = job.spec, job.load, job.engine, job.workload
+    _choice("engine.name", engine.name, ENGINES)
     _choice("spec.method", spec.method, SPEC_METHODS)
     _choice("engine.device", engine.device, DEVICES)
     _choice("engine.dtype", engine.dtype, DTYPES)
     _choice("workload.endpoint", workload.endpoint, ENDPOINTS)
+    if workload.endpoint == "generate" and engine.name != "sglang":
+        raise ConfigError("workload.endpoint=generate is SGLang's native API; with engine=vllm use chat or completions")
     if spec.method != "none" and spec.k < 1:
         raise ConfigError(f"spec.k={spec.k} is not valid: speculation drafts at least 1 token per step; use spec.k>=1")
     if spec.method in ("draft", "eagle", "eagle3", "medusa") and not spec.draft_model:

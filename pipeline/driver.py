@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Protocol
 
 from pipeline.config import ConfigError, JobConfig
+from pipeline.engines.sglang import RECORDED_VERSION, SglangInstall
 from pipeline.engines.vllm import EngineNotInstalled
 from pipeline.group import GroupOutcome, GroupTask, PointOutcome, run_group
 from pipeline.job import Target, resolve_target, server_spec
@@ -64,7 +65,13 @@ def _server_line(target: Target, job: JobConfig) -> ServerLine:
     spec = server_spec(target, job, Path("server.log"), port=0)
     args = list(redact_args(spec.command))
     args[args.index("--port") + 1] = "<free port>"
-    return ServerLine("vLLM", spec.engine_version, tuple(args), redact_mapping(spec.env))
+    install = target.install
+    version = spec.engine_version
+    if isinstance(install, SglangInstall) and install.flags_source == "recorded":
+        where = "installed, but its parser does not import here" if install.installed else "not installed here"
+        version += f" ({where}: flags as recorded for SGLang {RECORDED_VERSION})"
+    label = "SGLang" if job.engine.name == "sglang" else "vLLM"
+    return ServerLine(label, version, tuple(args), redact_mapping(spec.env))
 
 
 def _error(message: str) -> int:

@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 
+from pipeline.acceptance import normalized
 from pipeline.engines.base import EngineServer, ServerError
 from pipeline.hardware import hardware_tags
 from pipeline.job import Target, point_requests, resolve_target, server_spec
@@ -73,7 +74,7 @@ class GroupOutcome:
 def _tags(point: Point, target: Target, version: str) -> dict[str, str]:
     return {
         "role": point.role,
-        "engine": "vllm",
+        "engine": point.job.engine.name,
         "engine.version": version,
         "engine.distribution": target.install.distribution,
         "spec.method": point.job.spec.method,
@@ -83,10 +84,16 @@ def _tags(point: Point, target: Target, version: str) -> dict[str, str]:
     }
 
 
-def _metrics(measurement: Measurement, startup_s: float | None) -> dict[str, float]:
+def _metrics(measurement: Measurement, k: int, startup_s: float | None) -> dict[str, float]:
+    # One scale for every engine: L over the window (vLLM's counters, SGLang's per-request
+    # verify counts) and the alpha it implies at k. Each engine's native rate keeps its own name.
+    sglang = measurement.sglang
+    length = sglang.window_length if sglang else measurement.acceptance.acceptance_length
     return {
         **measurement.summary,
         **measurement.acceptance.as_metrics(),
+        **(sglang.as_metrics() if sglang else {}),
+        **normalized(length, k),
         **measurement.prefix_cache.as_metrics(),
         **({"server_startup_s": startup_s} if startup_s is not None else {}),
     }
@@ -164,11 +171,12 @@ def _measure_point(
     point_dir = out_dir / point.label
     point_dir.mkdir(parents=True, exist_ok=True)
     pd.DataFrame([r.as_row() for r in measurement.window.records]).to_csv(point_dir / "requests.csv", index=False)
-    metrics = _metrics(measurement, server.startup_s if first else None)
+    metrics = _metrics(measurement, point.job.spec.k, server.startup_s if first else None)
     tracker.log_metrics(run_id, metrics)
-    tracker.log_json(run_id, metrics | {"acceptance_source": measurement.acceptance.source}, "summary.json")
+    tracker.log_json(run_id, metrics, "summary.json")
     tracker.log_file(run_id, point_dir / "requests.csv")
-    tracker.set_tags(run_id, {"acceptance.source": measurement.acceptance.source})
+    source = "sglang-per-request" if measurement.sglang and measurement.sglang.window_length else None
+    tracker.set_tags(run_id, {"acceptance.source": source or measurement.acceptance.source})
     return PointOutcome(point.hash, run_id, metrics)
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pipeline.config import JobConfig
-from pipeline.engines import vllm
+from pipeline.engines import sglang, vllm
 from pipeline.engines.base import ServerSpec, free_port
 from pipeline.hardware import resolve_device
 from pipeline.loadgen import schedule
@@ -23,7 +23,7 @@ from pipeline.workloads import Request, Tokenizer, split_warmup
 class Target:
     """What every server of a job runs: the engine install, the device, the model paths."""
 
-    install: vllm.VllmInstall
+    install: vllm.VllmInstall | sglang.SglangInstall
     on_gpu: bool
     model_path: str
     draft_path: str | None
@@ -34,11 +34,19 @@ class Target:
 
 
 def resolve_target(job: JobConfig, *, build: bool = True) -> Target:
-    """Check the engine, device and models; ``build=False`` names embedded models unbuilt."""
+    """Check the engine, device and models. ``build=False`` (a dry run) names embedded models
+    unbuilt, and plans an SGLang server even where SGLang cannot run."""
     on_gpu = resolve_device(job.engine.device)
-    install = vllm.detect_install(job.engine.python)
-    vllm.validate_engine(job.engine, install, on_gpu)
-    vllm.validate_spec(job.spec, install.version)
+    install: vllm.VllmInstall | sglang.SglangInstall
+    if job.engine.name == "sglang":
+        install = sglang.detect_install(job.engine.python, required=build)
+        if build:
+            sglang.validate_engine(job.engine, install, on_gpu, python_given=job.engine.python is not None)
+        sglang.validate_spec(job.spec, install)
+    else:
+        install = vllm.detect_install(job.engine.python)
+        vllm.validate_engine(job.engine, install, on_gpu)
+        vllm.validate_spec(job.spec, install.version)
     model_path = resolve_model(job.model.id, build=build)
     draft = job.spec.draft_model
     draft_path = resolve_model(draft, target=model_path, build=build) if draft else None
@@ -64,20 +72,33 @@ def point_requests(job: JobConfig, tokenizer: Tokenizer | None) -> PointRequests
 
 def server_spec(target: Target, job: JobConfig, log_path: Path, port: int | None = None) -> ServerSpec:
     port = free_port(job.engine.host) if port is None else port
-    launch = vllm.build_launch(
-        install=target.install,
-        engine=job.engine,
-        spec=job.spec,
-        model_path=target.model_path,
-        draft_path=target.draft_path if job.spec.method != "none" else None,
-        served_name=job.model.id,
-        port=port,
-        on_gpu=target.on_gpu,
-        seed=job.seed,
-        cache_dir=cache_root(),
-    )
+    draft_path = target.draft_path if job.spec.method != "none" else None
+    if isinstance(target.install, sglang.SglangInstall):
+        launch = sglang.build_launch(
+            install=target.install,
+            engine=job.engine,
+            spec=job.spec,
+            model_path=target.model_path,
+            draft_path=draft_path,
+            served_name=job.model.id,
+            port=port,
+            seed=job.seed,
+        )
+    else:
+        launch = vllm.build_launch(
+            install=target.install,
+            engine=job.engine,
+            spec=job.spec,
+            model_path=target.model_path,
+            draft_path=draft_path,
+            served_name=job.model.id,
+            port=port,
+            on_gpu=target.on_gpu,
+            seed=job.seed,
+            cache_dir=cache_root(),
+        )
     return ServerSpec(
-        engine="vllm",
+        engine=job.engine.name,
         engine_version=str(target.install.version),
         command=tuple(launch.command),
         host=job.engine.host,

@@ -17,9 +17,11 @@ from pipeline.acceptance import (
     Acceptance,
     PrefixCacheWindow,
     Scrape,
+    SglangAcceptance,
     acceptance_between,
     parse_scrape,
     prefix_cache_between,
+    sglang_acceptance,
 )
 from pipeline.client import ClientOptions, RequestRecord
 from pipeline.config import JobConfig, LoadConfig
@@ -38,6 +40,7 @@ class Measurement:
     acceptance: Acceptance
     prefix_cache: PrefixCacheWindow
     summary: dict[str, float]
+    sglang: SglangAcceptance | None = None  # SGLang servers only
 
 
 def scrape(base_url: str) -> Scrape:
@@ -46,12 +49,26 @@ def scrape(base_url: str) -> Scrape:
     return parse_scrape(response.text)
 
 
-def reset_prefix_cache(base_url: str) -> None:
-    response = httpx.post(base_url + "/reset_prefix_cache", timeout=60.0, trust_env=False)
+# How each engine empties its prefix cache between windows.
+RESET_PATHS = {"vllm": "/reset_prefix_cache", "sglang": "/flush_cache"}
+
+
+def server_info(base_url: str) -> dict | None:
+    """SGLang's /get_server_info (cumulative acceptance since start); None if it has none."""
+    try:
+        response = httpx.get(base_url + "/get_server_info", timeout=30.0, trust_env=False)
+        return response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def reset_prefix_cache(base_url: str, engine: str = "vllm") -> None:
+    path = RESET_PATHS[engine]
+    response = httpx.post(base_url + path, timeout=60.0, trust_env=False)
     if response.status_code != 200:
+        hint = "the server needs VLLM_SERVER_DEV_MODE=1" if engine == "vllm" else "the server refused it"
         raise MeasurementError(
-            f"POST /reset_prefix_cache answered {response.status_code}; the server needs "
-            f"VLLM_SERVER_DEV_MODE=1, or set engine.reset_prefix_cache=false"
+            f"POST {path} answered {response.status_code}; {hint}, or set engine.reset_prefix_cache=false"
         )
 
 
@@ -104,13 +121,17 @@ def measure(
         if not record.ok:
             raise MeasurementError(f"warm-up request failed, so the server cannot be measured: {record.error}")
     if reset:
-        reset_prefix_cache(base_url)
+        reset_prefix_cache(base_url, job.engine.name)
     before = scrape(base_url)
     window = _progress_run(label, requests, offsets, opts, job.load)
     after = scrape(base_url)
+    sglang = None
+    if job.engine.name == "sglang":
+        sglang = sglang_acceptance(window.records, after, server_info(base_url))
     return Measurement(
         window=window,
         acceptance=acceptance_between(before, after),
         prefix_cache=prefix_cache_between(before, after),
         summary=summarize(window.records, window.duration_s, job.slo, job.load.request_rate),
+        sglang=sglang,
     )

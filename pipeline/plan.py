@@ -50,6 +50,12 @@ def server_key(job: JobConfig) -> str:
     return _digest({k: values[k] for k in _SERVER_KEYS})
 
 
+def _server_name(role: str, job: JobConfig) -> str:
+    # vLLM is the default engine; another engine's runs carry its name.
+    engine = "" if job.engine.name == "vllm" else f"{job.engine.name}-"
+    return engine + ("baseline" if role == "baseline" else f"{job.spec.method}-k{job.spec.k}")
+
+
 @dataclass(frozen=True)
 class Point:
     role: str  # "baseline" or "speculative"
@@ -59,9 +65,7 @@ class Point:
 
     @property
     def label(self) -> str:
-        spec = self.job.spec
-        name = "baseline" if self.role == "baseline" else f"{spec.method}-k{spec.k}"
-        return f"{name}-r{self.job.load.request_rate:g}"
+        return f"{_server_name(self.role, self.job)}-r{self.job.load.request_rate:g}"
 
 
 @dataclass(frozen=True)
@@ -76,9 +80,7 @@ class ServerGroup:
 
     @property
     def label(self) -> str:
-        spec = self.server_job.spec
-        name = "baseline" if self.role == "baseline" else f"{spec.method}-k{spec.k}"
-        return f"{self.index:02d}-{name}"
+        return f"{self.index:02d}-{_server_name(self.role, self.server_job)}"
 
 
 @dataclass(frozen=True)

@@ -44,12 +44,36 @@ def chat_script(pieces: list[str], completion_tokens: int, gap_s: float = 0.0, f
     return Script(steps=steps)
 
 
+def generate_script(
+    tokens: list[str], per_step: list[int], gap_s: float = 0.0, prompt_tokens: int = 9, cumulative: bool = True
+) -> Script:
+    """SGLang's /generate stream under speculation: one chunk per verification step, carrying
+    ``per_step[i]`` tokens; ``meta_info`` counts tokens and verify steps so far."""
+    steps: list[tuple[float, str]] = []
+    text, done = "", 0
+    for i, count in enumerate(per_step):
+        piece = "".join(tokens[done : done + count])
+        text, done = text + piece, done + count
+        last = i == len(per_step) - 1
+        meta = {
+            "id": "req-1",
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": done,
+            "spec_verify_ct": i + 1,
+            "finish_reason": {"type": "length", "length": done} if last else None,
+        }
+        steps.append((gap_s, json.dumps({"text": text if cumulative else piece, "meta_info": meta, "index": 0})))
+    steps.append((0.0, "[DONE]"))
+    return Script(steps=steps)
+
+
 class FakeServer:
     """``with FakeServer(lambda body: Script(...)) as url:`` serves until the block ends."""
 
     def __init__(self, script_for: Callable[[dict[str, Any]], Script], metrics_text: str = "") -> None:
         self.script_for = script_for
         self.metrics_text = metrics_text
+        self.server_info: dict[str, Any] = {}
         self.bodies: list[dict[str, Any]] = []
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -73,6 +97,9 @@ class FakeServer:
         await response.write_eof()
         return response
 
+    async def _server_info(self, request: web.Request) -> web.Response:
+        return web.json_response(self.server_info)
+
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(text=self.metrics_text, content_type="text/plain")
 
@@ -80,6 +107,8 @@ class FakeServer:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._completions)
         app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/generate", self._completions)  # SGLang's native API
+        app.router.add_get("/get_server_info", self._server_info)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/health", self._metrics)
         # A short shutdown: scripted hangs must not hold up the end of a test.

@@ -109,3 +109,24 @@ def test_multirun_dead_ray_address_fails_within_its_deadline(tmp_path: Path) -> 
     assert f"ray.address=127.0.0.1:{port} is not reachable within 3 s" in proc.stderr
     assert time.monotonic() - started < 90
     assert not (tmp_path / "multi" / "groups").exists()
+
+
+def test_dry_run_across_engines_prints_both_engines_commands(tmp_path: Path) -> None:
+    proc = _multirun(
+        tmp_path, "engine=vllm,sglang", "spec=eagle3,ngram", "spec.k=3,5",
+        "model.id=meta-llama/Llama-3.1-8B-Instruct", "dry_run=true",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "10 server start(s)" in out  # a baseline per engine, 4 speculative servers per engine
+    assert "-m sglang.launch_server" in out and "--speculative-algorithm EAGLE3" in out
+    assert "--speculative-algorithm NGRAM --speculative-num-steps 5 --speculative-eagle-topk 1" in out
+    assert "--speculative-num-draft-tokens 6" in out and "--enable-metrics" in out
+    assert '"method":"eagle3"' in out and "not installed here: flags as recorded for SGLang 0.5.23" in out
+
+
+def test_sglang_real_run_on_a_cpu_machine_is_refused_with_the_way_out(tmp_path: Path) -> None:
+    proc = _sweep(tmp_path, "engine=sglang")
+    assert proc.returncode == 2
+    assert "SGLang is not installed" in proc.stderr or "needs a CUDA GPU" in proc.stderr
+    assert "engine=vllm" in proc.stderr

@@ -10,7 +10,7 @@ from hydra.errors import ConfigCompositionException
 from pipeline.config import ConfigError, JobConfig, LoadConfig, SpecConfig, register_schema, to_job_config, validate
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
-GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in ("sweep", "hydra"))
+GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in ("sweep", "hydra", "engine_spec"))
 SWEEPS = sorted(p.stem for p in (CONF.parent / "sweeps").glob("*.yaml"))
 
 

@@ -1,0 +1,225 @@
+"""SGLang: from a job's settings to the exact ``sglang.launch_server`` command.
+
+Our methods map onto ``--speculative-algorithm``: eagle -> EAGLE, eagle3 -> EAGLE3,
+draft -> STANDALONE (with ``--speculative-draft-model-path``), ngram -> NGRAM (with its
+``--speculative-ngram-*`` options), mtp -> NEXTN. k is ``--speculative-num-steps``; the tree
+is ``--speculative-eagle-topk`` and ``--speculative-num-draft-tokens`` (method options), which
+default to SGLang's documented chain: topk 1 and draft tokens = steps + 1.
+
+Which flags exist is asked of the installed SGLang's own argument parser, in the engine's
+interpreter. Where that parser cannot be imported (PyPI's SGLang needs CUDA to import), the
+flags recorded below for SGLang 0.5.23 are used, and the command says so.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from packaging.version import InvalidVersion, Version
+
+from pipeline.config import ConfigError, EngineConfig, SpecConfig
+from pipeline.engines.vllm import EngineNotInstalled, LaunchPlan
+
+NAME = "sglang"
+LABEL = "SGLang"
+# Prefix-cache reset between windows: SGLang's radix cache is flushed by this endpoint.
+RESET_PATH = "/flush_cache"
+ALGORITHMS = {"eagle": "EAGLE", "eagle3": "EAGLE3", "draft": "STANDALONE", "ngram": "NGRAM", "mtp": "NEXTN"}
+NEEDS_DRAFT_PATH = ("eagle", "eagle3", "draft")
+# spec.options key -> flag. Tree shape for every method; the ngram cache for NGRAM.
+TREE_OPTIONS = {"eagle_topk": "--speculative-eagle-topk", "num_draft_tokens": "--speculative-num-draft-tokens"}
+NGRAM_OPTIONS = {
+    "min_match_window_size": "--speculative-ngram-min-match-window-size",
+    "max_match_window_size": "--speculative-ngram-max-match-window-size",
+    "min_bfs_breadth": "--speculative-ngram-min-bfs-breadth",
+    "max_bfs_breadth": "--speculative-ngram-max-bfs-breadth",
+    "match_type": "--speculative-ngram-match-type",
+    "branch_length": "--speculative-ngram-branch-length",
+    "capacity": "--speculative-ngram-capacity",
+}
+# The flags this adapter emits, as SGLang 0.5.23 has them (DESIGN.md's verified list, and
+# docs/advanced_features/speculative_decoding.md and server_arguments.md of that release).
+RECORDED_VERSION = Version("0.5.23")
+RECORDED_FLAGS = frozenset(
+    {
+        "--model-path", "--served-model-name", "--host", "--port", "--dtype", "--context-length",
+        "--random-seed", "--tp-size", "--enable-metrics", "--disable-radix-cache",
+        "--speculative-algorithm", "--speculative-draft-model-path", "--speculative-num-steps",
+        *TREE_OPTIONS.values(), *NGRAM_OPTIONS.values(),
+    }
+)  # fmt: skip
+RECORDED_ALGORITHMS = frozenset(ALGORITHMS.values())
+COMMON_ENV = {"DO_NOT_TRACK": "1"}
+
+
+@dataclass(frozen=True)
+class SglangInstall:
+    python: str
+    version: Version
+    flags: frozenset[str]
+    algorithms: frozenset[str]
+    flags_source: str  # "parser" (asked the installed SGLang) or "recorded" (RECORDED_VERSION)
+    installed: bool = True
+    distribution: str = "sglang"
+
+
+# Runs in the engine's interpreter: the version always, the parser's flags where it imports.
+_PROBE = """
+import argparse, importlib.metadata as m, json
+out = {"version": None, "flags": None, "algorithms": None}
+try:
+    out["version"] = m.version("sglang")
+    from sglang.srt.server_args import ServerArgs
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    out["flags"] = sorted(o for a in parser._actions for o in a.option_strings)
+    for a in parser._actions:
+        if "--speculative-algorithm" in a.option_strings and a.choices:
+            out["algorithms"] = sorted(a.choices)
+except Exception as exc:
+    out["error"] = f"{type(exc).__name__}: {exc}"
+print(json.dumps(out))
+"""
+
+
+def recorded(python: str, installed: bool, version: Version = RECORDED_VERSION) -> SglangInstall:
+    return SglangInstall(python, version, RECORDED_FLAGS, RECORDED_ALGORITHMS, "recorded", installed)
+
+
+def parse_probe(python: str, found: dict) -> SglangInstall:
+    if not found.get("version"):
+        raise EngineNotInstalled(
+            f"SGLang is not installed for {python}. PyPI's sglang runs on CUDA GPUs: in an environment of its own, "
+            f"`pip install sglang`, then set engine.python to that environment's interpreter; or use engine=vllm"
+        )
+    try:
+        version = Version(found["version"])
+    except InvalidVersion as exc:
+        raise EngineNotInstalled(f"cannot read the version of sglang: {found['version']!r}") from exc
+    if not found.get("flags"):  # installed, but its parser needs what this machine lacks (CUDA)
+        return recorded(python, True, version)
+    algorithms = frozenset(found.get("algorithms") or RECORDED_ALGORITHMS)
+    return SglangInstall(python, version, frozenset(found["flags"]), algorithms, "parser")
+
+
+def detect_install(python: str | None = None, *, required: bool = True) -> SglangInstall:
+    """The engine interpreter's SGLang; ``required=False`` (dry runs) falls back to the record."""
+    python = python or sys.executable
+    try:
+        out = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=120, check=True).stdout
+    except FileNotFoundError as exc:
+        raise EngineNotInstalled(f"engine.python={python} does not exist; point it at a Python interpreter") from exc
+    except subprocess.CalledProcessError as exc:
+        raise EngineNotInstalled(f"engine.python={python} failed to run: {exc.stderr.strip()}") from exc
+    found = json.loads(out.strip().splitlines()[-1])
+    if not found.get("version") and not required:
+        return recorded(python, installed=False)
+    return parse_probe(python, found)
+
+
+def validate_engine(engine: EngineConfig, install: SglangInstall, on_gpu: bool, *, python_given: bool) -> None:
+    if not on_gpu and not python_given:
+        raise ConfigError(
+            "engine=sglang needs a CUDA GPU: PyPI's SGLang has no CPU path. On this machine use engine=vllm, "
+            "or set engine.python to an interpreter whose SGLang runs here"
+        )
+
+
+def validate_spec(spec: SpecConfig, install: SglangInstall) -> None:
+    """Refuse, before launch, what this SGLang cannot run or what contradicts itself."""
+    if spec.method == "none":
+        return
+    if spec.method not in ALGORITHMS:
+        raise ConfigError(
+            f"SGLang has no method {spec.method!r}; choose one of: none, {', '.join(ALGORITHMS)} (or use engine=vllm)"
+        )
+    algorithm = ALGORITHMS[spec.method]
+    if algorithm not in install.algorithms:
+        raise ConfigError(
+            f"spec.method={spec.method} needs --speculative-algorithm {algorithm}, which SGLang {install.version} "
+            f"lacks (it has: {', '.join(sorted(install.algorithms))}); upgrade SGLang or pick another method"
+        )
+    allowed = set(TREE_OPTIONS) | (set(NGRAM_OPTIONS) if spec.method == "ngram" else set())
+    unknown = sorted(set(spec.options) - allowed)
+    if unknown:
+        raise ConfigError(
+            f"spec.options {unknown} are not SGLang options for {spec.method}; valid: {sorted(allowed)}. "
+            f"(vLLM's prompt_lookup_* become SGLang's min/max_match_window_size.)"
+        )
+    topk, draft_tokens = tree_shape(spec)
+    if topk < 1 or draft_tokens < 2:
+        raise ConfigError(f"spec.options eagle_topk={topk} and num_draft_tokens={draft_tokens} must be >= 1 and >= 2")
+    if topk == 1 and draft_tokens != spec.k + 1:
+        raise ConfigError(
+            f"spec.options.num_draft_tokens={draft_tokens} conflicts with spec.k={spec.k} at eagle_topk=1: a chain "
+            f"of {spec.k} steps verifies {spec.k + 1} tokens (SGLang's rule); drop num_draft_tokens or set it to "
+            f"{spec.k + 1}, or raise eagle_topk for a tree"
+        )
+    if topk > 1 and draft_tokens > topk * spec.k + 1:
+        raise ConfigError(
+            f"spec.options.num_draft_tokens={draft_tokens} exceeds what {spec.k} steps of top-{topk} can propose "
+            f"({topk * spec.k + 1}); lower it or raise spec.k"
+        )
+
+
+def tree_shape(spec: SpecConfig) -> tuple[int, int]:
+    """(topk, draft tokens): SGLang's chain by default, draft tokens = steps + 1."""
+    topk = int(spec.options.get("eagle_topk", 1))
+    return topk, int(spec.options.get("num_draft_tokens", spec.k + 1))
+
+
+def speculative_args(spec: SpecConfig, draft_path: str | None) -> list[str]:
+    if spec.method == "none":
+        return []
+    topk, draft_tokens = tree_shape(spec)
+    args = ["--speculative-algorithm", ALGORITHMS[spec.method]]
+    if spec.method in NEEDS_DRAFT_PATH and draft_path is not None:
+        args += ["--speculative-draft-model-path", draft_path]
+    args += ["--speculative-num-steps", str(spec.k)]
+    args += ["--speculative-eagle-topk", str(topk), "--speculative-num-draft-tokens", str(draft_tokens)]
+    if spec.method == "ngram":
+        for key, flag in NGRAM_OPTIONS.items():
+            if key in spec.options:
+                args += [flag, str(spec.options[key])]
+    return args
+
+
+def build_launch(
+    *,
+    install: SglangInstall,
+    engine: EngineConfig,
+    spec: SpecConfig,
+    model_path: str,
+    draft_path: str | None,
+    served_name: str,
+    port: int,
+    seed: int,
+) -> LaunchPlan:
+    cmd = [
+        install.python, "-m", "sglang.launch_server",
+        "--model-path", model_path,
+        "--served-model-name", served_name,
+        "--host", engine.host,
+        "--port", str(port),
+        "--dtype", engine.dtype,
+        "--context-length", str(engine.max_model_len),
+        "--random-seed", str(seed),
+        "--enable-metrics",
+    ]  # fmt: skip
+    if engine.tensor_parallel_size != 1:
+        cmd += ["--tp-size", str(engine.tensor_parallel_size)]
+    if not engine.prefix_caching:
+        cmd.append("--disable-radix-cache")
+    cmd += speculative_args(spec, draft_path)
+    missing = sorted({a for a in cmd if a.startswith("--")} - install.flags)
+    if missing:
+        raise ConfigError(
+            f"SGLang {install.version} has no {', '.join(missing)} (asked its {install.flags_source} flags); "
+            f"upgrade SGLang, or drop the setting that needs it"
+        )
+    cmd += list(engine.extra_args)
+    env = dict(COMMON_ENV) | dict(engine.env)
+    return LaunchPlan(command=cmd, env=env)
