@@ -107,6 +107,14 @@ class TrackingConfig:
 
 
 @dataclass(frozen=True)
+class LosslessConfig:
+    # After its points, each server answers these prompts one at a time at temperature 0;
+    # the report compares each speculative server's outputs with its baseline's. 0 skips it.
+    prompts: int = 4
+    max_tokens: int = 64
+
+
+@dataclass(frozen=True)
 class RayConfig:
     # None: start a local Ray; "auto" or host:port joins a running cluster.
     address: str | None = None
@@ -127,6 +135,11 @@ class JobConfig:
     output_dir: str = "outputs"
     dry_run: bool = False  # print the servers, their exact commands and a time estimate; start nothing
     force: bool = False  # re-measure points that an earlier run of this sweep finished
+    # Measure every point this many times, each with new prompts and arrivals (seed + repeat);
+    # the report's verdicts use the spread. The servers are shared across repeats.
+    repeats: int = 1
+    repeat: int = 0  # set by the sweep for each repeat; not a setting
+    lossless: LosslessConfig = field(default_factory=LosslessConfig)
     ray: RayConfig = field(default_factory=RayConfig)
 
     def baseline(self) -> JobConfig:
@@ -263,6 +276,10 @@ def validate(job: JobConfig) -> None:
         raise ConfigError(
             f"engine.max_model_len={engine.max_model_len} leaves no room for workload.max_tokens={workload.max_tokens}"
         )
+    if job.repeats < 1:
+        raise ConfigError(f"repeats={job.repeats} must be >= 1")
+    if job.lossless.prompts < 0 or job.lossless.max_tokens < 1:
+        raise ConfigError("lossless.prompts must be >= 0 and lossless.max_tokens >= 1")
     if job.ray.connect_timeout_s <= 0:
         raise ConfigError(f"ray.connect_timeout_s={job.ray.connect_timeout_s} must be > 0")
     for key in ("ttft_ms", "tpot_ms", "e2el_ms"):

@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from pipeline.config import ConfigError, JobConfig
 from pipeline.engines.sglang import RECORDED_VERSION, SglangInstall
@@ -22,14 +22,14 @@ from pipeline.engines.vllm import EngineNotInstalled
 from pipeline.group import GroupOutcome, GroupTask, PointOutcome, run_group
 from pipeline.job import Target, resolve_target, server_spec
 from pipeline.models import ModelError
-from pipeline.plan import ServerLine, describe, estimate_s, plan_sweep
+from pipeline.plan import ServerLine, SweepPlan, describe, estimate_s, plan_sweep
 from pipeline.redact import redact_args, redact_mapping
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILED_POINT = 3
 EXIT_INTERRUPTED = 130
 # Settings of the whole sweep; a grid that varies them is refused.
-SWEEP_LEVEL = ("tracking", "sweep_name", "dry_run", "force", "ray")
+SWEEP_LEVEL = ("tracking", "sweep_name", "dry_run", "force", "ray", "repeats", "lossless")
 
 
 class LaunchError(RuntimeError):
@@ -160,7 +160,41 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
             "sweep_wall_s": time.monotonic() - started,
         },
     )
+    _log_probes(tracker, parent, plan, outcomes)
     tracker.end_run(parent)  # the sweep ran to its end; failed points are marked in their own runs
     table.render(frame, f"sweep {first.sweep_name!r}: {len(plan.points)} points on {first.model.id}")
     print(f"summary: {out_dir / 'summary.csv'}; MLflow parent run {parent}")
+    _report(store.tracking_uri, parent, out_dir)
     return EXIT_FAILED_POINT if failed else 0
+
+
+def _log_probes(tracker: Any, parent: str, plan: SweepPlan, outcomes: Sequence[GroupOutcome]) -> None:
+    """Each server's lossless-probe answers, beside the sweep table: the report pairs them."""
+    groups = {g.index: g for g in plan.groups}
+    group_of = {p.hash: g for g in plan.groups for p in g.points}
+    for outcome in outcomes:
+        group = groups[outcome.index]
+        if not outcome.probe:
+            continue
+        job = group.server_job
+        base_hash = group.points[0].baseline_hash
+        record = {
+            "group": group.label, "role": group.role, "engine": job.engine.name, "method": job.spec.method,
+            "k": job.spec.k, "dtype": job.engine.dtype,
+            "baseline_group": group_of[base_hash].label if base_hash in group_of else None,
+            "outputs": [dataclasses.asdict(o) for o in outcome.probe],
+        }  # fmt: skip
+        tracker.log_json(parent, record, f"lossless/{group.label}.json")
+
+
+def _report(tracking_uri: str, parent: str, out_dir: Path) -> None:
+    """The sweep's report; a failure here loses no measurement, so it is reported, not raised."""
+    from pipeline import report
+    from pipeline.tracking import SweepReader
+
+    try:
+        paths = report.build(SweepReader(tracking_uri), parent, out_dir)
+    except Exception as exc:  # noqa: BLE001 - the measurements are already safe in MLflow
+        print(f"report: not written ({type(exc).__name__}: {exc}); retry with `python -m pipeline.report {parent}`")
+        return
+    print(f"report: {paths['html']}")

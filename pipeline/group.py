@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import os
 import pickle
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from pipeline.acceptance import normalized
+from pipeline.client import ClientOptions
+from pipeline.config import JobConfig
 from pipeline.engines.base import EngineServer, ServerError
 from pipeline.hardware import hardware_tags
 from pipeline.job import Target, point_requests, resolve_target, server_spec
+from pipeline.loadgen import run_window
 from pipeline.measure import Measurement, MeasurementError, measure
 from pipeline.models import load_tokenizer
 from pipeline.plan import Point, ServerGroup
@@ -60,11 +63,22 @@ class PointOutcome:
 
 
 @dataclass(frozen=True)
+class ProbeOutput:
+    """One answer to the lossless probe: the same prompt, temperature 0, one request at a time."""
+
+    index: int
+    text: str
+    token_ids: tuple[int, ...]  # the text re-tokenized with the model's tokenizer
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class GroupOutcome:
     index: int
     points: tuple[PointOutcome, ...]
     started: bool = False  # whether a server process was launched
     startup_s: float | None = None
+    probe: tuple[ProbeOutput, ...] = ()
 
     @staticmethod
     def failed(task: GroupTask, error: str) -> GroupOutcome:
@@ -119,6 +133,7 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
     for p in group.points:
         tracker.log_params(run_ids[p.hash], flatten_params(p.job))
     results: dict[str, PointOutcome] = {}
+    probe: tuple[ProbeOutput, ...] = ()
     server: EngineServer | None = None
     interrupted = False
     try:
@@ -126,6 +141,7 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
             print(f"[{group.label}] server ready in {server.startup_s:.1f} s at {server.base_url}")
             for i, point in enumerate(group.points):
                 results[point.hash] = _measure_point(point, server, tokenizer, tracker, run_ids, out_dir, first=i == 0)
+            probe = lossless_probe(server.base_url, group.server_job, tokenizer)
     except ServerError as exc:
         message = redact_text(str(exc), secrets)
         print(f"[{group.label}] FAILED: {message}")
@@ -140,7 +156,28 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
             outcome = results.get(p.hash) or PointOutcome(p.hash, run_ids[p.hash], error="interrupted")
             _finish_run(tracker, outcome, out_dir, interrupted)
     startup = server.startup_s if server else None
-    return GroupOutcome(group.index, tuple(results[p.hash] for p in group.points), started=True, startup_s=startup)
+    points = tuple(results[p.hash] for p in group.points)
+    return GroupOutcome(group.index, points, started=True, startup_s=startup, probe=probe)
+
+
+def lossless_probe(base_url: str, job: JobConfig, tokenizer: Any) -> tuple[ProbeOutput, ...]:
+    """Greedy answers to the first prompts of the workload (the same for every server of a
+    sweep with this workload and seed), sent one at a time so that batch shape cannot
+    change the numerics."""
+    if job.lossless.prompts <= 0:
+        return ()
+    prompts = point_requests(replace(job, repeat=0), tokenizer).requests[: job.lossless.prompts]
+    prompts = tuple(replace(r, max_tokens=min(r.max_tokens, job.lossless.max_tokens)) for r in prompts)
+    opts = ClientOptions(
+        base_url=base_url, model=job.model.id, endpoint=job.workload.endpoint, temperature=0.0,
+        ignore_eos=job.workload.ignore_eos, timeout_s=job.load.request_timeout_s,
+    )  # fmt: skip
+    outputs = []
+    for request in prompts:
+        record = run_window([request], [0.0], opts).records[0]
+        ids = tuple(tokenizer.encode(record.text, add_special_tokens=False)) if tokenizer and record.ok else ()
+        outputs.append(ProbeOutput(request.index, record.text, ids, record.error))
+    return tuple(outputs)
 
 
 def _measure_point(
@@ -172,6 +209,9 @@ def _measure_point(
     point_dir.mkdir(parents=True, exist_ok=True)
     pd.DataFrame([r.as_row() for r in measurement.window.records]).to_csv(point_dir / "requests.csv", index=False)
     metrics = _metrics(measurement, point.job.spec.k, server.startup_s if first else None)
+    rss = server.rss_mib()
+    if rss is not None:
+        metrics["server_rss_mib"] = rss
     tracker.log_metrics(run_id, metrics)
     tracker.log_json(run_id, metrics, "summary.json")
     tracker.log_file(run_id, point_dir / "requests.csv")

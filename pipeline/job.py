@@ -63,8 +63,9 @@ class PointRequests:
 
 
 def point_requests(job: JobConfig, tokenizer: Tokenizer | None) -> PointRequests:
-    offsets = schedule(job.load, job.seed)
-    warmup, requests = split_warmup(job.workload, len(offsets), job.load.warmup_requests, job.seed, tokenizer)
+    seed = job.seed + job.repeat  # a repeat draws new prompts and arrivals
+    offsets = schedule(job.load, seed)
+    warmup, requests = split_warmup(job.workload, len(offsets), job.load.warmup_requests, seed, tokenizer)
     # Warm-up exercises the code paths (prefill, decode, drafting); a few tokens do that.
     capped = tuple(replace(r, max_tokens=min(r.max_tokens, WARMUP_MAX_TOKENS)) for r in warmup)
     return PointRequests(capped, tuple(requests), tuple(offsets))

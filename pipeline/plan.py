@@ -19,8 +19,9 @@ from pipeline.config import ConfigError, JobConfig
 from pipeline.loadgen import schedule
 
 # Keys that say how or where a sweep runs, not what it measures.
-_VOLATILE = ("output_dir", "tracking", "sweep_name", "dry_run", "force", "ray")
+_VOLATILE = ("output_dir", "tracking", "sweep_name", "dry_run", "force", "ray", "repeats", "lossless")
 # What a server's command line is made of; everything else (load, workload, SLOs) is per point.
+# (repeat is not among them: repeats share a server and vary only the prompts and arrivals.)
 _SERVER_KEYS = ("engine", "model", "spec", "seed")
 
 # Rough costs, measured with the embedded 135M model on 2 cores: eager CPU servers start in
@@ -65,7 +66,8 @@ class Point:
 
     @property
     def label(self) -> str:
-        return f"{_server_name(self.role, self.job)}-r{self.job.load.request_rate:g}"
+        repeat = f"-rep{self.job.repeat}" if self.job.repeat else ""
+        return f"{_server_name(self.role, self.job)}-r{self.job.load.request_rate:g}{repeat}"
 
 
 @dataclass(frozen=True)
@@ -110,6 +112,7 @@ def plan_sweep(jobs: Sequence[JobConfig]) -> SweepPlan:
             "e.g. spec.k=3,5 load.request_rate=1,2"
         )
     points: dict[str, Point] = {}
+    jobs = [dataclasses.replace(job, repeat=r) for job in jobs for r in range(job.repeats)]
     for job in jobs:
         base = job.baseline()
         base_hash = point_hash(base)
@@ -122,7 +125,7 @@ def plan_sweep(jobs: Sequence[JobConfig]) -> SweepPlan:
     for point in ordered:
         by_server.setdefault(server_key(point.job), []).append(point)
     groups = tuple(
-        ServerGroup(i, pts[0].role, tuple(sorted(pts, key=lambda p: p.job.load.request_rate)))
+        ServerGroup(i, pts[0].role, tuple(sorted(pts, key=lambda p: (p.job.load.request_rate, p.job.repeat))))
         for i, pts in enumerate(by_server.values(), start=1)
     )
     return SweepPlan(groups)
@@ -138,7 +141,7 @@ def _eager(job: JobConfig, on_gpu: bool) -> bool:
 def point_estimate_s(job: JobConfig, on_gpu: bool) -> float:
     """Arrivals plus the last request's decode; speculation is assumed no faster (an upper bound)."""
     tpot = CPU_TPOT_S if not on_gpu else CPU_TPOT_S / 4
-    offsets = schedule(job.load, job.seed)
+    offsets = schedule(job.load, job.seed + job.repeat)
     span = offsets[-1] if offsets and math.isfinite(offsets[-1]) else 0.0
     if math.isinf(job.load.request_rate):  # all at once: the batch decodes together, slower per token
         span = len(offsets) * tpot * 4
@@ -181,7 +184,7 @@ def describe(plan: SweepPlan, servers: Sequence[ServerLine], on_gpu: bool) -> st
         for point in group.points:
             load = point.job.load
             rate = "all at once" if math.isinf(load.request_rate) else f"{load.request_rate:g} req/s"
-            count = len(schedule(load, point.job.seed))
+            count = len(schedule(load, point.job.seed + point.job.repeat))
             lines.append(
                 f"  - point {point.label}: {count} requests at {rate} ({point.job.workload.name}, "
                 f"up to {point.job.workload.max_tokens} tokens), ~{point_estimate_s(point.job, on_gpu):.0f} s"

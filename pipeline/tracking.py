@@ -160,3 +160,45 @@ class Tracker:
             if key and key not in found:
                 found[key] = FinishedPoint(run.info.run_id, dict(run.data.metrics))
         return found
+
+
+class SweepReader:
+    """What the report needs from MLflow: a sweep's parent run and its artifacts."""
+
+    def __init__(self, tracking_uri: str) -> None:
+        self.client = MlflowClient(tracking_uri)
+
+    def find_parent(self, ref: str) -> str:
+        """A parent run id as given, or the newest sweep run of the experiment named ``ref``."""
+        experiment = self.client.get_experiment_by_name(ref)
+        if experiment is None:
+            try:
+                run = self.client.get_run(ref)
+            except Exception as exc:  # noqa: BLE001 - MLflow raises its own types for a bad id
+                names = sorted(e.name for e in self.client.search_experiments())
+                raise TrackingError(f"{ref!r} is neither an experiment ({names}) nor a run id") from exc
+            if run.data.tags.get("role") != "sweep":
+                parent = run.data.tags.get("mlflow.parentRunId")
+                raise TrackingError(f"run {ref} is one point of a sweep; give its parent run {parent}")
+            return ref
+        runs = self.client.search_runs(
+            [experiment.experiment_id], "tags.role = 'sweep'", order_by=["attributes.start_time DESC"], max_results=1
+        )
+        if not runs:
+            raise TrackingError(f"experiment {ref!r} has no sweep run yet")
+        return runs[0].info.run_id
+
+    def title(self, run_id: str) -> str:
+        run = self.client.get_run(run_id)
+        return f"{run.data.tags.get('sweep_name', '')} ({run.info.run_name})"
+
+    def download(self, run_id: str, path: str, into: Path) -> Path | None:
+        """An artifact of the run, or None where it has none by that name."""
+        into.mkdir(parents=True, exist_ok=True)
+        try:
+            return Path(self.client.download_artifacts(run_id, path, str(into)))
+        except Exception:  # noqa: BLE001 - absence is reported by the caller, in words
+            return None
+
+    def log_file(self, run_id: str, path: Path, folder: str) -> None:
+        self.client.log_artifact(run_id, str(path), folder)

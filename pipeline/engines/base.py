@@ -93,6 +93,21 @@ class EngineServer:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
+    def rss_mib(self) -> float | None:
+        """Resident memory of the whole server (API server, engine core, workers), in MiB.
+        Host memory: on a GPU the weights live in device memory, which this does not see."""
+        if self._proc is None:
+            return None
+        total = 0
+        for pid in _live_members(self._proc.pid):
+            try:
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1])  # kB
+            except (OSError, ValueError, IndexError):
+                continue
+        return total / 1024 if total else None
+
     def __enter__(self) -> EngineServer:
         self.start()
         try:

@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.client import ClientOptions
+from pipeline.client import ClientOptions, RequestRecord
 from pipeline.loadgen import arrival_offsets, arrivals_within, run_window
 from pipeline.metrics import client_health
 from pipeline.workloads import Request
@@ -77,12 +77,15 @@ def test_worker_processes_share_one_schedule() -> None:
 
 
 def test_client_health_reports_lateness_and_achieved_rate() -> None:
-    script = chat_script(["a"], 1)
-    # A 1 s span: a few ms of scheduler jitter on a busy 2-core machine stays under 10%.
-    offsets = [i * 0.05 for i in range(21)]
-    with FakeServer(lambda body: script) as url:
-        window = run_window(_requests(21), offsets, ClientOptions(base_url=url, model="m"))
-    health = client_health(window.records, target_rate=20.0)
+    # Known sends: every request 2 ms late, the last one 12 ms late; deliberate queueing excluded.
+    records = [
+        RequestRecord(index=i, category="c", scheduled_s=i * 0.05, sent_s=i * 0.05 + 0.002) for i in range(20)
+    ] + [RequestRecord(index=20, category="c", scheduled_s=1.0, sent_s=1.032, queued_s=0.020)]
+    health = client_health(records, target_rate=20.0)
     assert health["target_request_rate"] == 20.0
-    assert health["achieved_request_rate"] == pytest.approx(20.0, rel=0.1)
-    assert 0 <= health["send_lateness_p50_ms"] <= health["send_lateness_p99_ms"] < 20
+    assert health["achieved_request_rate"] == pytest.approx(20 / (1.032 - 0.002))
+    assert health["send_lateness_p50_ms"] == pytest.approx(2.0)
+    assert health["send_lateness_max_ms"] == pytest.approx(12.0)
+    assert health["send_lateness_p50_ms"] <= health["send_lateness_p99_ms"] <= health["send_lateness_max_ms"]
+
+

@@ -1,0 +1,59 @@
+"""A model of the measurement (Leviathan et al., 2023): alpha from acceptance length and k,
+the draft cost ratio c from the low-load speedup, and the speedup predicted for any k."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+import pandas as pd
+
+from pipeline.acceptance import alpha_from_length, expected_length
+
+
+@dataclass(frozen=True)
+class Fit:
+    engine: str
+    method: str
+    rate: float  # the low load the fit uses
+    alpha: float
+    c: float
+    measured: dict[int, float]  # k -> measured median-TPOT speedup at that rate
+    predicted: dict[int, float]  # k -> L(alpha, k) / (k c + 1)
+
+
+def predict(alpha: float, c: float, k: int) -> float:
+    return expected_length(alpha, k) / (k * c + 1)
+
+
+def fit(points: pd.DataFrame, max_k: int = 8) -> tuple[list[Fit], list[str]]:
+    """Per (engine, method), at its lowest measured rate. Returns fits and what was skipped."""
+    fits, skipped = [], []
+    if points.empty:
+        return fits, ["no speculative point was measured"]
+    for (engine, method), group in points.groupby(["engine", "method"], sort=True):
+        low = group[group["request_rate"] == group["request_rate"].min()]
+        alphas, costs, measured = [], [], {}
+        for row in low.itertuples():
+            length, speedup = row.acceptance_length, row.speedup_median_tpot
+            if not _finite(length) or not _finite(speedup):
+                continue
+            alpha = alpha_from_length(length, row.k)
+            if alpha is None:
+                continue
+            alphas.append(alpha)
+            costs.append(max((length / speedup - 1) / row.k, 0.0))  # S = L / (k c + 1)
+            measured[int(row.k)] = speedup
+        if not alphas:
+            skipped.append(f"{engine} {method}: no acceptance length or speedup at the lowest rate")
+            continue
+        alpha, c = statistics.median(alphas), statistics.median(costs)
+        ks = range(1, max(max_k, max(measured) + 1) + 1)
+        fits.append(Fit(engine, method, float(low["request_rate"].iloc[0]), alpha, c, measured,
+                        {k: predict(alpha, c, k) for k in ks}))  # fmt: skip
+    return fits, skipped
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)

@@ -1,0 +1,113 @@
+"""The report's figures, as PNG bytes. The only module that imports matplotlib."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display: files only
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+
+def _png(fig: plt.Figure) -> bytes:
+    buffer = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buffer, format="png", dpi=110)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def pareto_mask(x: list[float], y: list[float]) -> list[bool]:
+    """Points not dominated by another with lower-or-equal x and higher-or-equal y."""
+    return [
+        not any((x2 <= x1 and y2 >= y1) and (x2 < x1 or y2 > y1) for x2, y2 in zip(x, y, strict=True))
+        for x1, y1 in zip(x, y, strict=True)
+    ]
+
+
+def _finished(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame[frame["status"].isin(["finished", "resumed"])]
+
+
+def _curves(frame: pd.DataFrame):  # type: ignore[no-untyped-def]
+    for (engine, role, method, k), group in _finished(frame).groupby(["engine", "role", "method", "k"], sort=True):
+        label = f"{engine} baseline" if role == "baseline" else f"{engine} {method} k={k}"
+        yield label, role, group.groupby("request_rate", sort=True).median(numeric_only=True).reset_index()
+
+
+def throughput_vs_tpot(frame: pd.DataFrame, tpot: str = "median_tpot_ms") -> bytes | None:
+    data = _finished(frame).dropna(subset=[tpot, "output_throughput"]) if tpot in frame else frame.iloc[0:0]
+    if data.empty:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, role, curve in _curves(data):
+        style = {"color": "black", "linestyle": "--", "marker": "s"} if role == "baseline" else {"marker": "o"}
+        ax.plot(curve[tpot], curve["output_throughput"], label=label, **style)
+        for row in curve.itertuples():
+            ax.annotate(f"{row.request_rate:g}/s", (getattr(row, tpot), row.output_throughput), fontsize=7,
+                        textcoords="offset points", xytext=(3, 3))  # fmt: skip
+    xs, ys = list(data[tpot]), list(data["output_throughput"])
+    front = sorted((x, y) for x, y, m in zip(xs, ys, pareto_mask(xs, ys), strict=True) if m)
+    ax.step([p[0] for p in front], [p[1] for p in front], where="post", color="red", alpha=0.4, label="Pareto frontier")
+    ax.set_xlabel(f"{tpot.replace('_', ' ')} (lower is better)")
+    ax.set_ylabel("output throughput, tok/s (higher is better)")
+    ax.set_title("Throughput against per-token latency, across request rates")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+def ttft_vs_rate(frame: pd.DataFrame) -> bytes | None:
+    data = _finished(frame).dropna(subset=["median_ttft_ms"]) if "median_ttft_ms" in frame else frame.iloc[0:0]
+    if data.empty:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, role, curve in _curves(data):
+        ax.plot(curve["request_rate"], curve["median_ttft_ms"], marker="o", label=label,
+                **({"color": "black", "linestyle": "--"} if role == "baseline" else {}))  # fmt: skip
+    ax.set_xlabel("request rate (req/s)")
+    ax.set_ylabel("median TTFT (ms)")
+    ax.set_title("Time to first token against load")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+def acceptance_vs_k(points: pd.DataFrame) -> bytes | None:
+    if points.empty or points["acceptance_length"].isna().all():
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for (engine, method, rate), group in points.groupby(["engine", "method", "request_rate"], sort=True):
+        group = group.sort_values("k")
+        ax.plot(group["k"], group["acceptance_length"], marker="o", label=f"{engine} {method} @ {rate:g}/s")
+    ax.set_xlabel("k (draft tokens per step)")
+    ax.set_ylabel("acceptance length L (tokens per step)")
+    ax.set_title("Acceptance against k")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+def speedup_heatmap(points: pd.DataFrame) -> bytes | None:
+    if points.empty:
+        return None
+    rows = points.assign(config=points["engine"] + " " + points["method"] + " k=" + points["k"].astype(str))
+    grid = rows.pivot_table(index="config", columns="request_rate", values="speedup_median_tpot", aggfunc="median")
+    if grid.empty:
+        return None
+    fig, ax = plt.subplots(figsize=(1.4 * len(grid.columns) + 3, 0.7 * len(grid.index) + 2))
+    values = grid.to_numpy(dtype=float)
+    image = ax.imshow(values, cmap="RdYlGn", vmin=0.5, vmax=1.5, aspect="auto")
+    ax.set_xticks(range(len(grid.columns)), [f"{c:g}" for c in grid.columns])
+    ax.set_yticks(range(len(grid.index)), [str(i) for i in grid.index])
+    for (i, j), value in pd.DataFrame(values).stack().items():
+        if math.isfinite(value):
+            ax.text(j, i, f"{value:.2f}x", ha="center", va="center", fontsize=9)
+    ax.set_xlabel("request rate (req/s)")
+    ax.set_ylabel("configuration")
+    ax.set_title("Median-TPOT speedup (green > 1: speculation helps)")
+    fig.colorbar(image, ax=ax)
+    return _png(fig)
