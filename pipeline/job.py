@@ -73,31 +73,19 @@ def point_requests(job: JobConfig, tokenizer: Tokenizer | None) -> PointRequests
 
 def server_spec(target: Target, job: JobConfig, log_path: Path, port: int | None = None) -> ServerSpec:
     port = free_port(job.engine.host) if port is None else port
-    draft_path = target.draft_path if job.spec.method != "none" else None
+    common = {
+        "engine": job.engine,
+        "spec": job.spec,
+        "model_path": target.model_path,
+        "draft_path": target.draft_path if job.spec.method != "none" else None,
+        "served_name": job.model.id,
+        "port": port,
+        "seed": job.seed,
+    }
     if isinstance(target.install, sglang.SglangInstall):
-        launch = sglang.build_launch(
-            install=target.install,
-            engine=job.engine,
-            spec=job.spec,
-            model_path=target.model_path,
-            draft_path=draft_path,
-            served_name=job.model.id,
-            port=port,
-            seed=job.seed,
-        )
+        launch = sglang.build_launch(install=target.install, **common)
     else:
-        launch = vllm.build_launch(
-            install=target.install,
-            engine=job.engine,
-            spec=job.spec,
-            model_path=target.model_path,
-            draft_path=draft_path,
-            served_name=job.model.id,
-            port=port,
-            on_gpu=target.on_gpu,
-            seed=job.seed,
-            cache_dir=cache_root(),
-        )
+        launch = vllm.build_launch(install=target.install, on_gpu=target.on_gpu, cache_dir=cache_root(), **common)
     return ServerSpec(
         engine=job.engine.name,
         engine_version=str(target.install.version),

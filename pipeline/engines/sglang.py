@@ -13,15 +13,13 @@ flags recorded below for SGLang 0.5.23 are used, and the command says so.
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 from dataclasses import dataclass
 
 from packaging.version import InvalidVersion, Version
 
 from pipeline.config import ConfigError, EngineConfig, SpecConfig
-from pipeline.engines.vllm import EngineNotInstalled, LaunchPlan
+from pipeline.engines.vllm import EngineNotInstalled, LaunchPlan, run_probe
 
 NAME = "sglang"
 LABEL = "SGLang"
@@ -108,13 +106,7 @@ def parse_probe(python: str, found: dict) -> SglangInstall:
 def detect_install(python: str | None = None, *, required: bool = True) -> SglangInstall:
     """The engine interpreter's SGLang; ``required=False`` (dry runs) falls back to the record."""
     python = python or sys.executable
-    try:
-        out = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=120, check=True).stdout
-    except FileNotFoundError as exc:
-        raise EngineNotInstalled(f"engine.python={python} does not exist; point it at a Python interpreter") from exc
-    except subprocess.CalledProcessError as exc:
-        raise EngineNotInstalled(f"engine.python={python} failed to run: {exc.stderr.strip()}") from exc
-    found = json.loads(out.strip().splitlines()[-1])
+    found = run_probe(python, _PROBE)
     if not found.get("version") and not required:
         return recorded(python, installed=False)
     return parse_probe(python, found)

