@@ -98,6 +98,8 @@ def crossover(rates: Sequence[float], speedups: Sequence[float | None]) -> tuple
         return None, f"below 1.0 already at the lowest measured rate ({pairs[0][0]:g} req/s)"
     for (r0, s0), (r1, s1) in zip(pairs, pairs[1:], strict=False):
         if s0 >= 1 > s1:
+            if math.isinf(r1):  # "all at once" has no rate to interpolate towards
+                return r0, f"crosses 1.0 above {r0:g} req/s, by the all-at-once load"
             rate = r0 + (s0 - 1) * (r1 - r0) / (s0 - s1)
             return rate, f"crosses 1.0 at ~{rate:.2f} req/s (between {r0:g} and {r1:g})"
     return None, f"none within the measured range ({pairs[0][0]:g}-{pairs[-1][0]:g} req/s): speedup stays >= 1"

@@ -162,7 +162,7 @@ def test_report_first_screen_answers_with_the_verdict_table(
     project, first = swept
     assert first.returncode == 0
     assert "report: " in first.stdout
-    parent = next(r for r in _runs(project) if r.data.tags.get("role") == "sweep")
+    parent = next(r for r in _runs(project) if r.data.tags.get("role") == "sweep")  # the first: the whole grid
     client = MlflowClient(f"sqlite:///{project}/mlruns/mlflow.db")
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
     assert {"report/report.html", "report/report.md"} <= artifacts
@@ -174,7 +174,8 @@ def test_report_first_screen_answers_with_the_verdict_table(
     assert "## Where speculation stops paying" in md and "vllm ngram k=5" in md
     # Re-analysed from MLflow alone, by the report command.
     proc = subprocess.run(
-        [sys.executable, "-m", "pipeline.report", "isweep", "--project", str(project), "--out", str(tmp_path / "again")],
+        [sys.executable, "-m", "pipeline.report", parent.info.run_id, "--project", str(project),
+         "--out", str(tmp_path / "again")],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]

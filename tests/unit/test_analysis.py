@@ -53,6 +53,8 @@ def test_crossover_interpolates_between_measured_rates(speedups: list[float], ra
     assert (found is None and rate is None) or math.isclose(found, rate)
     assert text in said
     assert verdicts.crossover([1.0], [1.5])[0] is None
+    at_once = verdicts.crossover([1.0, 8.0, float("inf")], [1.6, 1.2, 0.9])
+    assert at_once == (8.0, "crosses 1.0 above 8 req/s, by the all-at-once load")
 
 
 @pytest.mark.parametrize(

@@ -71,3 +71,16 @@ def test_estimate_grows_with_servers_and_describe_lists_every_point() -> None:
     text = describe(three, lines, on_gpu=False)
     assert "server 3/3 speculative (ngram k=5)" in text and "point ngram-k5-r2" in text
     assert "3 server start(s), 6 measured point(s)" in text and "--port <free port>" in text
+
+
+def test_repeats_share_servers_and_pair_with_their_own_baseline_repeat() -> None:
+    jobs = [dataclasses.replace(job, repeats=3) for job in _grid([3], [1.0, 2.0])]
+    plan = plan_sweep(jobs)
+    assert len(plan.groups) == 2  # still one baseline and one speculative server
+    assert [len(g.points) for g in plan.groups] == [6, 6]
+    by_hash = {p.hash: p for p in plan.points}
+    for point in plan.groups[1].points:
+        base = by_hash[point.baseline_hash]
+        assert base.job.repeat == point.job.repeat and base.job.load == point.job.load
+    assert {p.label for p in plan.groups[1].points} >= {"ngram-k3-r1", "ngram-k3-r1-rep1", "ngram-k3-r2-rep2"}
+    assert len({p.hash for p in plan.points}) == 12  # each repeat is its own point (and resumes alone)

@@ -71,3 +71,24 @@ def test_unreachable_tracking_server_fails_fast_naming_the_fix() -> None:
     with pytest.raises(TrackingError, match="does not answer.*mlflow server"):
         check_reachable(store, timeout_s=2.0)
     assert time.monotonic() - started < 10
+
+
+def test_sweep_reader_finds_the_newest_sweep_run_of_an_experiment(tmp_path: Path) -> None:
+    from pipeline.tracking import SweepReader, TrackingError
+
+    store = resolve_store(JobConfig().tracking, tmp_path)
+    tracker = Tracker(store, prepare(store, "reader"))
+    old = tracker.start_run("reader 1", {"role": "sweep", "sweep_name": "reader"})
+    child = tracker.start_run("ngram-k3-r1", {"role": "speculative"}, old)
+    import time
+
+    time.sleep(0.01)
+    new = tracker.start_run("reader 2", {"role": "sweep", "sweep_name": "reader"})
+    reader = SweepReader(store.tracking_uri)
+    assert reader.find_parent("reader") == new
+    assert reader.find_parent(old) == old
+    with pytest.raises(TrackingError, match=f"give its parent run {old}"):
+        reader.find_parent(child)
+    with pytest.raises(TrackingError, match="neither an experiment"):
+        reader.find_parent("no-such-sweep")
+    assert reader.download(new, "summary.csv", tmp_path / "d") is None
