@@ -7,7 +7,9 @@ into a fresh MLflow experiment, times it from outside, and reads back from MLflo
 - server starts (goal for k_vs_rate: 4 = 3 speculative + 1 baseline; a per-job design starts 12);
 - the sum of the measurement windows plus one start-up per server, against the wall time
   (goal: overhead within 15 %). Overhead is everything else: Python and Hydra start-up,
-  Ray, model checks, warm-ups, prefix-cache resets, scrapes, server stops, MLflow writes.
+  Ray, model checks, warm-ups, prefix-cache resets, scrapes, server stops, MLflow writes,
+  the report. The lossless probes (the report's greedy one-at-a-time answers) are a
+  measurement of their own; the overhead is printed with them counted either way.
 """
 
 from __future__ import annotations
@@ -47,7 +49,9 @@ def main() -> int:
     startups = [r.data.metrics["server_startup_s"] for r in children if "server_startup_s" in r.data.metrics]
     starts = int(parent.data.metrics["server_starts"])
     naive = 2 * sum(r.data.tags["role"] == "speculative" for r in children)
+    probe = parent.data.metrics.get("lossless_probe_s", 0.0)
     useful = windows + sum(startups)
+    measured = useful + probe
     print()
     print(f"sweep                       +sweep={args.sweep} {' '.join(args.overrides)}")
     print(f"points measured             {len(children)}")
@@ -56,7 +60,9 @@ def main() -> int:
     print(f"measurement windows (s)     {windows:.1f}")
     print(f"windows + start-ups (s)     {useful:.1f}")
     print(f"sweep wall time (s)         {wall:.1f}")
-    print(f"overhead                    {wall - useful:.1f} s = {100 * (wall / useful - 1):.1f} % (goal: within 15 %)")
+    print(f"lossless probes (s)         {probe:.1f}  (greedy answers, one at a time, for the report)")
+    print(f"overhead, probes measured   {wall - measured:.1f} s = {100 * (wall / measured - 1):.1f} % (goal: within 15 %)")
+    print(f"overhead, probes as cost    {wall - useful:.1f} s = {100 * (wall / useful - 1):.1f} %")
     return 0
 
 

@@ -157,6 +157,7 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
             "points_measured": sum(len(o.points) for o in outcomes),
             "points_resumed": len(plan.points) - len(todo.points),
             "points_failed": failed,
+            "lossless_probe_s": sum(o.probe_s for o in outcomes),
             "sweep_wall_s": time.monotonic() - started,
         },
     )

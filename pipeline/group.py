@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,7 @@ class GroupOutcome:
     started: bool = False  # whether a server process was launched
     startup_s: float | None = None
     probe: tuple[ProbeOutput, ...] = ()
+    probe_s: float = 0.0  # time spent on the lossless probe (a measurement of its own)
 
     @staticmethod
     def failed(task: GroupTask, error: str) -> GroupOutcome:
@@ -134,6 +136,7 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
         tracker.log_params(run_ids[p.hash], flatten_params(p.job))
     results: dict[str, PointOutcome] = {}
     probe: tuple[ProbeOutput, ...] = ()
+    probe_s = 0.0
     server: EngineServer | None = None
     interrupted = False
     try:
@@ -141,7 +144,9 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
             print(f"[{group.label}] server ready in {server.startup_s:.1f} s at {server.base_url}")
             for i, point in enumerate(group.points):
                 results[point.hash] = _measure_point(point, server, tokenizer, tracker, run_ids, out_dir, first=i == 0)
+            probe_started = time.monotonic()
             probe = lossless_probe(server.base_url, group.server_job, tokenizer)
+            probe_s = time.monotonic() - probe_started
     except ServerError as exc:
         message = redact_text(str(exc), secrets)
         print(f"[{group.label}] FAILED: {message}")
@@ -157,7 +162,7 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
             _finish_run(tracker, outcome, out_dir, interrupted)
     startup = server.startup_s if server else None
     points = tuple(results[p.hash] for p in group.points)
-    return GroupOutcome(group.index, points, started=True, startup_s=startup, probe=probe)
+    return GroupOutcome(group.index, points, started=True, startup_s=startup, probe=probe, probe_s=probe_s)
 
 
 def lossless_probe(base_url: str, job: JobConfig, tokenizer: Any) -> tuple[ProbeOutput, ...]:

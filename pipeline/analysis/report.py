@@ -90,11 +90,18 @@ def headline(data: ReportData) -> str:
     text = (f"Best: {best['engine']} {best['method']} k={best['k']} at {best['request_rate']:g} req/s, "
             f"{best['speedup_median_tpot']:.2f}x median TPOT ({best['verdict']}). ")  # fmt: skip
     text += f"Speculation helps at {len(helps)} of {len(points)} measured points. "
+    fades = []
+    for (_, method, k), group in points.sort_values("request_rate").groupby(["engine", "method", "k"], sort=True):
+        after = group[group["verdict"] != "helps"]
+        if not after.empty and (group["verdict"] == "helps").any():
+            fades.append(f"{method} k={k} from {after['request_rate'].iloc[0]:g} req/s")
+    if fades:
+        text += "No longer clearly helps (inside the noise or worse): " + "; ".join(fades) + ". "
     crossed = [c for c in data.crossings if c.rate is not None]
     if crossed:
         text += "Stops paying: " + "; ".join(f"{c.method} k={c.k} at ~{c.rate:.1f} req/s" for c in crossed) + "."
     else:
-        text += "It does not stop paying within the measured loads."
+        text += "The median-TPOT speedup does not fall below 1.0 within the measured loads."
     return text
 
 
