@@ -13,7 +13,8 @@ from pipeline.analysis.verdicts import Crossover
 LOW_ACCEPTANCE = 0.6  # acceptance rate (fraction) below which a closer draft pays
 HIGH_ACCEPTANCE = 0.9  # above which a larger k has room
 TTFT_REGRESSION = 0.9  # TTFT speedup below this (10 % slower) counts as a regression
-DRAFT_MEMORY_RATIO = 1.3  # a separate draft using 30 % more server memory than the baseline
+DRAFT_MEMORY_RATIO = 1.3
+THROUGHPUT_NOISE = 0.10  # a throughput ratio below 1/1.1 is a loss beyond one run's noise  # a separate draft using 30 % more server memory than the baseline
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,12 @@ def advise(points: pd.DataFrame, crossings: list[Crossover], memory: dict[str, f
         if rate is not None and rate > HIGH_ACCEPTANCE:
             out.append(Advice("acceptance > 0.9", f"{name}: try a larger k; most drafts are accepted",
                               f"acceptance {rate:.2f} at {low['request_rate']:g} req/s"))  # fmt: skip
+        high = group.loc[group["request_rate"].idxmax()]
+        tput = high.get("output_throughput_ratio")
+        if tput is not None and math.isfinite(tput) and tput < 1 / (1 + THROUGHPUT_NOISE) and len(group) > 1:
+            out.append(Advice("throughput lost at high load",
+                              f"{name}: disable speculation at {high['request_rate']:g} req/s and above",
+                              f"output throughput {tput:.2f}x the baseline's at {high['request_rate']:g} req/s"))  # fmt: skip
         ttft = group["speedup_median_ttft"].dropna()
         if not ttft.empty and ttft.min() < TTFT_REGRESSION:
             worst = group.loc[ttft.idxmin()]

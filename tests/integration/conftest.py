@@ -52,3 +52,22 @@ def run_sweep(project: Path, *overrides: str, timeout: float = 900) -> subproces
         text=True,
         timeout=timeout,
     )
+
+
+def sigterm_once_serving(args: list[str], cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """Start the entry point, wait until a server is ready, then send what a scheduler sends."""
+    import signal
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.sweep", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert proc.stdout is not None
+    seen: list[str] = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "server ready" in line:
+            break
+    assert vllm_server_pids(), "expected a running server before the signal:\n" + "".join(seen[-20:])
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=timeout)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, "".join(seen) + (out or ""), "")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.integration.conftest import vllm_server_pids
+from tests.integration.conftest import sigterm_once_serving, vllm_server_pids
 
 pytestmark = pytest.mark.integration
 
@@ -204,21 +204,7 @@ CHROMIUM_ARGS = [
 
 def test_sigterm_to_a_ray_sweep_stops_the_server_in_the_worker(tmp_path: Path) -> None:
     # The server runs in a Ray worker, not under the driver: cancelling the task must stop it.
-    import signal
-
     before = vllm_server_pids()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.sweep", "-m", "spec.k=3", *SMALL, "sweep_name=term"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    assert proc.stdout is not None
-    seen: list[str] = []
-    for line in proc.stdout:
-        seen.append(line)
-        if "server ready" in line:
-            break
-    assert vllm_server_pids() - before, "expected a running server before the signal:\n" + "".join(seen[-20:])
-    proc.send_signal(signal.SIGTERM)
-    proc.communicate(timeout=180)
+    proc = sigterm_once_serving(["-m", "spec.k=3", *SMALL, "sweep_name=term"], tmp_path)
     assert proc.returncode != 0
     assert not vllm_server_pids() - before, "a server outlived the sweep"

@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -22,7 +19,7 @@ from pipeline.models import ensure_embedded
 from pipeline.plan import plan_sweep
 from pipeline.tracking import Tracker, resolve_store
 from pipeline.tracking import prepare as prepare_store
-from tests.integration.conftest import run_sweep, vllm_server_pids
+from tests.integration.conftest import run_sweep, sigterm_once_serving
 
 pytestmark = pytest.mark.integration
 
@@ -132,20 +129,5 @@ def test_truncated_draft_has_four_layers() -> None:
 def test_sigterm_mid_job_stops_every_server_process(tmp_path: Path, no_leftover_servers: None) -> None:
     # What a scheduler sends: the job must stop its server's whole group (API server,
     # engine core, workers), not only the process it started.
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.sweep", f"hydra.run.dir={tmp_path}/out", "sweep_name=term", *SMALL],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert proc.stdout is not None
-    seen: list[str] = []
-    for line in proc.stdout:
-        seen.append(line)
-        if "server ready" in line:
-            break
-    assert vllm_server_pids(), "expected a running server before the signal:\n" + "".join(seen[-20:])
-    proc.send_signal(signal.SIGTERM)
-    proc.communicate(timeout=120)
+    proc = sigterm_once_serving([f"hydra.run.dir={tmp_path}/out", "sweep_name=term", *SMALL], tmp_path, timeout=120)
     assert proc.returncode != 0

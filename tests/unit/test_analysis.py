@@ -99,6 +99,12 @@ def test_advice_rules_quote_their_numbers() -> None:
     assert "1.43x" in rules["TTFT regression"].evidence
     assert "6.5 req/s" in rules["throughput lost at high load"].advice
     assert "1.60x" in rules["high memory with a separate draft"].evidence
+    loaded = pd.DataFrame([
+        {"engine": "vllm", "method": "ngram", "k": 3, "request_rate": r, "output_throughput_ratio": t,
+         "spec_decode_acceptance_rate": 70.0, "speedup_median_ttft": 1.0} for r, t in ((1.0, 1.1), (16.0, 0.88))
+    ])  # fmt: skip
+    lost = [a for a in advisor.advise(loaded, [], {}) if a.rule == "throughput lost at high load"]
+    assert lost and "16 req/s and above" in lost[0].advice and "0.88x" in lost[0].evidence
 
 
 def test_k_schedule_picks_the_best_helping_k_per_load_band() -> None:
