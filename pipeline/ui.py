@@ -18,6 +18,7 @@ import httpx
 
 from pipeline.config import TrackingConfig
 from pipeline.engines.base import free_port
+from pipeline.signals import exit_on_sigterm
 
 READY_TIMEOUT_S = 60.0
 
@@ -78,6 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=0, help="port (default: a free one)")
     parser.add_argument("--project", type=Path, default=Path.cwd(), help="folder holding mlruns/ (default: here)")
     args = parser.parse_args(argv)
+    exit_on_sigterm()  # so that `finally` stops the UI's own process group too
     proc, base_url, uri = start(args.project.resolve(), args.host, args.port or free_port(args.host))
     try:
         print(f"MLflow UI: {runs_table_url(base_url, _experiment_id(uri, args.experiment))}", flush=True)

@@ -147,11 +147,13 @@ def test_mlflow_ui_shows_the_child_runs_in_a_browser(
         assert {"baseline-r2", "baseline-r4", "ngram-k3-r2", "ngram-k3-r4", "ngram-k5-r2", "ngram-k5-r4"} <= names
         assert (tmp_path / "mlflow-runs.png").stat().st_size > 10_000
     finally:
-        import os
         import signal
 
-        os.killpg(ui.pid, signal.SIGTERM)
+        ui.send_signal(signal.SIGTERM)
         ui.wait(timeout=30)
+    # pipeline.ui stops the MLflow server it started (its own process group), not only itself.
+    left = subprocess.run(["pgrep", "-f", f"{project}/mlruns"], capture_output=True, text=True).stdout.split()
+    assert not left, f"MLflow UI processes outlived pipeline.ui: {left}"
 
 
 def test_report_first_screen_answers_with_the_verdict_table(
