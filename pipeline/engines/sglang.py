@@ -38,8 +38,10 @@ NGRAM_OPTIONS = {
     "branch_length": "--speculative-ngram-branch-length",
     "capacity": "--speculative-ngram-capacity",
 }
-# The flags this adapter emits, as SGLang 0.5.23 has them (DESIGN.md's verified list, and
-# docs/advanced_features/speculative_decoding.md and server_arguments.md of that release).
+# The flags this adapter emits, recorded for SGLang 0.5.23: the speculative flags and
+# --enable-metrics from DESIGN.md's list for that version; the names of the individual
+# --speculative-ngram-* flags and of the base flags from SGLang's documentation
+# (docs/advanced_features/speculative_decoding.md, server_arguments.md), not from 0.5.23's --help.
 RECORDED_VERSION = Version("0.5.23")
 RECORDED_FLAGS = frozenset(
     {
