@@ -22,14 +22,12 @@ from pipeline.engines.vllm import EngineNotInstalled
 from pipeline.group import GroupOutcome, GroupTask, PointOutcome, run_group
 from pipeline.job import Target, resolve_target, server_spec
 from pipeline.models import ModelError
-from pipeline.plan import ServerLine, SweepPlan, describe, estimate_s, plan_sweep
+from pipeline.plan import SWEEP_LEVEL, ServerLine, SweepPlan, describe, estimate_s, plan_sweep
 from pipeline.redact import redact_args, redact_mapping
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILED_POINT = 3
 EXIT_INTERRUPTED = 130
-# Settings of the whole sweep; a grid that varies them is refused.
-SWEEP_LEVEL = ("tracking", "sweep_name", "dry_run", "force", "ray", "repeats", "lossless")
 
 
 class LaunchError(RuntimeError):
@@ -132,9 +130,8 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
         tracker.end_run(parent, error=f"{type(exc).__name__}: {exc}")
         raise
 
-    by_hash: dict[str, PointOutcome] = {
-        h: PointOutcome(h, f.run_id, f.metrics, resumed=True) for h, f in done.items() if h in {p.hash for p in plan.points}
-    }
+    in_plan = {p.hash for p in plan.points}
+    by_hash = {h: PointOutcome(h, f.run_id, f.metrics, resumed=True) for h, f in done.items() if h in in_plan}
     for outcome in outcomes:
         by_hash.update({p.hash: p for p in outcome.points})
     ratios = summary.comparisons(plan, by_hash)
@@ -155,7 +152,7 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
             "server_starts": sum(o.started for o in outcomes),
             "points": len(plan.points),
             "points_measured": sum(len(o.points) for o in outcomes),
-            "points_resumed": len(plan.points) - len(todo.points),
+            "points_resumed": skipped,
             "points_failed": failed,
             "lossless_probe_s": sum(o.probe_s for o in outcomes),
             "sweep_wall_s": time.monotonic() - started,

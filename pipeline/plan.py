@@ -18,8 +18,10 @@ from dataclasses import dataclass
 from pipeline.config import ConfigError, JobConfig
 from pipeline.loadgen import schedule
 
-# Keys that say how or where a sweep runs, not what it measures.
-_VOLATILE = ("output_dir", "tracking", "sweep_name", "dry_run", "force", "ray", "repeats", "lossless")
+# Settings of the whole sweep: a grid may not vary them, and no point's identity includes them.
+SWEEP_LEVEL = ("tracking", "sweep_name", "dry_run", "force", "ray", "repeats", "lossless")
+# Keys that say how or where a sweep runs, not what it measures (Hydra gives each job its own output_dir).
+_VOLATILE = ("output_dir", *SWEEP_LEVEL)
 # What a server's command line is made of; everything else (load, workload, SLOs) is per point.
 # (repeat is not among them: repeats share a server and vary only the prompts and arrivals.)
 _SERVER_KEYS = ("engine", "model", "spec", "seed")

@@ -61,17 +61,14 @@ def analyse(title: str, frame: pd.DataFrame, probes: list[dict], length_tests: l
     crossings = verdicts.crossovers(points)
     fits, skipped = model.fit(points)
     gaps += [f"model: {s}" for s in skipped]
-    base = frame[(frame["role"] == "baseline") & frame["status"].isin(["finished", "resumed"])]
+    base = verdicts.measured(frame, "baseline")
     vllm_base = base[base["engine"] == "vllm"]
     e2el = {float(r): float(g["median_e2el_ms"].median()) / 1000 for r, g in vllm_base.groupby("request_rate")}
-    schedules = []
-    vllm_points = points[points["engine"] == "vllm"] if not points.empty else points
-    for method in sorted(vllm_points["method"].unique()) if not vllm_points.empty else []:
-        if schedule := advisor.k_schedule(vllm_points, e2el, method):
-            schedules.append(schedule)
+    vllm_points = points[points["engine"] == "vllm"]
+    schedules = [s for m in sorted(vllm_points["method"].unique()) if (s := advisor.k_schedule(vllm_points, e2el, m))]
     if not schedules:
         gaps.append("k schedule: needs vLLM speculative points and baseline latencies")
-    if not points.empty and (points["engine"] == "sglang").any():
+    if (points["engine"] == "sglang").any():
         gaps.append("k schedule for SGLang: its adaptive-speculation tiers are not emitted (format not verified here)")
     memory = _memory_ratios(frame)
     advice = advisor.advise(points, crossings, memory)

@@ -12,12 +12,6 @@ from pipeline.group import PointOutcome
 from pipeline.metrics import Comparison, compare
 from pipeline.plan import SweepPlan
 
-# The columns worth a glance, in order; summary.csv carries every metric.
-KEY_METRICS = (
-    "completed", "failed", "median_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_e2el_ms",
-    "output_throughput", "spec_decode_acceptance_rate", "spec_decode_acceptance_length",
-)  # fmt: skip
-
 
 def comparisons(plan: SweepPlan, outcomes: Mapping[str, PointOutcome]) -> dict[str, Comparison]:
     """Speculative point hash -> its ratios against its baseline, where both were measured."""

@@ -11,6 +11,8 @@ matplotlib.use("Agg")  # no display: files only
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from pipeline.analysis.verdicts import measured  # noqa: E402
+
 
 def _png(fig: plt.Figure) -> bytes:
     buffer = io.BytesIO()
@@ -18,6 +20,16 @@ def _png(fig: plt.Figure) -> bytes:
     fig.savefig(buffer, format="png", dpi=110)
     plt.close(fig)
     return buffer.getvalue()
+
+
+def _chart(fig: plt.Figure, ax: plt.Axes, xlabel: str, ylabel: str, title: str) -> bytes:
+    """Label, legend and grid a line chart, then render it."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return _png(fig)
 
 
 def pareto_mask(x: list[float], y: list[float]) -> list[bool]:
@@ -28,18 +40,14 @@ def pareto_mask(x: list[float], y: list[float]) -> list[bool]:
     ]
 
 
-def _finished(frame: pd.DataFrame) -> pd.DataFrame:
-    return frame[frame["status"].isin(["finished", "resumed"])]
-
-
 def _curves(frame: pd.DataFrame):  # type: ignore[no-untyped-def]
-    for (engine, role, method, k), group in _finished(frame).groupby(["engine", "role", "method", "k"], sort=True):
+    for (engine, role, method, k), group in measured(frame).groupby(["engine", "role", "method", "k"], sort=True):
         label = f"{engine} baseline" if role == "baseline" else f"{engine} {method} k={k}"
         yield label, role, group.groupby("request_rate", sort=True).median(numeric_only=True).reset_index()
 
 
 def throughput_vs_tpot(frame: pd.DataFrame, tpot: str = "median_tpot_ms") -> bytes | None:
-    data = _finished(frame).dropna(subset=[tpot, "output_throughput"]) if tpot in frame else frame.iloc[0:0]
+    data = measured(frame).dropna(subset=[tpot, "output_throughput"]) if tpot in frame else frame.iloc[0:0]
     if data.empty:
         return None
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -52,28 +60,19 @@ def throughput_vs_tpot(frame: pd.DataFrame, tpot: str = "median_tpot_ms") -> byt
     xs, ys = list(data[tpot]), list(data["output_throughput"])
     front = sorted((x, y) for x, y, m in zip(xs, ys, pareto_mask(xs, ys), strict=True) if m)
     ax.step([p[0] for p in front], [p[1] for p in front], where="post", color="red", alpha=0.4, label="Pareto frontier")
-    ax.set_xlabel(f"{tpot.replace('_', ' ')} (lower is better)")
-    ax.set_ylabel("output throughput, tok/s (higher is better)")
-    ax.set_title("Throughput against per-token latency, across request rates")
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    return _png(fig)
+    return _chart(fig, ax, f"{tpot.replace('_', ' ')} (lower is better)",
+                  "output throughput, tok/s (higher is better)", "Throughput against per-token latency, across request rates")  # fmt: skip
 
 
 def ttft_vs_rate(frame: pd.DataFrame) -> bytes | None:
-    data = _finished(frame).dropna(subset=["median_ttft_ms"]) if "median_ttft_ms" in frame else frame.iloc[0:0]
+    data = measured(frame).dropna(subset=["median_ttft_ms"]) if "median_ttft_ms" in frame else frame.iloc[0:0]
     if data.empty:
         return None
     fig, ax = plt.subplots(figsize=(7, 4))
     for label, role, curve in _curves(data):
         ax.plot(curve["request_rate"], curve["median_ttft_ms"], marker="o", label=label,
                 **({"color": "black", "linestyle": "--"} if role == "baseline" else {}))  # fmt: skip
-    ax.set_xlabel("request rate (req/s)")
-    ax.set_ylabel("median TTFT (ms)")
-    ax.set_title("Time to first token against load")
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    return _png(fig)
+    return _chart(fig, ax, "request rate (req/s)", "median TTFT (ms)", "Time to first token against load")
 
 
 def acceptance_vs_k(points: pd.DataFrame) -> bytes | None:
@@ -83,12 +82,7 @@ def acceptance_vs_k(points: pd.DataFrame) -> bytes | None:
     for (engine, method, rate), group in points.groupby(["engine", "method", "request_rate"], sort=True):
         group = group.sort_values("k")
         ax.plot(group["k"], group["acceptance_length"], marker="o", label=f"{engine} {method} @ {rate:g}/s")
-    ax.set_xlabel("k (draft tokens per step)")
-    ax.set_ylabel("acceptance length L (tokens per step)")
-    ax.set_title("Acceptance against k")
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    return _png(fig)
+    return _chart(fig, ax, "k (draft tokens per step)", "acceptance length L (tokens per step)", "Acceptance against k")
 
 
 def speedup_heatmap(points: pd.DataFrame) -> bytes | None:

@@ -17,7 +17,7 @@ import pandas as pd
 from pipeline.analysis.advisor import Advice
 from pipeline.analysis.model import Fit
 from pipeline.analysis.quality import Lossless
-from pipeline.analysis.verdicts import Crossover
+from pipeline.analysis.verdicts import Crossover, measured
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ def look_table(data: ReportData) -> list[list[str]]:
     frame, points = data.frame, data.points
     if points.empty:
         return rows
-    base = frame[(frame["role"] == "baseline") & frame["status"].isin(["finished", "resumed"])]
+    base = measured(frame, "baseline")
     for (engine, method, k), group in points.groupby(["engine", "method", "k"], sort=True):
         config = f"{engine} {method} k={k}"
         rates = sorted(group["request_rate"])

@@ -48,30 +48,34 @@ def verdict(speedups: Sequence[float]) -> Verdict:
     return Verdict(label, median, low, high, len(values), basis)
 
 
-def speculative_rows(frame: pd.DataFrame) -> pd.DataFrame:
-    ok = frame[(frame["role"] == "speculative") & (frame["status"].isin(["finished", "resumed"]))]
-    return ok
+MEDIANS = (
+    "speedup_p99_tpot", "speedup_median_ttft", "output_throughput_ratio", "spec_decode_acceptance_rate",
+    "acceptance_length", "acceptance_alpha", "median_tpot_ms", "output_throughput", "median_ttft_ms",
+)  # fmt: skip
+POINT_COLUMNS = (*CONFIG, "request_rate", "speedup_median_tpot", "low", "high", "runs", "verdict", "basis", *MEDIANS)
+
+
+def measured(frame: pd.DataFrame, role: str | None = None) -> pd.DataFrame:
+    """The points that have measurements: finished now, or resumed from an earlier run."""
+    keep = frame["status"].isin(["finished", "resumed"])
+    return frame[keep & (frame["role"] == role)] if role else frame[keep]
 
 
 def point_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per (engine, method, k, rate): the verdict over repeats and the key ratios."""
+    """One row per (engine, method, k, rate): the verdict over repeats and the key ratios.
+    Always has :data:`POINT_COLUMNS`, so an empty table can be filtered like a full one."""
     rows = []
-    spec = speculative_rows(frame)
-    for key, group in spec.groupby([*CONFIG, "request_rate"], sort=True):
+    for key, group in measured(frame, "speculative").groupby([*CONFIG, "request_rate"], sort=True):
         engine, method, k, rate = key
         v = verdict(list(group.get("speedup_median_tpot", pd.Series(dtype=float))))
         rows.append(
             {
                 "engine": engine, "method": method, "k": int(k), "request_rate": float(rate),
                 "speedup_median_tpot": v.median, "low": v.low, "high": v.high, "runs": v.runs,
-                "verdict": v.label, "basis": v.basis,
-                **{col: _median(group, col) for col in (
-                    "speedup_p99_tpot", "speedup_median_ttft", "output_throughput_ratio",
-                    "spec_decode_acceptance_rate", "acceptance_length", "acceptance_alpha",
-                    "median_tpot_ms", "output_throughput", "median_ttft_ms")},
+                "verdict": v.label, "basis": v.basis, **{col: _median(group, col) for col in MEDIANS},
             }
         )  # fmt: skip
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=list(POINT_COLUMNS))
 
 
 def _median(group: pd.DataFrame, column: str) -> float | None:
