@@ -100,7 +100,7 @@ def main() -> int:
     write_prompts(prompts, args.prompts, args.output_tokens, args.seed, tokenizer)
     shim = metadata_shim(work / "shim", str(install.version))
 
-    engine = EngineConfig(prefix_caching=False)
+    engine = EngineConfig(prefix_cache="off")
     spec = SpecConfig(method="ngram", k=3, options={"prompt_lookup_max": 4, "prompt_lookup_min": 2})
     port = free_port()
     launch = vllm.build_launch(

@@ -40,7 +40,9 @@ class MetricsFormatError(ValueError):
 
 @dataclass(frozen=True)
 class Scrape:
-    """Sample values of one scrape, summed over every label but ``position``."""
+    """Sample values of one scrape. Counters are summed over every label but ``position``
+    (a window's totals over engines and models); gauges are averaged over their label sets,
+    since two engines' acceptance rates added make no rate."""
 
     values: dict[str, float] = field(default_factory=dict)
     per_position: dict[str, dict[int, float]] = field(default_factory=dict)
@@ -51,7 +53,9 @@ class Scrape:
 
 def parse_scrape(text: str) -> Scrape:
     """Parse Prometheus exposition text with prometheus_client's own parser."""
-    values: dict[str, float] = defaultdict(float)
+    totals: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    gauges: set[str] = set()
     per_position: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
     try:
         families = list(text_string_to_metric_families(text))
@@ -59,11 +63,14 @@ def parse_scrape(text: str) -> Scrape:
         raise MetricsFormatError(f"/metrics is not Prometheus text: {exc}") from exc
     for family in families:
         for sample in family.samples:
-            # Sum over engines and models: a window's totals are what a job reports.
-            values[sample.name] += sample.value
+            totals[sample.name] += sample.value
+            counts[sample.name] += 1
+            if family.type == "gauge":
+                gauges.add(sample.name)
             if "position" in sample.labels:
                 per_position[sample.name][int(sample.labels["position"])] += sample.value
-    return Scrape(values=dict(values), per_position={k: dict(v) for k, v in per_position.items()})
+    values = {name: total / counts[name] if name in gauges else total for name, total in totals.items()}
+    return Scrape(values=values, per_position={k: dict(v) for k, v in per_position.items()})
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,14 @@ class Acceptance:
     acceptance_length: float | None = None
     per_position: tuple[float, ...] = ()
     efficiency: float | None = None  # V0 only
+    note: str | None = None  # why no figures were computed, where the server exposes them
+
+    @property
+    def effective_k(self) -> float | None:
+        """Draft tokens per draft: below k where ngram or suffix drafts come up short."""
+        if self.num_drafts and self.num_draft_tokens is not None:
+            return self.num_draft_tokens / self.num_drafts
+        return None
 
     def as_metrics(self) -> dict[str, float]:
         """Names and units of ``vllm bench serve``'s result JSON (the rate in percent)."""
@@ -97,6 +112,9 @@ class Acceptance:
         return out
 
 
+RESTARTED = "acceptance not computed: the server restarted during the window ({name} went backwards)"
+
+
 def _delta(before: Scrape, after: Scrape, name: str) -> float | None:
     a = after.get(name)
     if a is None:
@@ -104,9 +122,23 @@ def _delta(before: Scrape, after: Scrape, name: str) -> float | None:
     return a - (before.get(name) or 0.0)
 
 
+def _went_backwards(before: Scrape, after: Scrape, names: Sequence[str]) -> str | None:
+    """The first counter that decreased: a restarted server counts from zero again."""
+    for name in names:
+        if (after.get(name) or 0.0) < (before.get(name) or 0.0):
+            return name
+        for position, value in before.per_position.get(name, {}).items():
+            if after.per_position.get(name, {}).get(position, 0.0) < value:
+                return f"{name}{{position={position}}}"
+    return None
+
+
 def acceptance_between(before: Scrape, after: Scrape) -> Acceptance:
     drafts = _delta(before, after, V1_DRAFTS)
     if drafts is not None:
+        backwards = _went_backwards(before, after, (V1_DRAFTS, V1_DRAFT_TOKENS, V1_ACCEPTED, V1_PER_POS))
+        if backwards:
+            return Acceptance(source="vllm-v1-counters", note=RESTARTED.format(name=backwards))
         draft_tokens = _delta(before, after, V1_DRAFT_TOKENS)
         accepted = _delta(before, after, V1_ACCEPTED)
         per_pos_after = after.per_position.get(V1_PER_POS, {})
@@ -127,6 +159,9 @@ def acceptance_between(before: Scrape, after: Scrape) -> Acceptance:
         )
     rate = after.get(V0_RATE)
     if rate is not None:
+        backwards = _went_backwards(before, after, (V0_ACCEPTED, V0_DRAFT_TOKENS, V0_EMITTED))
+        if backwards:
+            return Acceptance(source="vllm-v0-gauges", note=RESTARTED.format(name=backwards))
         return Acceptance(
             source="vllm-v0-gauges",
             num_draft_tokens=_delta(before, after, V0_DRAFT_TOKENS),
@@ -154,6 +189,8 @@ class PrefixCacheWindow:
 
 
 def prefix_cache_between(before: Scrape, after: Scrape) -> PrefixCacheWindow:
+    if _went_backwards(before, after, (PREFIX_QUERIES, PREFIX_HITS)):
+        return PrefixCacheWindow(queries=None, hits=None)  # a restart: no figure beats a wrong one
     return PrefixCacheWindow(queries=_delta(before, after, PREFIX_QUERIES), hits=_delta(before, after, PREFIX_HITS))
 
 
@@ -167,13 +204,17 @@ SGLANG_ACCEPT_RATE = "sglang:spec_accept_rate"
 class SglangAcceptance:
     """SGLang's acceptance, each figure labelled for what it covers.
 
-    Only the per-request figure covers exactly the window: completion tokens divided by
-    ``meta_info.spec_verify_ct`` (verification steps), summed over the window's requests.
-    The ``sglang:spec_accept_*`` gauges hold recent values, and ``/get_server_info``'s
-    ``avg_spec_accept_length`` is cumulative since the server started (warm-ups included).
+    Only the per-request figures cover exactly the window, from ``meta_info.spec_verify_ct``
+    (verification steps), summed over the window's requests. A request's first token comes
+    from prefill, not from a verification step, so the length comparable with vLLM's
+    (tokens per verification step) is (completion tokens - requests) / verify steps. SGLang's
+    own bench divides all completion tokens by the steps; that figure is kept under its
+    own name. The ``sglang:spec_accept_*`` gauges hold recent values, and
+    ``/get_server_info``'s ``avg_spec_accept_length`` is cumulative since the server started.
     """
 
-    window_length: float | None = None  # completion tokens / verify steps, over the window
+    window_length: float | None = None  # (completion tokens - requests) / verify steps
+    bench_length: float | None = None  # completion tokens / verify steps, as SGLang's bench
     verify_steps: float | None = None
     completion_tokens: float | None = None
     requests_counted: int = 0
@@ -184,6 +225,7 @@ class SglangAcceptance:
     def as_metrics(self) -> dict[str, float]:
         pairs = (
             ("sglang_window_accept_length", self.window_length),
+            ("sglang_bench_accept_length", self.bench_length),
             ("sglang_spec_verify_steps", self.verify_steps),
             ("sglang_spec_accept_length_gauge", self.gauge_length),
             ("sglang_spec_accept_rate_gauge", None if self.gauge_rate is None else 100.0 * self.gauge_rate),
@@ -208,7 +250,8 @@ def sglang_acceptance(
     steps = float(sum(r.spec_verify_ct or 0 for r in counted))
     tokens = float(sum(r.output_tokens or 0 for r in counted))
     return SglangAcceptance(
-        window_length=tokens / steps if steps else None,
+        window_length=(tokens - len(counted)) / steps if steps else None,
+        bench_length=tokens / steps if steps else None,
         verify_steps=steps if counted else None,
         completion_tokens=tokens if counted else None,
         requests_counted=len(counted),
@@ -218,14 +261,19 @@ def sglang_acceptance(
     )
 
 
-def expected_length(alpha: float, k: int) -> float:
-    """L = (1 - alpha^(k+1)) / (1 - alpha): tokens per step with k drafts accepted i.i.d."""
-    return sum(alpha**i for i in range(k + 1))  # the geometric sum, stable as alpha -> 1
+def expected_length(alpha: float, k: float) -> float:
+    """L = (1 - alpha^(k+1)) / (1 - alpha): tokens per step with k drafts accepted i.i.d.
+
+    ``k`` may be fractional: the mean draft length where drafts come up short."""
+    if alpha >= 1.0 - 1e-12:
+        return k + 1.0  # the limit; the closed form loses all precision here
+    return (1.0 - alpha ** (k + 1.0)) / (1.0 - alpha)
 
 
-def alpha_from_length(length: float, k: int) -> float | None:
-    """Invert :func:`expected_length` for alpha in [0, 1] (it increases in alpha)."""
-    if k < 1 or not 1.0 <= length <= k + 1:
+def alpha_from_length(length: float, k: float) -> float | None:
+    """Invert :func:`expected_length` for alpha in [0, 1] (it increases in alpha).
+    None where L is not in [1, k+1]; :func:`normalized` clamps noise above k+1."""
+    if k <= 0 or not 1.0 <= length <= k + 1:
         return None
     if length == k + 1:
         return 1.0
@@ -239,9 +287,17 @@ def alpha_from_length(length: float, k: int) -> float | None:
     return (low + high) / 2
 
 
-def normalized(length: float | None, k: int) -> dict[str, float]:
-    """The cross-engine figures: L (bonus token included) and the alpha it implies at k."""
+def normalized(length: float | None, k: float) -> dict[str, float]:
+    """The cross-engine figures: L (bonus token included) and the alpha it implies.
+
+    ``k`` is the effective draft length (draft tokens per draft) where the engine reports
+    it, else the configured k. An L above k+1 can only be noise or rounding: alpha is then
+    clamped to 1 and ``acceptance_alpha_clamped`` says so, rather than the figure vanishing.
+    """
     if length is None:
         return {}
+    out = {"acceptance_length": length, "acceptance_k_effective": float(k)}
+    if length > k + 1:
+        return out | {"acceptance_alpha": 1.0, "acceptance_alpha_clamped": 1.0}
     alpha = alpha_from_length(length, k)
-    return {"acceptance_length": length} | ({"acceptance_alpha": alpha} if alpha is not None else {})
+    return out | ({"acceptance_alpha": alpha} if alpha is not None else {})

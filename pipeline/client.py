@@ -58,6 +58,8 @@ class RequestRecord:
 
     @property
     def itl_s(self) -> tuple[float, ...]:
+        # Per chunk, as vLLM's bench: under speculation one chunk may carry several tokens.
+        # SGLang's bench instead spreads such a gap evenly over the chunk's tokens.
         return tuple(b - a for a, b in itertools.pairwise(self.chunk_s))
 
     @property
@@ -122,7 +124,12 @@ def request_body(req: Request, opts: ClientOptions) -> tuple[str, dict[str, Any]
 
 
 class _Delta(msgspec.Struct):
+    role: str | None = None
     content: str | None = None
+    # A reasoning parser streams thinking here (vLLM: reasoning_content, later reasoning).
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[Any] | None = None
 
 
 class _Choice(msgspec.Struct):
@@ -188,14 +195,25 @@ class _Stream:
         chunk = _decode_chunk(payload)
         if chunk.error is not None:
             raise _HTTPStatus(f"server error in stream: {chunk.error}")
-        text, reason = _chunk_text(chunk, self.endpoint)
-        if text:
-            self.pieces.append(text)
-        self.finish = reason or self.finish
         if chunk.usage is not None:
             self.has_usage = True
             self.prompt_tokens, self.output_tokens = chunk.usage.prompt_tokens, chunk.usage.completion_tokens
-        return bool(text)
+        if not chunk.choices:
+            return False  # the usage trailer carries no token
+        choice = chunk.choices[0]
+        self.finish = choice.finish_reason or self.finish
+        if self.endpoint != "chat":
+            # As in vLLM's bench: any chunk with a choice is a token event; its text may be
+            # empty (a special token), and the finish chunk marks the last decode step.
+            self.pieces.append(choice.text or "")
+            return True
+        delta = choice.delta or _Delta()
+        self.pieces.append(delta.content or "")
+        # vLLM's bench counts every chunk with a choice. One exception, on purpose: a chunk
+        # that carries only the role is no token (vLLM sends it with the first token, but a
+        # server that sends it before prefill would make TTFT meaningless).
+        role_only = not (delta.content or delta.reasoning_content or delta.reasoning or delta.tool_calls)
+        return not (role_only and delta.role is not None and choice.finish_reason is None)
 
     def _feed_generate(self, chunk: _GenerateChunk) -> bool:
         if chunk.error is not None:
@@ -215,18 +233,6 @@ class _Stream:
         if isinstance(meta.finish_reason, dict):
             self.finish = str(meta.finish_reason.get("type"))
         return grew
-
-
-def _chunk_text(chunk: _Chunk, endpoint: str) -> tuple[str, str | None]:
-    if not chunk.choices:
-        return "", None
-    choice = chunk.choices[0]
-    # Chat's first chunk carries only the role; it is no token and does not end TTFT.
-    if endpoint == "chat":
-        text = (choice.delta.content if choice.delta else None) or ""
-    else:
-        text = choice.text or ""
-    return text, choice.finish_reason
 
 
 async def send(
@@ -264,6 +270,9 @@ async def send(
             error = "stream ended before [DONE]"
         elif not stream.has_usage:
             error = "no usage in the stream; the server ignored stream_options.include_usage"
+        elif not chunks:
+            # vLLM's bench marks such a request failed: it has no TTFT to report.
+            error = "the stream carried no token"
     except TimeoutError:
         error = f"timed out after {opts.timeout_s:g} s (load.request_timeout_s)"
     except _HTTPStatus as exc:

@@ -19,6 +19,9 @@ DEVICES = ("auto", "cpu", "gpu")
 ENDPOINTS = ("chat", "completions", "generate")  # generate: SGLang's native streaming endpoint
 ENGINES = ("vllm", "sglang")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
+PREFIX_CACHE_POLICIES = ("cold", "warm", "off")
+# Flags that turn prefix caching off behind engine.prefix_cache's back.
+NO_PREFIX_CACHE_FLAGS = {"vllm": "--no-enable-prefix-caching", "sglang": "--disable-radix-cache"}
 
 
 class ConfigError(ValueError):
@@ -35,9 +38,11 @@ class EngineConfig:
     # None: eager on CPU, where compiling costs ~100 s of start-up; compiled on GPU.
     enforce_eager: bool | None = None
     tensor_parallel_size: int = 1
-    # Both servers of a comparison must start each window from the same cache state.
-    prefix_caching: bool = True
-    reset_prefix_cache: bool = True
+    # The prefix-cache state every measured window starts from, the same on both servers:
+    # cold empties the cache before the window; warm empties it, then sends the window's
+    # prompts once, unmeasured (what a user sees re-running a benchmark on a warm server);
+    # off runs the server without prefix caching.
+    prefix_cache: str = "cold"
     startup_timeout_s: float = 600.0
     cpu_kvcache_gib: int = 2
     # Interpreter of the environment the engine is installed in (default: this one).
@@ -229,6 +234,13 @@ def validate(job: JobConfig) -> None:
     _choice("engine.device", engine.device, DEVICES)
     _choice("engine.dtype", engine.dtype, DTYPES)
     _choice("workload.endpoint", workload.endpoint, ENDPOINTS)
+    _choice("engine.prefix_cache", engine.prefix_cache, PREFIX_CACHE_POLICIES)
+    no_cache_flag = NO_PREFIX_CACHE_FLAGS.get(engine.name)
+    if engine.prefix_cache != "off" and no_cache_flag in engine.extra_args:
+        raise ConfigError(
+            f"engine.prefix_cache={engine.prefix_cache} needs prefix caching, but engine.extra_args turns it "
+            f"off ({no_cache_flag}); remove the flag and set engine.prefix_cache=off"
+        )
     if workload.endpoint == "generate" and engine.name != "sglang":
         raise ConfigError("workload.endpoint=generate is SGLang's native API; with engine=vllm use chat or completions")
     if spec.method != "none" and spec.k < 1:
@@ -257,10 +269,12 @@ def validate(job: JobConfig) -> None:
         raise ConfigError(f"load.max_concurrency={load.max_concurrency} must be >= 1 or null")
     if load.client_workers < 1:
         raise ConfigError(f"load.client_workers={load.client_workers} must be >= 1")
-    if load.max_concurrency is not None and load.max_concurrency < load.client_workers:
+    if load.max_concurrency is not None and load.client_workers > 1:
+        # Split into per-worker caps, one worker's free slot could not take another's
+        # queued request: the cap would not be vLLM's one global --max-concurrency.
         raise ConfigError(
-            f"load.max_concurrency={load.max_concurrency} is below load.client_workers={load.client_workers}: "
-            f"every worker needs at least one slot"
+            f"load.max_concurrency={load.max_concurrency} with load.client_workers={load.client_workers}: a "
+            f"concurrency cap needs one client process; set load.client_workers=1 (a capped load rarely needs more)"
         )
     if load.warmup_requests < 0:
         raise ConfigError(f"load.warmup_requests={load.warmup_requests} must be >= 0")

@@ -105,11 +105,12 @@ def _metrics(measurement: Measurement, k: int, startup_s: float | None) -> dict[
     # verify counts) and the alpha it implies at k. Each engine's native rate keeps its own name.
     sglang = measurement.sglang
     length = sglang.window_length if sglang else measurement.acceptance.acceptance_length
+    k_eff = measurement.acceptance.effective_k or k
     return {
         **measurement.summary,
         **measurement.acceptance.as_metrics(),
         **(sglang.as_metrics() if sglang else {}),
-        **normalized(length, k),
+        **normalized(length, k_eff),
         **measurement.prefix_cache.as_metrics(),
         **({"server_startup_s": startup_s} if startup_s is not None else {}),
     }
@@ -221,7 +222,12 @@ def _measure_point(
     tracker.log_json(run_id, metrics, "summary.json")
     tracker.log_file(run_id, point_dir / "requests.csv")
     source = "sglang-per-request" if measurement.sglang and measurement.sglang.window_length else None
-    tracker.set_tags(run_id, {"acceptance.source": source or measurement.acceptance.source})
+    tags = {"acceptance.source": source or measurement.acceptance.source}
+    if measurement.acceptance.note:
+        print(f"[{point.label}] {measurement.acceptance.note}")
+        tags["acceptance.note"] = measurement.acceptance.note
+    tags["prefix_cache.policy"] = point.job.engine.prefix_cache
+    tracker.set_tags(run_id, tags)
     return PointOutcome(point.hash, run_id, metrics)
 
 

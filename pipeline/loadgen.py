@@ -3,7 +3,8 @@
 A request is sent at its scheduled time whether or not earlier ones have finished, so a
 slow server queues work instead of slowing the client down. ``max_concurrency`` caps the
 requests in flight (closed loop when the rate is infinite), and where one process cannot
-keep up, ``workers`` processes share the schedule and one monotonic clock.
+keep up, ``workers`` processes share the schedule and one monotonic clock (uncapped only:
+a cap split between processes would not be one global cap).
 """
 
 from __future__ import annotations
@@ -135,7 +136,6 @@ def _worker(
     requests: Sequence[Request],
     offsets: Sequence[float],
     opts: ClientOptions,
-    max_concurrency: int | None,
     ready: mp.Queue,
     go: mp.Queue,
     out: mp.Queue,
@@ -147,13 +147,9 @@ def _worker(
         return float(go.get())
 
     try:
-        _event_loop_run(_run(requests, offsets, opts, out.put, start_at=start_at, max_concurrency=max_concurrency))
+        _event_loop_run(_run(requests, offsets, opts, out.put, start_at=start_at))
     finally:
         out.put(None)
-
-
-def _share(total: int | None, workers: int, i: int) -> int | None:
-    return None if total is None else total // workers + (1 if i < total % workers else 0)
 
 
 def _await_ready(ready: mp.Queue, procs: Sequence[mp.process.BaseProcess]) -> None:
@@ -180,12 +176,15 @@ def run_window(
     """Run one measured window to completion; every request ends within its timeout."""
     if workers <= 1:
         return _event_loop_run(_run(requests, offsets, opts, on_done, max_concurrency=max_concurrency))
+    if max_concurrency is not None:
+        # Per-worker caps are not one global cap (config validation says so to users).
+        raise ValueError("max_concurrency needs a single client worker")
     ctx = mp.get_context("spawn")  # no fork: the parent holds threads (MLflow, progress)
     ready, go, out = ctx.Queue(), ctx.Queue(), ctx.Queue()
     procs = [
         ctx.Process(
             target=_worker,
-            args=(requests[i::workers], offsets[i::workers], opts, _share(max_concurrency, workers, i), ready, go, out),
+            args=(requests[i::workers], offsets[i::workers], opts, ready, go, out),
             daemon=True,
         )
         for i in range(workers)

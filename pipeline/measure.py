@@ -1,14 +1,15 @@
-"""One measured window against a running server: reset, warm up, scrape, load, scrape.
+"""One measured window against a running server: warm up, set the cache, scrape, load, scrape.
 
-Every window starts from the same prefix-cache state (reset after the warm-up), so a
-baseline and a speculative server, or two rates on one server, see the same cache.
+Every window starts from the prefix-cache state that ``engine.prefix_cache`` names, so a
+baseline and a speculative server, or two rates on one server, see the same cache: emptied
+(cold), emptied and then filled with the window's own prompts (warm), or none (off).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import httpx
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -67,9 +68,17 @@ def reset_prefix_cache(base_url: str, engine: str = "vllm") -> None:
     response = httpx.post(base_url + path, timeout=60.0, trust_env=False)
     if response.status_code != 200:
         hint = "the server needs VLLM_SERVER_DEV_MODE=1" if engine == "vllm" else "the server refused it"
-        raise MeasurementError(
-            f"POST {path} answered {response.status_code}; {hint}, or set engine.reset_prefix_cache=false"
-        )
+        raise MeasurementError(f"POST {path} answered {response.status_code}; {hint}, or set engine.prefix_cache=off")
+
+
+def fill_prefix_cache(requests: Sequence[Request], opts: ClientOptions) -> None:
+    """Send the window's prompts once, unmeasured. One output token each is enough: a
+    later request reuses the cached blocks of its prompt, never of an earlier answer."""
+    primers = [replace(r, max_tokens=1) for r in requests]
+    window = run_window(primers, [0.0] * len(primers), replace(opts, ignore_eos=False))
+    failed = [r for r in window.records if not r.ok]
+    if failed:
+        raise MeasurementError(f"warming the prefix cache failed ({len(failed)} request(s)): {failed[0].error}")
 
 
 def _progress_run(
@@ -114,14 +123,15 @@ def measure(
         ignore_eos=job.workload.ignore_eos,
         timeout_s=job.load.request_timeout_s,
     )
-    reset = job.engine.prefix_caching and job.engine.reset_prefix_cache
     # One at a time: warm-up exercises the code paths, not the scheduler.
     for request in warmup:
         record = run_window([request], [0.0], opts).records[0]
         if not record.ok:
             raise MeasurementError(f"warm-up request failed, so the server cannot be measured: {record.error}")
-    if reset:
+    if job.engine.prefix_cache != "off":
         reset_prefix_cache(base_url, job.engine.name)
+    if job.engine.prefix_cache == "warm":
+        fill_prefix_cache(requests, opts)
     before = scrape(base_url)
     window = _progress_run(label, requests, offsets, opts, job.load)
     after = scrape(base_url)

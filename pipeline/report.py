@@ -20,7 +20,7 @@ import pandas as pd
 
 from pipeline.acceptance import alpha_from_length
 from pipeline.analysis import advisor, model, quality, verdicts
-from pipeline.analysis.report import ReportData, markdown, page
+from pipeline.analysis.report import ReportData, conditions, markdown, page
 from pipeline.config import TrackingConfig
 from pipeline.tracking import SweepReader, TrackingError, resolve_store
 
@@ -75,7 +75,8 @@ def analyse(title: str, frame: pd.DataFrame, probes: list[dict], length_tests: l
     lossless = _lossless(probes)
     if not probes:
         gaps.append("losslessness: no probe outputs in this sweep run (lossless.prompts=0, or all points resumed)")
-    return ReportData(title, frame, points, crossings, fits, advice, schedules, lossless, length_tests, gaps)
+    return ReportData(title, frame, points, crossings, fits, advice, schedules, lossless, length_tests, gaps,
+                      conditions(frame))  # fmt: skip
 
 
 def _memory_ratios(frame: pd.DataFrame) -> dict[str, float]:

@@ -51,6 +51,7 @@ def frame(plan: SweepPlan, outcomes: Mapping[str, PointOutcome], ratios: Mapping
                 "repeat": job.repeat,
                 "dtype": job.engine.dtype,
                 "temperature": job.workload.temperature,
+                "prefix_cache": job.engine.prefix_cache,
                 "baseline_hash": point.baseline_hash or "",
                 "status": status(outcome),
                 "error": (outcome.error or "") if outcome else "",

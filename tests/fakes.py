@@ -24,12 +24,16 @@ class Script:
     metrics_text: str = ""
 
 
-def chat_chunk(content: str | None = None, role: str | None = None, finish: str | None = None) -> str:
+def chat_chunk(
+    content: str | None = None, role: str | None = None, finish: str | None = None, reasoning: str | None = None
+) -> str:
     delta: dict[str, Any] = {}
     if role:
         delta["role"] = role
     if content is not None:
         delta["content"] = content
+    if reasoning is not None:
+        delta["reasoning_content"] = reasoning
     return json.dumps({"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
 
 
@@ -40,7 +44,8 @@ def usage_chunk(prompt: int, completion: int) -> str:
 def chat_script(pieces: list[str], completion_tokens: int, gap_s: float = 0.0, first_s: float = 0.0) -> Script:
     steps = [(first_s, chat_chunk("", role="assistant"))]
     steps += [(gap_s, chat_chunk(p)) for p in pieces]
-    steps += [(0.0, chat_chunk(None, finish="stop")), (0.0, usage_chunk(7, completion_tokens)), (0.0, "[DONE]")]
+    # As vLLM streams a stop on EOS: the finish chunk, empty, one decode step after the last text.
+    steps += [(gap_s, chat_chunk("", finish="stop")), (0.0, usage_chunk(7, completion_tokens)), (0.0, "[DONE]")]
     return Script(steps=steps)
 
 

@@ -32,6 +32,41 @@ class ReportData:
     lossless: list[Lossless]
     length_tests: list[tuple[str, float, float]]  # (server, KS statistic, p-value) at temperature > 0
     not_computed: list[str] = field(default_factory=list)
+    conditions: list[str] = field(default_factory=list)  # how the windows were measured
+
+
+PREFIX_POLICY_TEXT = {
+    "cold": "cold (every window starts from an emptied prefix cache)",
+    "warm": "warm (emptied, then the window's prompts sent once, unmeasured, before it)",
+    "off": "off (the servers ran without prefix caching)",
+}
+SUFFIX_NOTE = (
+    "suffix: the method keeps a global suffix tree that survives prefix-cache resets, so its "
+    "acceptance can drift with the order in which points ran on one server"
+)
+
+SGLANG_ITL_NOTE = (
+    "ITL on SGLang is the gap between streamed chunks, as vLLM's bench counts it; SGLang's own "
+    "bench spreads a multi-token chunk's gap over its tokens, so its ITL reads lower under speculation"
+)
+
+
+def conditions(frame: pd.DataFrame) -> list[str]:
+    """The measurement conditions a reader needs to compare these numbers with another tool's."""
+    out = []
+    if "prefix_cache" in frame:
+        policies = sorted(str(p) for p in frame["prefix_cache"].dropna().unique())
+        out += [f"prefix cache: {PREFIX_POLICY_TEXT.get(p, p)}" for p in policies]
+    if "prefix_cache_hit_rate" in frame:
+        rates = frame.dropna(subset=["prefix_cache_hit_rate"])
+        if not rates.empty:
+            out.append("prefix-cache hit rate per window: " + ", ".join(
+                f"{row.point} {100 * row.prefix_cache_hit_rate:.0f}%" for row in rates.itertuples()))  # fmt: skip
+    if (frame.get("method") == "suffix").any():
+        out.append(SUFFIX_NOTE)
+    if (frame.get("engine") == "sglang").any():
+        out.append(SGLANG_ITL_NOTE)
+    return out
 
 
 def _f(value: object, digits: int = 1, suffix: str = "") -> str:
@@ -106,7 +141,8 @@ def headline(data: ReportData) -> str:
 
 
 def markdown(data: ReportData) -> str:
-    lines = [f"# {data.title}", "", f"**{headline(data)}**", "", "## What to look for", ""]
+    lines = [f"# {data.title}", "", f"**{headline(data)}**", ""]
+    lines += [f"- {c}" for c in data.conditions] + ["", "## What to look for", ""]
     lines += ["| configuration | metric | baseline | speculation | ratio | verdict |", "|---|---|---|---|---|---|"]
     lines += ["| " + " | ".join(row) + " |" for row in look_table(data)]
     lines += ["", "## Where speculation stops paying", ""]
@@ -148,6 +184,7 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 def page(data: ReportData, figures: dict[str, bytes]) -> str:
     parts = [f"<h1>{html.escape(data.title)}</h1>", f'<p class="headline">{html.escape(headline(data))}</p>',
+             "<ul>" + "".join(f"<li>{html.escape(c)}</li>" for c in data.conditions) + "</ul>",
              "<h2>What to look for</h2>",
              _table(["configuration", "metric", "baseline", "speculation", "ratio", "verdict"], look_table(data)),
              "<h2>Where speculation stops paying</h2><ul>"]  # fmt: skip

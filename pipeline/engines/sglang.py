@@ -205,7 +205,7 @@ def build_launch(
     ]  # fmt: skip
     if engine.tensor_parallel_size != 1:
         cmd += ["--tp-size", str(engine.tensor_parallel_size)]
-    if not engine.prefix_caching:
+    if engine.prefix_cache == "off":
         cmd.append("--disable-radix-cache")
     cmd += speculative_args(spec, draft_path)
     missing = sorted({a for a in cmd if a.startswith("--")} - install.flags)

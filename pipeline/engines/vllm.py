@@ -178,7 +178,7 @@ def build_launch(
         cmd += ["--tensor-parallel-size", str(engine.tensor_parallel_size)]
     if eager:
         cmd.append("--enforce-eager")
-    if not engine.prefix_caching:
+    if engine.prefix_cache == "off":
         cmd.append("--no-enable-prefix-caching")
     cmd += speculative_args(spec, draft_path, install.version)
     cmd += list(engine.extra_args)
@@ -188,7 +188,7 @@ def build_launch(
     if not on_gpu:
         env.update(CPU_ENV)
         env["VLLM_CPU_KVCACHE_SPACE"] = str(engine.cpu_kvcache_gib)
-    if engine.prefix_caching and engine.reset_prefix_cache:
+    if engine.prefix_cache != "off":
         # /reset_prefix_cache exists only in dev mode, which also opens development
         # endpoints: allowed on loopback alone (checked in validate_engine).
         env["VLLM_SERVER_DEV_MODE"] = "1"
@@ -197,11 +197,11 @@ def build_launch(
 
 
 def validate_engine(engine: EngineConfig, install: VllmInstall, on_gpu: bool) -> None:
-    if engine.prefix_caching and engine.reset_prefix_cache and engine.host not in ("127.0.0.1", "localhost", "::1"):
+    if engine.prefix_cache != "off" and engine.host not in ("127.0.0.1", "localhost", "::1"):
         raise ConfigError(
-            f"engine.reset_prefix_cache needs vLLM's dev mode, which must not be exposed on "
-            f"engine.host={engine.host}; bind 127.0.0.1, or set engine.prefix_caching=false "
-            f"or engine.reset_prefix_cache=false"
+            f"engine.prefix_cache={engine.prefix_cache} empties the cache before each window through vLLM's "
+            f"dev mode, which must not be exposed on engine.host={engine.host}; bind 127.0.0.1, or set "
+            f"engine.prefix_cache=off"
         )
     if not on_gpu and install.distribution != "vllm-cpu":
         raise ConfigError(

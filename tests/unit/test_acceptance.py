@@ -94,3 +94,37 @@ def test_baseline_server_has_no_acceptance() -> None:
 def test_malformed_metrics_text_is_a_clear_error() -> None:
     with pytest.raises(MetricsFormatError, match="not Prometheus text"):
         parse_scrape("vllm:spec_decode_num_drafts_total{engine=0 12 13 14\n")
+
+
+def test_counter_going_backwards_gives_no_figures_and_says_why() -> None:
+    before = parse_scrape(v1_text(110, 330, 230, [99, 77, 54]))
+    after = parse_scrape(v1_text(20, 60, 40, [18, 14, 8]))  # the server restarted mid-window
+    acc = acceptance_between(before, after)
+    assert acc.acceptance_rate is None and acc.acceptance_length is None and acc.as_metrics() == {}
+    assert acc.note is not None and "server restarted during the window" in acc.note
+    assert prefix_cache_between(before, after).as_metrics() == {}
+
+
+def test_a_position_counter_going_backwards_is_a_restart_too() -> None:
+    before = parse_scrape(v1_text(10, 30, 20, [9, 7, 4]))
+    after = parse_scrape(v1_text(110, 330, 230, [99, 77, 3]))
+    assert "position=2" in (acceptance_between(before, after).note or "")
+
+
+def test_gauges_are_averaged_over_label_sets_counters_summed() -> None:
+    text = (
+        "# TYPE sglang:spec_accept_length gauge\n"
+        'sglang:spec_accept_length{tp_rank="0"} 3.0\n'
+        'sglang:spec_accept_length{tp_rank="1"} 2.0\n'
+        "# TYPE sglang:num_requests counter\n"
+        'sglang:num_requests_total{tp_rank="0"} 3\n'
+        'sglang:num_requests_total{tp_rank="1"} 4\n'
+    )
+    scrape = parse_scrape(text)
+    assert scrape.get("sglang:spec_accept_length") == pytest.approx(2.5)
+    assert scrape.get("sglang:num_requests_total") == 7
+
+
+def test_effective_k_is_draft_tokens_per_draft() -> None:
+    acc = acceptance_between(Scrape(), parse_scrape(v1_text(100, 250, 150, [60, 50, 40])))
+    assert acc.effective_k == pytest.approx(2.5)

@@ -158,3 +158,16 @@ def test_report_says_what_it_could_not_compute() -> None:
     assert "no baseline point" in gaps and "failed point(s) left out: ngram-k5-r1" in gaps
     assert "only one request rate" in gaps
     assert "No speculative point could be compared" in markdown(data)
+
+
+def test_report_states_the_cache_policy_hit_rates_and_method_caveats() -> None:
+    from pipeline.analysis.report import conditions
+
+    frame = pd.DataFrame({"point": ["base-r1", "suffix-k3-r1"], "engine": ["sglang", "sglang"],
+                          "method": ["none", "suffix"], "prefix_cache": ["warm", "warm"],
+                          "prefix_cache_hit_rate": [0.5, 0.25]})  # fmt: skip
+    text = "\n".join(conditions(frame))
+    assert "prefix cache: warm" in text
+    assert "base-r1 50%" in text and "suffix-k3-r1 25%" in text
+    assert "global suffix tree" in text and "SGLang's own bench spreads" in text
+    assert not any("suffix tree" in c for c in conditions(frame.assign(method="ngram", engine="vllm")))

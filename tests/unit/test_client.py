@@ -24,8 +24,9 @@ def test_timing_invariants_and_usage_tokens() -> None:
     with FakeServer(lambda body: script) as url:
         record = run_window([_request()], [0.0], _opts(url)).records[0]
     assert record.ok, record.error
-    assert record.output_tokens == 7  # from usage, not the 3 chunks
-    assert len(record.chunk_s) == 3  # the role-only first chunk carries no token
+    assert record.output_tokens == 7  # from usage, not the 4 chunks
+    # The role-only first chunk carries no token; the empty finish chunk does (as in vLLM).
+    assert len(record.chunk_s) == 4
     assert record.text == "def f(x: int) -> None: pass"
     assert record.finish_reason == "stop"
     # vLLM's test_endpoint_request_func_timing invariant: latency - ttft == sum(itl).
@@ -33,6 +34,41 @@ def test_timing_invariants_and_usage_tokens() -> None:
     assert record.ttft_s >= 0.05
     assert math.isclose(record.tpot_s, (record.e2el_s - record.ttft_s) / 6, rel_tol=1e-9)
     assert all(gap >= 0.015 for gap in record.itl_s)
+
+
+def test_empty_finish_chunk_ends_e2el_as_in_vllm() -> None:
+    # vLLM streams a stop on EOS as an empty chunk with finish_reason, one decode step after
+    # the last text: E2EL and TPOT must include that step, as `vllm bench serve`'s do.
+    steps = [(0.0, chat_chunk("", role="assistant")), (0.0, chat_chunk("a")), (0.05, chat_chunk("b"))]
+    steps += [(0.2, chat_chunk("", finish="stop")), (0.0, usage_chunk(3, 3)), (0.0, "[DONE]")]
+    with FakeServer(lambda body: Script(steps=steps)) as url:
+        record = run_window([_request()], [0.0], _opts(url)).records[0]
+    assert record.ok, record.error
+    assert len(record.chunk_s) == 3
+    assert record.itl_s[-1] >= 0.18  # the last gap is the finish chunk's
+    assert record.tpot_s is not None and record.tpot_s >= (0.05 + 0.18) / 2
+
+
+def test_reasoning_and_tool_call_deltas_are_tokens() -> None:
+    import json
+
+    tool = json.dumps({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0}]}, "finish_reason": None}]})
+    steps = [(0.0, chat_chunk("", role="assistant")), (0.1, chat_chunk(reasoning="think"))]
+    steps += [(0.05, tool), (0.05, chat_chunk("answer")), (0.0, chat_chunk("", finish="stop"))]
+    steps += [(0.0, usage_chunk(3, 4)), (0.0, "[DONE]")]
+    with FakeServer(lambda body: Script(steps=steps)) as url:
+        record = run_window([_request()], [0.0], _opts(url)).records[0]
+    assert record.ok, record.error
+    assert len(record.chunk_s) == 4  # TTFT is the first thinking token, not the first answer token
+    assert record.ttft_s is not None and record.ttft_s < 0.14
+    assert record.text == "answer"
+
+
+def test_stream_without_a_token_is_a_failed_request() -> None:
+    steps = [(0.0, chat_chunk("", role="assistant")), (0.0, usage_chunk(3, 0)), (0.0, "[DONE]")]
+    with FakeServer(lambda body: Script(steps=steps)) as url:
+        record = run_window([_request()], [0.0], _opts(url)).records[0]
+    assert not record.ok and "no token" in (record.error or "")
 
 
 def test_request_body_is_streaming_chat_with_usage() -> None:

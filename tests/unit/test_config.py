@@ -103,3 +103,28 @@ def test_inf_rate_is_valid() -> None:
 def test_unknown_method_is_refused_at_compose_time() -> None:
     with pytest.raises(ConfigError, match="choose one of"):
         _compose(["spec.method=medusa2"])
+
+
+@pytest.mark.parametrize(
+    ("engine", "match"),
+    [
+        ({"prefix_cache": "lukewarm"}, "engine.prefix_cache='lukewarm' is not valid"),
+        ({"prefix_cache": "warm", "extra_args": ["--no-enable-prefix-caching"]}, "set engine.prefix_cache=off"),
+        (
+            {"name": "sglang", "prefix_cache": "cold", "extra_args": ["--disable-radix-cache"]},
+            "engine.prefix_cache=off",
+        ),
+    ],
+)
+def test_prefix_cache_policy_is_checked_before_launch(engine: dict, match: str) -> None:
+    from pipeline.config import EngineConfig
+
+    job = dataclasses.replace(JobConfig(), engine=EngineConfig(**engine))
+    with pytest.raises(ConfigError, match=match):
+        validate(job)
+
+
+def test_concurrency_cap_with_several_client_workers_is_refused() -> None:
+    job = dataclasses.replace(JobConfig(), load=LoadConfig(max_concurrency=4, client_workers=2))
+    with pytest.raises(ConfigError, match="load.client_workers=1"):
+        validate(job)

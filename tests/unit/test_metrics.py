@@ -42,6 +42,12 @@ def test_goodput_counts_requests_meeting_every_slo() -> None:
     assert s["request_goodput"] == pytest.approx(0.5)
 
 
+def test_goodput_takes_a_one_token_request_tpot_as_zero() -> None:
+    # vLLM's goodput: TPOT 0 for a request with <= 1 output token, so a TPOT SLO cannot fail it.
+    s = summarize([rec(0, 0.0, [0.1], 1)], duration_s=1.0, slo=SloConfig(tpot_ms=10))
+    assert s["request_goodput"] == pytest.approx(1.0)
+
+
 def test_empty_window_is_nan_not_a_crash() -> None:
     s = summarize([rec(0, 0.0, [], None, error="x")], duration_s=1.0, slo=SloConfig())
     assert s["completed"] == 0 and math.isnan(s["median_tpot_ms"])

@@ -72,14 +72,16 @@ def test_every_method_maps_to_its_algorithm_with_the_default_chain(
 
 
 def test_tree_options_and_ngram_options_pass_through() -> None:
-    cmd = _cmd(SpecConfig(method="eagle3", k=3, draft_model="/h", options={"eagle_topk": 4, "num_draft_tokens": 8}), "/h")
+    cmd = _cmd(
+        SpecConfig(method="eagle3", k=3, draft_model="/h", options={"eagle_topk": 4, "num_draft_tokens": 8}), "/h"
+    )
     assert _flag(cmd, "--speculative-eagle-topk") == "4" and _flag(cmd, "--speculative-num-draft-tokens") == "8"
     options = {"min_match_window_size": 2, "max_match_window_size": 6, "min_bfs_breadth": 1, "max_bfs_breadth": 8,
                "match_type": "PROB", "branch_length": 18, "capacity": 100000}  # fmt: skip
     cmd = _cmd(SpecConfig(method="ngram", k=4, options=options))
     for key, flag in sglang.NGRAM_OPTIONS.items():
         assert _flag(cmd, flag) == str(options[key])
-    engine = EngineConfig(name="sglang", tensor_parallel_size=2, prefix_caching=False, extra_args=["--x", "1"])
+    engine = EngineConfig(name="sglang", tensor_parallel_size=2, prefix_cache="off", extra_args=["--x", "1"])
     cmd = _cmd(SpecConfig(method="ngram", k=3), engine=engine)
     assert _flag(cmd, "--tp-size") == "2" and "--disable-radix-cache" in cmd and cmd[-2:] == ["--x", "1"]
 
@@ -90,7 +92,10 @@ def test_tree_options_and_ngram_options_pass_through() -> None:
         (SpecConfig(method="medusa", k=3, draft_model="/h"), "SGLang has no method 'medusa'"),
         (SpecConfig(method="suffix", k=3), "use engine=vllm"),
         (SpecConfig(method="eagle", k=3, draft_model="/h", options={"num_draft_tokens": 6}), "conflicts with spec.k=3"),
-        (SpecConfig(method="eagle", k=2, draft_model="/h", options={"eagle_topk": 2, "num_draft_tokens": 9}), "exceeds"),
+        (
+            SpecConfig(method="eagle", k=2, draft_model="/h", options={"eagle_topk": 2, "num_draft_tokens": 9}),
+            "exceeds",
+        ),
         (SpecConfig(method="ngram", k=3, options={"prompt_lookup_max": 4}), "not SGLang options"),
         (SpecConfig(method="draft", k=3, draft_model="/d", options={"capacity": 10}), "not SGLang options"),
     ],
@@ -149,6 +154,19 @@ def test_alpha_outside_the_possible_range_is_not_invented() -> None:
     assert normalized(None, 3) == {} and normalized(3.32, 3)["acceptance_alpha"] > 0.7
 
 
+def test_length_above_k_plus_one_clamps_alpha_with_a_flag() -> None:
+    out = normalized(4.0001, 3)  # noise or rounding above the possible 4.0
+    assert out["acceptance_alpha"] == 1.0 and out["acceptance_alpha_clamped"] == 1.0
+    assert "acceptance_alpha_clamped" not in normalized(3.9, 3)
+
+
+def test_alpha_uses_the_effective_draft_length() -> None:
+    # ngram drafts that came up short: 2.5 draft tokens per draft although k=3.
+    alpha = normalized(2.5, 2.5)["acceptance_alpha"]
+    assert math.isclose(expected_length(alpha, 2.5), 2.5, rel_tol=1e-9)
+    assert alpha > normalized(2.5, 3)["acceptance_alpha"]
+
+
 def test_server_info_both_layouts() -> None:
     assert server_info_accept_length({"avg_spec_accept_length": 2.5}) == 2.5
     assert server_info_accept_length({"internal_states": [{"avg_spec_accept_length": 3.0}, {"x": 1}]}) == 3.0
@@ -182,13 +200,16 @@ def test_acceptance_through_sglang_generate_stream_end_to_end(cumulative: bool) 
     assert a.text == "".join(tokens) and a.finish_reason == "length" and a.prompt_tokens == 9
     assert math.isclose(a.tpot_s, (a.chunk_s[-1] - a.chunk_s[0]) / 10)
     result = sglang_acceptance(records, after, info)
-    assert result.window_length == (11 + 8) / (4 + 3)  # completion tokens / verify steps
+    # Each request's first token comes from prefill, not from a verification step.
+    assert result.window_length == (11 - 1 + 8 - 1) / (4 + 3)
+    assert result.bench_length == (11 + 8) / (4 + 3)  # SGLang's bench: completion tokens / verify steps
     assert result.requests_counted == 2 and result.verify_steps == 7
     assert result.gauge_length == 2.9 and result.gauge_rate == 0.61 and result.since_start_length == 3.1
     cross = normalized(result.window_length, 3)
-    assert math.isclose(expected_length(cross["acceptance_alpha"], 3), 19 / 7)
+    assert math.isclose(expected_length(cross["acceptance_alpha"], 3), 17 / 7)
     metrics_out = result.as_metrics()
     assert metrics_out["sglang_spec_accept_rate_gauge"] == 61.0
+    assert metrics_out["sglang_bench_accept_length"] == pytest.approx(19 / 7)
     assert metrics_out["sglang_avg_spec_accept_length_since_start"] == 3.1
     print(f"sglang per-request acceptance length {result.window_length:.4f}, alpha at k=3 "
           f"{cross['acceptance_alpha']:.4f}; gauges {result.gauge_length}, {result.gauge_rate}; since start "

@@ -89,7 +89,7 @@ def test_gpu_defaults_compile_and_skip_cpu_env() -> None:
 
 
 def test_extra_args_and_no_prefix_caching() -> None:
-    cmd = _launch(SpecConfig(method="none", k=0), prefix_caching=False, extra_args=["--max-num-seqs", "8"]).command
+    cmd = _launch(SpecConfig(method="none", k=0), prefix_cache="off", extra_args=["--max-num-seqs", "8"]).command
     assert "--no-enable-prefix-caching" in cmd and cmd[-2:] == ["--max-num-seqs", "8"]
 
 
@@ -170,4 +170,4 @@ def test_cpu_machine_with_cuda_build_is_refused() -> None:
 def test_dev_mode_reset_refused_off_loopback() -> None:
     with pytest.raises(ConfigError, match="engine.host=0.0.0.0"):
         vllm.validate_engine(EngineConfig(host="0.0.0.0"), _install(), on_gpu=False)
-    vllm.validate_engine(EngineConfig(host="0.0.0.0", reset_prefix_cache=False), _install(), on_gpu=False)
+    vllm.validate_engine(EngineConfig(host="0.0.0.0", prefix_cache="off"), _install(), on_gpu=False)
