@@ -127,6 +127,24 @@ class RayConfig:
 
 
 @dataclass(frozen=True)
+class RepeatsConfig:
+    # Measure every point this many times, each with new prompts and arrivals (seed + repeat).
+    count: int = 1
+    # A fresh server for each repeat, so that the spread between server starts is measured
+    # rather than assumed; false: the repeats share their server (cheaper, narrower spread).
+    restart: bool = False
+
+
+@dataclass(frozen=True)
+class StatsConfig:
+    """How the report turns ratios into verdicts (pipeline/analysis/stats.py)."""
+
+    confidence: float = 0.95  # two-sided level of every interval
+    floor: float = 0.02  # a ratio within 1 +- floor is no practical effect
+    resamples: int = 2000  # bootstrap replicates per interval
+
+
+@dataclass(frozen=True)
 class JobConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -140,10 +158,13 @@ class JobConfig:
     output_dir: str = "outputs"
     dry_run: bool = False  # print the servers, their exact commands and a time estimate; start nothing
     force: bool = False  # re-measure points that an earlier run of this sweep finished
-    # Measure every point this many times, each with new prompts and arrivals (seed + repeat);
-    # the report's verdicts use the spread. The servers are shared across repeats.
-    repeats: int = 1
+    repeats: RepeatsConfig = field(default_factory=lambda: RepeatsConfig())
     repeat: int = 0  # set by the sweep for each repeat; not a setting
+    stats: StatsConfig = field(default_factory=lambda: StatsConfig())
+    # A/A: pair each baseline server with a second, identical one compared as if it were
+    # speculative (spec.method=none only); the report gives the noise floor of this setup.
+    aa: bool = False
+    replica: int = 0  # set by the sweep: 1 for the A/A twin server; not a setting
     lossless: LosslessConfig = field(default_factory=LosslessConfig)
     ray: RayConfig = field(default_factory=RayConfig)
 
@@ -290,8 +311,18 @@ def validate(job: JobConfig) -> None:
         raise ConfigError(
             f"engine.max_model_len={engine.max_model_len} leaves no room for workload.max_tokens={workload.max_tokens}"
         )
-    if job.repeats < 1:
-        raise ConfigError(f"repeats={job.repeats} must be >= 1")
+    if job.repeats.count < 1:
+        raise ConfigError(f"repeats.count={job.repeats.count} must be >= 1")
+    if not 0.5 < job.stats.confidence < 1:
+        raise ConfigError(f"stats.confidence={job.stats.confidence} must lie in (0.5, 1), e.g. 0.95")
+    if not 0 <= job.stats.floor < 1:
+        raise ConfigError(f"stats.floor={job.stats.floor} must lie in [0, 1), e.g. 0.02 for 2 %")
+    if job.stats.resamples < 100:
+        raise ConfigError(f"stats.resamples={job.stats.resamples} is too few for an interval; use >= 1000")
+    if job.aa and spec.method != "none":
+        raise ConfigError(
+            f"aa=true compares two servers without speculation; set spec=none (got spec.method={spec.method})"
+        )
     if job.lossless.prompts < 0 or job.lossless.max_tokens < 1:
         raise ConfigError("lossless.prompts must be >= 0 and lossless.max_tokens >= 1")
     if job.ray.connect_timeout_s <= 0:

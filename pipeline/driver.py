@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from pipeline.config import ConfigError, JobConfig
+from pipeline.config import ConfigError, JobConfig, StatsConfig
 from pipeline.engines.sglang import RECORDED_VERSION, SglangInstall
 from pipeline.engines.vllm import EngineNotInstalled
 from pipeline.group import GroupOutcome, GroupTask, PointOutcome, run_group
@@ -119,6 +119,8 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
     started = time.monotonic()
     name = f"{first.sweep_name} {time.strftime('%Y-%m-%d %H:%M:%S')}"  # one parent run per invocation
     parent = tracker.start_run(name, {"role": "sweep", "sweep_name": first.sweep_name})
+    # How the report decides, kept with the sweep: `python -m pipeline.report` decides the same way.
+    tracker.log_params(parent, {f"stats.{k}": v for k, v in dataclasses.asdict(first.stats).items()})
     tasks = [dataclasses.replace(t, parent_run_id=parent) for t in tasks]
     try:
         outcomes = executor.run(tasks)
@@ -162,7 +164,7 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
     tracker.end_run(parent)  # the sweep ran to its end; failed points are marked in their own runs
     table.render(frame, f"sweep {first.sweep_name!r}: {len(plan.points)} points on {first.model.id}")
     print(f"summary: {out_dir / 'summary.csv'}; MLflow parent run {parent}")
-    _report(store.tracking_uri, parent, out_dir)
+    _report(store.tracking_uri, parent, out_dir, first.stats)
     return EXIT_FAILED_POINT if failed else 0
 
 
@@ -185,13 +187,15 @@ def _log_probes(tracker: Any, parent: str, plan: SweepPlan, outcomes: Sequence[G
         tracker.log_json(parent, record, f"lossless/{group.label}.json")
 
 
-def _report(tracking_uri: str, parent: str, out_dir: Path) -> None:
+def _report(tracking_uri: str, parent: str, out_dir: Path, stats: StatsConfig) -> None:
     """The sweep's report; a failure here loses no measurement, so it is reported, not raised."""
     from pipeline import report
+    from pipeline.analysis.stats import StatsOptions
     from pipeline.tracking import SweepReader
 
     try:
-        paths = report.build(SweepReader(tracking_uri), parent, out_dir)
+        opts = StatsOptions(confidence=stats.confidence, floor=stats.floor, resamples=stats.resamples)
+        paths = report.build(SweepReader(tracking_uri), parent, out_dir, opts)
     except Exception as exc:  # noqa: BLE001 - the measurements are already safe in MLflow
         print(f"report: not written ({type(exc).__name__}: {exc}); retry with `python -m pipeline.report {parent}`")
         return

@@ -19,12 +19,13 @@ from pipeline.config import ConfigError, JobConfig
 from pipeline.loadgen import schedule
 
 # Settings of the whole sweep: a grid may not vary them, and no point's identity includes them.
-SWEEP_LEVEL = ("tracking", "sweep_name", "dry_run", "force", "ray", "repeats", "lossless")
+SWEEP_LEVEL = ("tracking", "sweep_name", "dry_run", "force", "ray", "repeats", "lossless", "stats", "aa")
 # Keys that say how or where a sweep runs, not what it measures (Hydra gives each job its own output_dir).
 _VOLATILE = ("output_dir", *SWEEP_LEVEL)
 # What a server's command line is made of; everything else (load, workload, SLOs) is per point.
-# (repeat is not among them: repeats share a server and vary only the prompts and arrivals.)
-_SERVER_KEYS = ("engine", "model", "spec", "seed")
+# replica tells an A/A twin from its original; repeat joins them with repeats.restart=true
+# (otherwise repeats share a server and vary only the prompts and arrivals).
+_SERVER_KEYS = ("engine", "model", "spec", "seed", "replica")
 
 # Rough costs, measured with the embedded 135M model on 2 cores: eager CPU servers start in
 # 31-49 s; compiled start-ups take ~2 min (DESIGN.md). TPOT ~40 ms per token without speculation.
@@ -53,12 +54,32 @@ def point_hash(job: JobConfig) -> str:
 def server_key(job: JobConfig) -> str:
     """Jobs with equal keys can be measured on one server."""
     values = dataclasses.asdict(job)
-    return _digest({k: values[k] for k in _SERVER_KEYS})
+    # cold and warm are applied per window on one server; only off changes its command.
+    values["engine"]["prefix_cache"] = job.engine.prefix_cache == "off"
+    key = {k: values[k] for k in _SERVER_KEYS}
+    if job.repeats.restart:
+        key["repeat"] = job.repeat
+    return _digest(key)
+
+
+def point_key(job: JobConfig) -> str:
+    """A point without its repeat index: the repeats of one point share this key."""
+    return point_hash(dataclasses.replace(job, repeat=0))
+
+
+def setting_key(job: JobConfig) -> str:
+    """A point without its k, rate and repeat: the points of one curve share this key, and
+    nothing that differs otherwise (workload, temperature, draft, options) is pooled."""
+    spec = dataclasses.replace(job.spec, k=0)
+    load = dataclasses.replace(job.load, request_rate=0.0)
+    return point_hash(dataclasses.replace(job, repeat=0, spec=spec, load=load))
 
 
 def _server_name(role: str, job: JobConfig) -> str:
     # vLLM is the default engine; another engine's runs carry its name.
     engine = "" if job.engine.name == "vllm" else f"{job.engine.name}-"
+    if job.replica:
+        return engine + "baseline-twin"  # the A/A comparison's second server
     return engine + ("baseline" if role == "baseline" else f"{job.spec.method}-k{job.spec.k}")
 
 
@@ -87,7 +108,9 @@ class ServerGroup:
 
     @property
     def label(self) -> str:
-        return f"{self.index:02d}-{_server_name(self.role, self.server_job)}"
+        job = self.server_job
+        restarted = f"-rep{job.repeat}" if job.repeats.restart and job.repeat else ""
+        return f"{self.index:02d}-{_server_name(self.role, job)}{restarted}"
 
 
 @dataclass(frozen=True)
@@ -117,14 +140,16 @@ def plan_sweep(jobs: Sequence[JobConfig]) -> SweepPlan:
             "e.g. spec.k=3,5 load.request_rate=1,2"
         )
     points: dict[str, Point] = {}
-    jobs = [dataclasses.replace(job, repeat=r) for job in jobs for r in range(job.repeats)]
+    jobs = [dataclasses.replace(job, repeat=r) for job in jobs for r in range(job.repeats.count)]
     for job in jobs:
         base = job.baseline()
         base_hash = point_hash(base)
         points.setdefault(base_hash, Point("baseline", base, base_hash))
-        if job.spec.method != "none":
-            h = point_hash(job)
-            points.setdefault(h, Point("speculative", job, h, base_hash))
+        # An A/A twin stands where a speculative point would: compared with the baseline.
+        other = dataclasses.replace(base, replica=1) if job.aa else job if job.spec.method != "none" else None
+        if other is not None:
+            h = point_hash(other)
+            points.setdefault(h, Point("speculative", other, h, base_hash))
     by_server: dict[str, list[Point]] = {}
     ordered = sorted(points.values(), key=lambda p: p.role != "baseline")  # stable: grid order within a role
     for point in ordered:
@@ -184,7 +209,10 @@ def describe(plan: SweepPlan, servers: Sequence[ServerLine], on_gpu: bool) -> st
     for group, server in zip(plan.groups, servers, strict=True):
         spec = group.server_job.spec
         what = "no speculation" if group.role == "baseline" else f"{spec.method} k={spec.k}"
-        lines.append(f"server {group.index}/{n} {group.role} ({what}), {server.engine} {server.version}:")
+        role = group.role
+        if group.server_job.replica:
+            role, what = "A/A twin", "no speculation, compared as if speculative"
+        lines.append(f"server {group.index}/{n} {role} ({what}), {server.engine} {server.version}:")
         lines.append("  " + shell_line(server.args).replace("'<free port>'", "<free port>"))
         lines.append("  environment: " + " ".join(f"{k}={v}" for k, v in sorted(server.env.items())))
         for point in group.points:

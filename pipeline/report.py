@@ -14,13 +14,16 @@ import argparse
 import json
 import math
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from pipeline.acceptance import alpha_from_length
-from pipeline.analysis import advisor, model, quality, verdicts
+from pipeline.analysis import advisor, model, quality, stats, verdicts
 from pipeline.analysis.report import ReportData, conditions, markdown, page
+from pipeline.analysis.stats import Sample, StatsError, StatsOptions
 from pipeline.config import TrackingConfig
 from pipeline.tracking import SweepReader, TrackingError, resolve_store
 
@@ -45,49 +48,89 @@ def load_frame(frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
-def analyse(title: str, frame: pd.DataFrame, probes: list[dict], length_tests: list) -> ReportData:
+def analyse(title: str, frame: pd.DataFrame, probes: list[dict], length_tests: list,
+            samples: Mapping[str, Sample] | None = None, opts: StatsOptions | None = None) -> ReportData:  # fmt: skip
+    """Everything the report says, from the sweep table and each window's requests
+    (``samples``: run id -> its requests; without them no ratio gets an interval)."""
     frame = load_frame(frame)
+    samples = samples or {}
+    opts = opts or StatsOptions()
     gaps = []
     if not (frame["role"] == "baseline").any():
         gaps.append("speedups, crossover and verdicts: the sweep has no baseline point")
     failed = frame[frame["status"] == "failed"]
     if not failed.empty:
         gaps.append(f"{len(failed)} failed point(s) left out: " + ", ".join(failed["point"]))
-    points = verdicts.point_table(frame)
+    missing = [str(p) for p, r in zip(verdicts.measured(frame)["point"], verdicts.measured(frame)["run_id"], strict=True)
+               if str(r) not in samples]  # fmt: skip
+    if missing:
+        gaps.append("intervals: no per-request data (requests.csv) for " + ", ".join(missing))
+    comparisons = verdicts.compare_points(frame, samples, opts)
+    points = comparisons.table
     if not points.empty and points["request_rate"].nunique() < 2:
         gaps.append("crossover: only one request rate was measured")
     if not points.empty and points["acceptance_length"].isna().all():
         gaps.append("acceptance, alpha and the model: the engine reported no acceptance metrics")
-    crossings = verdicts.crossovers(points)
+    crossings = verdicts.crossovers(comparisons)
     fits, skipped = model.fit(points)
     gaps += [f"model: {s}" for s in skipped]
     base = verdicts.measured(frame, "baseline")
     vllm_base = base[base["engine"] == "vllm"]
     e2el = {float(r): float(g["median_e2el_ms"].median()) / 1000 for r, g in vllm_base.groupby("request_rate")}
-    vllm_points = points[points["engine"] == "vllm"]
-    schedules = [s for m in sorted(vllm_points["method"].unique()) if (s := advisor.k_schedule(vllm_points, e2el, m))]
+    vllm_points = points[points["engine"] == "vllm"] if not points.empty else points
+
+    def resolved_faster(slower: str, faster: str) -> bool:
+        decision = verdicts.between_points(frame, samples, slower, faster, opts)
+        return decision is not None and decision.label == "helps"
+
+    vllm_view = verdicts.Comparisons(vllm_points, comparisons.decisions, opts)
+    methods = sorted(vllm_points["method"].unique()) if not vllm_points.empty else []
+    schedules = [s for m in methods if (s := advisor.k_schedule(vllm_view, e2el, m, resolved_faster))]
     if not schedules:
         gaps.append("k schedule: needs vLLM speculative points and baseline latencies")
-    if (points["engine"] == "sglang").any():
+    if not points.empty and (points["engine"] == "sglang").any():
         gaps.append("k schedule for SGLang: its adaptive-speculation tiers are not emitted (format not verified here)")
     memory = _memory_ratios(frame)
-    advice = advisor.advise(points, crossings, memory)
+    advice = advisor.advise(comparisons, crossings, memory)
     lossless = _lossless(probes)
     if not probes:
         gaps.append("losslessness: no probe outputs in this sweep run (lossless.prompts=0, or all points resumed)")
     return ReportData(title, frame, points, crossings, fits, advice, schedules, lossless, length_tests, gaps,
-                      conditions(frame))  # fmt: skip
+                      conditions(frame), comparisons, _window_levels(frame, samples, opts))  # fmt: skip
 
 
-def _memory_ratios(frame: pd.DataFrame) -> dict[str, float]:
+def _window_levels(frame: pd.DataFrame, samples: Mapping[str, Sample], opts: StatsOptions) -> pd.DataFrame:
+    """Each point's own median TPOT with its interval (the plots' error bars), repeats together."""
+    data = verdicts.measured(frame)
+    key = "point_key" if "point_key" in data and data["point_key"].notna().all() else "point_hash"
+    rows = []
+    for i, (_, group) in enumerate(data.groupby(key, sort=False)):
+        windows = [samples.get(str(r)) for r in group["run_id"]]
+        first = group.iloc[0]
+        row = {c: first.get(c) for c in ("role", "engine", "method", "k", "request_rate", "setting_key", "replica")}
+        row["output_throughput"] = float(group["output_throughput"].median())
+        row["median_tpot_ms"] = float(group["median_tpot_ms"].median())
+        if windows and all(w is not None for w in windows):
+            level = stats.window_interval("tpot", 50, windows, opts, np.random.default_rng([opts.seed, 99, i]))  # type: ignore[arg-type]
+            if level.resolved:
+                row["median_tpot_ms_low"], row["median_tpot_ms_high"] = 1000 * level.low, 1000 * level.high  # type: ignore[operator]
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _memory_ratios(frame: pd.DataFrame) -> dict[str, tuple[float, float, float]]:
+    """Draft-model server memory over the baseline's: (lowest, median, highest) over every
+    window's reading, so the rule tests a measured range, not one sample."""
     if "server_rss_mib" not in frame:
         return {}
-    base = frame[frame["role"] == "baseline"]["server_rss_mib"].median()
+    base = frame[frame["role"] == "baseline"]["server_rss_mib"].dropna()
     out = {}
-    for (method, k), group in frame[(frame["role"] == "speculative") & (frame["method"] == "draft")].groupby(["method", "k"]):
-        value = group["server_rss_mib"].median()
-        if base and math.isfinite(value):
-            out[f"{method} k={k}"] = value / base
+    drafts = frame[(frame["role"] == "speculative") & (frame["method"] == "draft")]
+    for (method, k), group in drafts.groupby(["method", "k"]):
+        values = group["server_rss_mib"].dropna()
+        if base.empty or values.empty or base.min() <= 0:
+            continue
+        out[f"{method} k={k}"] = (values.min() / base.max(), values.median() / base.median(), values.max() / base.min())
     return out
 
 
@@ -97,11 +140,14 @@ def _lossless(probes: list[dict]) -> list[quality.Lossless]:
     for probe in probes:
         base = by_group.get(probe.get("baseline_group") or "")
         if probe["role"] == "speculative" and base:
-            found.append(quality.compare(probe["group"], base["group"], probe["dtype"], probe["outputs"], base["outputs"]))
+            found.append(
+                quality.compare(probe["group"], base["group"], probe["dtype"], probe["outputs"], base["outputs"])
+            )
     return found
 
 
-def build(reader: SweepReader, parent_id: str, out_dir: Path | None = None) -> dict[str, Path]:
+def build(reader: SweepReader, parent_id: str, out_dir: Path | None = None,
+          opts: StatsOptions | None = None) -> dict[str, Path]:  # fmt: skip
     """Analyse the sweep of ``parent_id`` from MLflow; write and log the report."""
     from pipeline.analysis import plots
 
@@ -116,13 +162,16 @@ def build(reader: SweepReader, parent_id: str, out_dir: Path | None = None) -> d
         folder = reader.download(parent_id, "lossless", work)
         if folder is not None:
             probes = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
-        tests = _length_tests(reader, frame, work)
-        data = analyse(title, frame, probes, tests)
+        requests = _requests(reader, frame, work)
+        samples = {run: Sample.from_requests(table, duration) for run, (table, duration) in requests.items()}
+        tests = _length_tests(frame, {run: table for run, (table, _) in requests.items()})
+        data = analyse(title, frame, probes, tests, samples, opts)
     figures = {
         name: png
         for name, png in (
-            ("Output throughput against median TPOT", plots.throughput_vs_tpot(data.frame)),
+            ("Output throughput against median TPOT", plots.throughput_vs_tpot(data.frame, levels=data.levels)),
             ("Output throughput against p99 TPOT", plots.throughput_vs_tpot(data.frame, "p99_tpot_ms")),
+            ("Median-TPOT speedup against request rate", plots.speedup_vs_rate(data.points)),
             ("TTFT against request rate", plots.ttft_vs_rate(data.frame)),
             ("Acceptance against k", plots.acceptance_vs_k(data.points)),
             ("Median-TPOT speedup over k x request rate", plots.speedup_heatmap(data.points)),
@@ -143,21 +192,34 @@ def build(reader: SweepReader, parent_id: str, out_dir: Path | None = None) -> d
     return paths
 
 
-def _length_tests(reader: SweepReader, frame: pd.DataFrame, work: Path) -> list[tuple[str, float, float]]:
+def _requests(reader: SweepReader, frame: pd.DataFrame, work: Path) -> dict[str, tuple[pd.DataFrame, float]]:
+    """Each measured window's requests.csv and duration, by run id: what every interval resamples."""
+    found = {}
+    for row in verdicts.measured(frame).itertuples():
+        run = str(row.run_id)
+        duration = getattr(row, "duration", math.nan)
+        if not run or run == "nan" or not isinstance(duration, (int, float)) or not math.isfinite(duration):
+            continue
+        path = reader.download(run, "requests.csv", work / run)
+        if path is not None:
+            found[run] = (pd.read_csv(path), float(duration))
+    return found
+
+
+def _length_tests(frame: pd.DataFrame, requests: Mapping[str, pd.DataFrame]) -> list[tuple[str, float, float]]:
     """At temperature > 0, outputs may differ legitimately: compare the length distributions."""
     if "temperature" not in frame or not (frame["temperature"] > 0).any():
         return []
     by_hash = frame.set_index("point_hash")
     tests = []
     for row in frame[(frame["role"] == "speculative") & (frame["temperature"] > 0)].itertuples():
-        if row.baseline_hash not in by_hash.index or not isinstance(row.run_id, str):
+        if row.baseline_hash not in by_hash.index:
             continue
-        base_run = by_hash.loc[row.baseline_hash, "run_id"]
-        spec_csv = reader.download(row.run_id, "requests.csv", work / row.run_id)
-        base_csv = reader.download(str(base_run), "requests.csv", work / str(base_run))
-        if spec_csv and base_csv:
-            result = quality.length_test(pd.read_csv(spec_csv)["output_tokens"].dropna().tolist(),
-                                         pd.read_csv(base_csv)["output_tokens"].dropna().tolist())  # fmt: skip
+        spec, base = requests.get(str(row.run_id)), requests.get(str(by_hash.loc[row.baseline_hash, "run_id"]))
+        if spec is not None and base is not None:
+            result = quality.length_test(
+                spec["output_tokens"].dropna().tolist(), base["output_tokens"].dropna().tolist()
+            )
             if result:
                 tests.append((row.point, *result))
     return tests
@@ -168,14 +230,26 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("ref", help="experiment (sweep) name, or a sweep's parent run id")
     parser.add_argument("--project", type=Path, default=Path.cwd(), help="folder holding mlruns/ (default: here)")
     parser.add_argument("--tracking-uri", help="an MLflow server instead of the project's store")
-    parser.add_argument("--out", type=Path, default=None, help="where to write report/ (default: ./outputs/report-<run>)")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="where to write report/ (default: ./outputs/report-<run>)"
+    )
+    parser.add_argument("--confidence", type=float, help="interval level (default: the sweep's stats.confidence)")
+    parser.add_argument("--floor", type=float, help="practical floor, e.g. 0.02 (default: the sweep's stats.floor)")
+    parser.add_argument("--resamples", type=int, help="bootstrap replicates (default: the sweep's stats.resamples)")
     args = parser.parse_args(argv)
     uri = args.tracking_uri or resolve_store(TrackingConfig(), args.project.resolve()).tracking_uri
     reader = SweepReader(uri)
     try:
         parent = reader.find_parent(args.ref)
-        paths = build(reader, parent, args.out or Path("outputs") / f"report-{parent[:8]}")
-    except TrackingError as exc:
+        recorded = reader.params(parent)
+        chosen = {}
+        for name, cast in (("confidence", float), ("floor", float), ("resamples", int)):
+            value = getattr(args, name) if getattr(args, name) is not None else recorded.get(f"stats.{name}")
+            if value is not None:
+                chosen[name] = cast(value)
+        opts = StatsOptions(**chosen)
+        paths = build(reader, parent, args.out or Path("outputs") / f"report-{parent[:8]}", opts)
+    except (TrackingError, StatsError) as exc:
         raise SystemExit(f"error: {exc}") from exc
     print(f"report: {paths['html'].resolve()}\nsummary: {paths['markdown'].resolve()}")
 

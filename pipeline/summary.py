@@ -10,7 +10,7 @@ import pandas as pd
 
 from pipeline.group import PointOutcome
 from pipeline.metrics import Comparison, compare
-from pipeline.plan import SweepPlan
+from pipeline.plan import SweepPlan, point_key, setting_key
 
 
 def comparisons(plan: SweepPlan, outcomes: Mapping[str, PointOutcome]) -> dict[str, Comparison]:
@@ -57,6 +57,10 @@ def frame(plan: SweepPlan, outcomes: Mapping[str, PointOutcome], ratios: Mapping
                 "error": (outcome.error or "") if outcome else "",
                 "run_id": (outcome.run_id or "") if outcome else "",
                 "point_hash": point.hash,
+                # The report groups repeats by point_key and curves (k x rate) by setting_key.
+                "point_key": point_key(job),
+                "setting_key": setting_key(job),
+                "replica": job.replica,
             }
             row.update(outcome.metrics if outcome and outcome.error is None else {})
             if point.hash in ratios:

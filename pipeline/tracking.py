@@ -192,6 +192,9 @@ class SweepReader:
         run = self.client.get_run(run_id)
         return f"{run.data.tags.get('sweep_name', '')} ({run.info.run_name})"
 
+    def params(self, run_id: str) -> dict[str, str]:
+        return dict(self.client.get_run(run_id).data.params)
+
     def download(self, run_id: str, path: str, into: Path) -> Path | None:
         """An artifact of the run, or None where it has none by that name."""
         into.mkdir(parents=True, exist_ok=True)

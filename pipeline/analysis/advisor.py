@@ -1,20 +1,26 @@
-"""The tutorial's tuning rules, evaluated on measured data; each piece of advice quotes the
-numbers that triggered it. Plus a per-load k schedule in vLLM's own config format."""
+"""The tutorial's tuning rules, evaluated on measured data. A rule fires only where the
+interval of the quantity it tests clears its threshold, and the advice quotes that interval.
+Plus a per-load k schedule in vLLM's own config format."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pandas as pd
 
-from pipeline.analysis.verdicts import Crossover
+from pipeline.analysis.verdicts import TPOT, Comparisons, Crossover
 
-LOW_ACCEPTANCE = 0.6  # acceptance rate (fraction) below which a closer draft pays
-HIGH_ACCEPTANCE = 0.9  # above which a larger k has room
-TTFT_REGRESSION = 0.9  # TTFT speedup below this (10 % slower) counts as a regression
-DRAFT_MEMORY_RATIO = 1.3
-THROUGHPUT_NOISE = 0.10  # a throughput ratio below 1/1.1 is a loss beyond one run's noise  # a separate draft using 30 % more server memory than the baseline
+# Every acceptance rule tests alpha: the per-token acceptance probability implied by the
+# measured acceptance length L at the effective draft length, one scale for vLLM and SGLang
+# (the report's acceptance row shows the same alpha). vLLM's accepted/draft-token rate is
+# another quantity: at k=3, alpha 0.75 is a rate of 0.58.
+LOW_ALPHA = 0.6  # below: a closer draft pays
+HIGH_ALPHA = 0.9  # above: a larger k has room
+TTFT_REGRESSION = 0.9  # a TTFT speedup whose whole interval is below this: >10 % slower
+DRAFT_MEMORY_RATIO = 1.3  # a separate draft whose server uses 30 % more memory than the baseline's
+ALPHA_SCALE = "α: per-token acceptance implied by L at the effective k"
 
 
 @dataclass(frozen=True)
@@ -24,67 +30,93 @@ class Advice:
     evidence: str
 
 
-def _rate(row: pd.Series) -> float | None:
-    value = row.get("spec_decode_acceptance_rate")
-    if value is not None and math.isfinite(value):
-        return value / 100.0  # stored in percent, as vllm bench serve reports it
-    alpha = row.get("acceptance_alpha")
-    return alpha if alpha is not None and math.isfinite(alpha) else None
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
 
 
-def advise(points: pd.DataFrame, crossings: list[Crossover], memory: dict[str, float]) -> list[Advice]:
+def _curves(table: pd.DataFrame):  # type: ignore[no-untyped-def]
+    keys = ["engine", "method", "k"] + (["setting_key"] if "setting_key" in table else [])
+    for _, group in table.groupby(keys, sort=True):
+        first = group.iloc[0]
+        yield f"{first['engine']} {first['method']} k={first['k']}", group.sort_values("request_rate")
+
+
+def advise(comparisons: Comparisons, crossings: list[Crossover],
+           memory: dict[str, tuple[float, float, float]]) -> list[Advice]:  # fmt: skip
+    """``memory``: configuration -> (lowest, median, highest) server-memory ratio to the baseline."""
     out: list[Advice] = []
-    if points.empty:
+    table = comparisons.table
+    if table.empty:
         return out
-    for (engine, method, k), group in points.groupby(["engine", "method", "k"], sort=True):
-        name = f"{engine} {method} k={k}"
-        low = group.loc[group["request_rate"].idxmin()]
-        rate = _rate(low)
-        if rate is not None and rate < LOW_ACCEPTANCE:
-            closer = ("a smaller k (prompt lookup rarely matches that far ahead), or a draft model"
-                      if method in ("ngram", "suffix") else "a draft closer to the target (or EAGLE/MTP heads)")  # fmt: skip
-            out.append(Advice("acceptance < 0.6", f"{name}: use {closer}",
-                              f"acceptance {rate:.2f} at {low['request_rate']:g} req/s"))  # fmt: skip
-        if rate is not None and rate > HIGH_ACCEPTANCE:
-            out.append(Advice("acceptance > 0.9", f"{name}: try a larger k; most drafts are accepted",
-                              f"acceptance {rate:.2f} at {low['request_rate']:g} req/s"))  # fmt: skip
-        high = group.loc[group["request_rate"].idxmax()]
-        tput = high.get("output_throughput_ratio")
-        if tput is not None and math.isfinite(tput) and tput < 1 / (1 + THROUGHPUT_NOISE) and len(group) > 1:
+    for name, group in _curves(table):
+        low = group.iloc[0]
+        alpha, lo, hi = low.get("acceptance_alpha"), low.get("alpha_low"), low.get("alpha_high")
+        if _finite(alpha) and _finite(lo) and _finite(hi):
+            evidence = f"α {alpha:.2f} [{lo:.2f}, {hi:.2f}] at {low['request_rate']:g} req/s ({ALPHA_SCALE})"
+            if hi < LOW_ALPHA:
+                closer = ("a smaller k (prompt lookup rarely matches that far ahead), or a draft model"
+                          if low["method"] in ("ngram", "suffix") else "a draft closer to the target (or EAGLE/MTP heads)")  # fmt: skip
+                out.append(Advice(f"α < {LOW_ALPHA}", f"{name}: use {closer}", evidence))
+            if lo > HIGH_ALPHA:
+                out.append(Advice(f"α > {HIGH_ALPHA}", f"{name}: try a larger k; most drafts are accepted", evidence))
+        high = group.iloc[-1]
+        tput = comparisons.decision(high["point_key"], "output_throughput_ratio")
+        if len(group) > 1 and tput is not None and tput.label == "hurts":
             out.append(Advice("throughput lost at high load",
                               f"{name}: disable speculation at {high['request_rate']:g} req/s and above",
-                              f"output throughput {tput:.2f}x the baseline's at {high['request_rate']:g} req/s"))  # fmt: skip
-        ttft = group["speedup_median_ttft"].dropna()
-        if not ttft.empty and ttft.min() < TTFT_REGRESSION:
-            worst = group.loc[ttft.idxmin()]
-            fix = "a smaller k" if method in ("ngram", "suffix") else "a smaller k, or ngram (no draft model to prefill)"
+                              f"output throughput {tput.ratio.text} the baseline's at {high['request_rate']:g} req/s"))  # fmt: skip
+        slower = group[group["speedup_median_ttft_high"].apply(lambda v: _finite(v) and v < TTFT_REGRESSION)]
+        if not slower.empty:
+            worst = slower.loc[slower["speedup_median_ttft"].idxmin()]
+            fix = (
+                "a smaller k"
+                if worst["method"] in ("ngram", "suffix")
+                else "a smaller k, or ngram (no draft to prefill)"
+            )
             out.append(Advice("TTFT regression", f"{name}: use {fix}",
-                              f"median TTFT {1 / worst['speedup_median_ttft']:.2f}x the baseline's at "
-                              f"{worst['request_rate']:g} req/s"))  # fmt: skip
+                              f"median TTFT speedup {worst['speedup_median_ttft_text']} at {worst['request_rate']:g} "
+                              f"req/s: the whole interval is below {TTFT_REGRESSION}"))  # fmt: skip
     for cross in crossings:
         if cross.rate is not None:
-            out.append(Advice("throughput lost at high load",
+            out.append(Advice("speculation stops paying",
                               f"{cross.engine} {cross.method} k={cross.k}: disable speculation above "
                               f"~{cross.rate:.1f} req/s", cross.text))  # fmt: skip
-    for key, ratio in memory.items():
-        if ratio > DRAFT_MEMORY_RATIO:
+    for key, (lowest, median, highest) in memory.items():
+        if lowest > DRAFT_MEMORY_RATIO:
             out.append(Advice("high memory with a separate draft", f"{key}: EAGLE or Medusa heads cost less memory",
-                              f"server memory {ratio:.2f}x the baseline's"))  # fmt: skip
+                              f"server memory {median:.2f}x [{lowest:.2f}, {highest:.2f}] the baseline's "
+                              f"(range over every window's reading)"))  # fmt: skip
     return out
 
 
-def k_schedule(points: pd.DataFrame, baseline_e2el_s: dict[float, float], method: str) -> dict | None:
+def k_schedule(comparisons: Comparisons, baseline_e2el_s: dict[float, float], method: str,
+               resolved_faster: Callable[[str, str], bool]) -> dict | None:  # fmt: skip
     """The best k per load band as vLLM's ``num_speculative_tokens_per_batch_size``:
     ``[range_start, range_end, k]`` by batch size, inclusive. A rate's batch size is
-    estimated by Little's law (rate x baseline median E2EL); a band where no k helps gets 0."""
-    rows = points[points["method"] == method]
+    estimated by Little's law (rate x baseline median E2EL); a band where no k helps gets 0.
+
+    A band keeps the previous band's k while that k still helps, unless another k is
+    resolved faster at this load (``resolved_faster(previous_key, candidate_key)``): a
+    difference inside the noise does not change the schedule."""
+    table = comparisons.table
+    rows = table[table["method"] == method] if not table.empty else table
     if rows.empty or not baseline_e2el_s:
         return None
     bands: list[tuple[int, int]] = []
+    previous: int | None = None
     for rate in sorted(rows["request_rate"].unique()):
         at_rate = rows[rows["request_rate"] == rate]
         helping = at_rate[at_rate["verdict"] == "helps"]
-        best = int(helping.loc[helping["speedup_median_tpot"].idxmax(), "k"]) if not helping.empty else 0
+        best = 0
+        if not helping.empty:
+            candidate = helping.loc[helping[TPOT].idxmax()]
+            best = int(candidate["k"])
+            kept = helping[helping["k"] == previous]
+            if previous and not kept.empty and previous != best:
+                best = (
+                    best if resolved_faster(str(kept.iloc[0]["point_key"]), str(candidate["point_key"])) else previous
+                )
+        previous = best or None
         e2el = baseline_e2el_s.get(float(rate))
         batch = max(1, math.ceil(rate * e2el)) if e2el and math.isfinite(rate) else None
         if batch is None:

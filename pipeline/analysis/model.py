@@ -28,18 +28,25 @@ def predict(alpha: float, c: float, k: int) -> float:
 
 
 def fit(points: pd.DataFrame, max_k: int = 8) -> tuple[list[Fit], list[str]]:
-    """Per (engine, method), at its lowest measured rate. Returns fits and what was skipped."""
+    """Per curve (engine, method and every other setting but k and rate), at its lowest
+    measured rate. Returns fits and what was skipped."""
     fits, skipped = [], []
     if points.empty:
         return fits, ["no speculative point was measured"]
-    for (engine, method), group in points.groupby(["engine", "method"], sort=True):
+    # One fit per curve: points that differ in workload, draft or options are not pooled.
+    curve = ["engine", "method"] + (
+        ["setting_key"] if "setting_key" in points and points["setting_key"].notna().all() else []
+    )
+    for key, group in points.groupby(curve, sort=True):
+        engine, method = key[0], key[1]
         low = group[group["request_rate"] == group["request_rate"].min()]
         alphas, costs, measured = [], [], {}
         for row in low.itertuples():
             length, speedup = row.acceptance_length, row.speedup_median_tpot
             if not _finite(length) or not _finite(speedup):
                 continue
-            alpha = alpha_from_length(length, row.k)
+            k_eff = getattr(row, "acceptance_k_effective", None)
+            alpha = alpha_from_length(length, k_eff if _finite(k_eff) else row.k)
             if alpha is None:
                 continue
             alphas.append(alpha)

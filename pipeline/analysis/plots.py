@@ -46,7 +46,11 @@ def _curves(frame: pd.DataFrame):  # type: ignore[no-untyped-def]
         yield label, role, group.groupby("request_rate", sort=True).median(numeric_only=True).reset_index()
 
 
-def throughput_vs_tpot(frame: pd.DataFrame, tpot: str = "median_tpot_ms") -> bytes | None:
+def throughput_vs_tpot(
+    frame: pd.DataFrame, tpot: str = "median_tpot_ms", levels: pd.DataFrame | None = None
+) -> bytes | None:
+    """Throughput against per-token latency; with ``levels`` (each point's median TPOT and
+    its interval), horizontal error bars show how far each point could move."""
     data = measured(frame).dropna(subset=[tpot, "output_throughput"]) if tpot in frame else frame.iloc[0:0]
     if data.empty:
         return None
@@ -57,11 +61,34 @@ def throughput_vs_tpot(frame: pd.DataFrame, tpot: str = "median_tpot_ms") -> byt
         for row in curve.itertuples():
             ax.annotate(f"{row.request_rate:g}/s", (getattr(row, tpot), row.output_throughput), fontsize=7,
                         textcoords="offset points", xytext=(3, 3))  # fmt: skip
+    if levels is not None and f"{tpot}_low" in levels:
+        bars = levels.dropna(subset=[f"{tpot}_low", f"{tpot}_high"])
+        ax.errorbar(bars[tpot], bars["output_throughput"], fmt="none", ecolor="grey", elinewidth=1, capsize=3,
+                    xerr=[bars[tpot] - bars[f"{tpot}_low"], bars[f"{tpot}_high"] - bars[tpot]],
+                    label="interval of the median TPOT")  # fmt: skip
     xs, ys = list(data[tpot]), list(data["output_throughput"])
     front = sorted((x, y) for x, y, m in zip(xs, ys, pareto_mask(xs, ys), strict=True) if m)
     ax.step([p[0] for p in front], [p[1] for p in front], where="post", color="red", alpha=0.4, label="Pareto frontier")
     return _chart(fig, ax, f"{tpot.replace('_', ' ')} (lower is better)",
                   "output throughput, tok/s (higher is better)", "Throughput against per-token latency, across request rates")  # fmt: skip
+
+
+def speedup_vs_rate(points: pd.DataFrame) -> bytes | None:
+    """Median-TPOT speedup per configuration against load, each with its interval."""
+    if points.empty or "speedup_median_tpot_low" not in points:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    finite = points[points["request_rate"].apply(math.isfinite)]
+    for (engine, method, k), group in finite.groupby(["engine", "method", "k"], sort=True):
+        group = group.sort_values("request_rate")
+        estimate = group["speedup_median_tpot"].astype(float)
+        low = (estimate - group["speedup_median_tpot_low"].astype(float)).fillna(0)
+        high = (group["speedup_median_tpot_high"].astype(float) - estimate).fillna(0)
+        ax.errorbar(group["request_rate"], estimate, yerr=[low, high], marker="o", capsize=3,
+                    label=f"{engine} {method} k={k}")  # fmt: skip
+    ax.axhline(1.0, color="black", linewidth=1)
+    return _chart(fig, ax, "request rate (req/s)", "median-TPOT speedup (> 1: speculation faster)",
+                  "Median-TPOT speedup with its interval, against load")  # fmt: skip
 
 
 def ttft_vs_rate(frame: pd.DataFrame) -> bytes | None:
@@ -97,11 +124,18 @@ def speedup_heatmap(points: pd.DataFrame) -> bytes | None:
     image = ax.imshow(values, cmap="RdYlGn", vmin=0.5, vmax=1.5, aspect="auto")
     ax.set_xticks(range(len(grid.columns)), [f"{c:g}" for c in grid.columns])
     ax.set_yticks(range(len(grid.index)), [str(i) for i in grid.index])
+    verdict = "speedup_median_tpot_verdict" if "speedup_median_tpot_verdict" in rows else "verdict"
+    labels = rows.pivot_table(index="config", columns="request_rate", values=verdict, aggfunc="first")
     for (i, j), value in pd.DataFrame(values).stack().items():
         if math.isfinite(value):
-            ax.text(j, i, f"{value:.2f}x", ha="center", va="center", fontsize=9)
+            label = labels.iloc[i, j] if verdict in rows else ""
+            # Inconclusive cells are hatched and say so: their colour is not a finding.
+            resolved = label in ("helps", "hurts")
+            if not resolved:
+                ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", edgecolor="grey"))
+            ax.text(j, i, f"{value:.2f}x" + ("" if resolved else "\n?"), ha="center", va="center", fontsize=9)
     ax.set_xlabel("request rate (req/s)")
     ax.set_ylabel("configuration")
-    ax.set_title("Median-TPOT speedup (green > 1: speculation helps)")
+    ax.set_title("Median-TPOT speedup (green > 1; hatched '?': inconclusive)")
     fig.colorbar(image, ax=ax)
     return _png(fig)

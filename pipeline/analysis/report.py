@@ -17,7 +17,8 @@ import pandas as pd
 from pipeline.analysis.advisor import Advice
 from pipeline.analysis.model import Fit
 from pipeline.analysis.quality import Lossless
-from pipeline.analysis.verdicts import Crossover, measured
+from pipeline.analysis.stats import HELPS, HURTS, INCONCLUSIVE, TOO_FEW
+from pipeline.analysis.verdicts import LOAD_BOUND, LOAD_BOUND_TEXT, P99_FLOOR, Comparisons, Crossover
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,8 @@ class ReportData:
     length_tests: list[tuple[str, float, float]]  # (server, KS statistic, p-value) at temperature > 0
     not_computed: list[str] = field(default_factory=list)
     conditions: list[str] = field(default_factory=list)  # how the windows were measured
+    comparisons: Comparisons | None = None
+    levels: pd.DataFrame | None = None  # each point's own median TPOT with its interval
 
 
 PREFIX_POLICY_TEXT = {
@@ -75,36 +78,62 @@ def _f(value: object, digits: int = 1, suffix: str = "") -> str:
     return f"{value:.{digits}f}{suffix}"
 
 
+def _ratio_cell(row: pd.Series, metric: str) -> tuple[str, str]:
+    """The ratio as "2.34x [2.10, 2.61]" and its verdict (with what would resolve it)."""
+    text, verdict = row.get(f"{metric}_text"), row.get(f"{metric}_verdict")
+    if not isinstance(text, str):
+        return "—", "no comparison"
+    detail = row.get(f"{metric}_detail")
+    if verdict == LOAD_BOUND:
+        return text, LOAD_BOUND_TEXT
+    return text, str(verdict) + (f" ({detail})" if verdict in (INCONCLUSIVE, TOO_FEW) and detail else "")
+
+
+def _alpha_cell(row: pd.Series) -> tuple[str, str]:
+    alpha, low, high = row.get("acceptance_alpha"), row.get("alpha_low"), row.get("alpha_high")
+    rate = row.get("spec_decode_acceptance_rate")
+    text = f"L {row.get('acceptance_length_text', '—')}, α {_f(alpha, 2)}"
+    if _gt(low, -1) and _gt(high, -1):
+        text += f" [{low:.2f}, {high:.2f}]"
+    if _gt(rate, -1):
+        text += f" (vLLM accepted/draft tokens {rate:.1f}%)"
+    label = (
+        "low (α < 0.6)" if _lt(high, 0.6) else "high (α > 0.9)" if _gt(low, 0.9) else "within [0.6, 0.9] or unresolved"
+    )
+    return text, label if _gt(alpha, -1) else "not reported"
+
+
+def _name(row: pd.Series) -> str:
+    if row.get("replica") == 1:
+        return f"{row['engine']} A/A twin"
+    return f"{row['engine']} {row['method']} k={row['k']}"
+
+
 def look_table(data: ReportData) -> list[list[str]]:
-    """The tutorial's "what to look for": baseline against speculation at low and high load."""
+    """The tutorial's "what to look for": baseline against speculation at low and high load,
+    every ratio with its interval and verdict."""
     rows: list[list[str]] = []
-    frame, points = data.frame, data.points
+    points = data.points
     if points.empty:
         return rows
-    base = measured(frame, "baseline")
-    for (engine, method, k), group in points.groupby(["engine", "method", "k"], sort=True):
-        config = f"{engine} {method} k={k}"
-        rates = sorted(group["request_rate"])
-        loads = [("low", rates[0])] + ([("high", rates[-1])] if len(rates) > 1 else [])
-        for load, rate in loads:
-            row = group[group["request_rate"] == rate].iloc[0]
-            b = base[(base["engine"] == engine) & (base["request_rate"] == rate)].median(numeric_only=True)
-            tput = row["output_throughput_ratio"]
-            tput_verdict = "helps" if _gt(tput, 1.1) else "hurts" if _lt(tput, 1 / 1.1) else "neutral"
-            rows.append([config, f"TPOT, {load} load ({rate:g}/s)", _f(b.get("median_tpot_ms"), 1, " ms"),
-                         _f(row["median_tpot_ms"], 1, " ms"), _f(row["speedup_median_tpot"], 2, "x"),
-                         row["verdict"]])  # fmt: skip
-            rows.append([config, f"throughput, {load} load ({rate:g}/s)", _f(b.get("output_throughput"), 1, " tok/s"),
-                         _f(row["output_throughput"], 1, " tok/s"), _f(tput, 2, "x"), tput_verdict])  # fmt: skip
-        first = group[group["request_rate"] == rates[0]].iloc[0]
-        ttft = first["speedup_median_ttft"]
-        b0 = base[(base["engine"] == engine) & (base["request_rate"] == rates[0])]["median_ttft_ms"].median()
-        rows.append([config, f"TTFT ({rates[0]:g}/s)", _f(b0, 1, " ms"), _f(first["median_ttft_ms"], 1, " ms"),
-                     _f(1 / ttft if _gt(ttft, 0) else None, 2, "x slower") if _lt(ttft, 1) else _f(ttft, 2, "x"),
-                     "hurts" if _lt(ttft, 0.9) else "neutral" if _lt(ttft, 1.1) else "helps"])  # fmt: skip
-        rate_pct, length, alpha = first["spec_decode_acceptance_rate"], first["acceptance_length"], first["acceptance_alpha"]
-        rows.append([config, "acceptance", "", f"rate {_f(rate_pct, 1, '%')}, L {_f(length, 2)}, α {_f(alpha, 2)}", "",
-                     "low (<0.6)" if _lt(alpha, 0.6) else "high (>0.9)" if _gt(alpha, 0.9) else "ok"])  # fmt: skip
+    curve = ["engine", "method", "k"] + (["setting_key"] if "setting_key" in points else [])
+    for _, group in points.groupby(curve, sort=True):
+        group = group.sort_values("request_rate")
+        config = _name(group.iloc[0])
+        loads = [("low", group.iloc[0])] + ([("high", group.iloc[-1])] if len(group) > 1 else [])
+        for load, row in loads:
+            rate = row["request_rate"]
+            for label, base, spec, unit, metric in (
+                ("median TPOT", "base_median_tpot_ms", "median_tpot_ms", " ms", "speedup_median_tpot"),
+                ("p99 TPOT", "base_p99_tpot_ms", "p99_tpot_ms", " ms", "speedup_p99_tpot"),
+                ("throughput", "base_output_throughput", "output_throughput", " tok/s", "output_throughput_ratio"),
+            ):
+                rows.append([config, f"{label}, {load} load ({rate:g}/s)", _f(row.get(base), 1, unit),
+                             _f(row.get(spec), 1, unit), *_ratio_cell(row, metric)])  # fmt: skip
+        first = group.iloc[0]
+        rows.append([config, f"median TTFT ({first['request_rate']:g}/s)", _f(first.get("base_median_ttft_ms"), 1, " ms"),
+                     _f(first.get("median_ttft_ms"), 1, " ms"), *_ratio_cell(first, "speedup_median_ttft")])  # fmt: skip
+        rows.append([config, f"acceptance ({first['request_rate']:g}/s)", "", *_alpha_cell(first)])
     return rows
 
 
@@ -116,32 +145,75 @@ def _lt(v: object, x: float) -> bool:
     return isinstance(v, (int, float)) and math.isfinite(v) and v < x
 
 
+def is_aa(points: pd.DataFrame) -> bool:
+    return not points.empty and "replica" in points and bool((points["replica"] == 1).all())
+
+
+def method_statement(data: ReportData) -> str:
+    """How every verdict in the report was decided: the reader's key to the words."""
+    points = data.points
+    opts = data.comparisons.options if data.comparisons else None
+    if points.empty or opts is None:
+        return ""
+    runs = int(points["runs"].max()) if "runs" in points else 1
+    basis = ("1 run per point: the interval covers request-to-request variation within the run, not the spread "
+             "between server starts (repeats.count>=2, repeats.restart=true measure it)" if runs == 1
+             else f"up to {runs} runs per point: the interval covers the spread between runs, then requests")  # fmt: skip
+    return (
+        f"Every ratio reads estimate [{opts.confidence:.0%} interval]: a bootstrap over requests paired by "
+        f"prompt ({opts.resamples} resamples); {basis}. A ratio helps only if its interval lies above "
+        f"1 + {opts.floor:.0%} (p99: 1 + {P99_FLOOR:.0%}), hurts only if below 1 - that floor; otherwise it is "
+        f"inconclusive. Verdicts are adjusted across the {len(points)} comparisons of each ratio "
+        f"(Benjamini-Hochberg, false-discovery rate {1 - opts.confidence:.0%})."
+    )
+
+
 def headline(data: ReportData) -> str:
     points = data.points
+    if not points.empty and (points["verdict"] == TOO_FEW).all():
+        return "Not enough requests to compare any point: a verdict needs 5 or more paired requests per window."
     if points.empty or points["speedup_median_tpot"].isna().all():
         return "No speculative point could be compared with a baseline: no answer yet (see below)."
-    best = points.loc[points["speedup_median_tpot"].idxmax()]
-    helps = points[points["verdict"] == "helps"]
-    text = (f"Best: {best['engine']} {best['method']} k={best['k']} at {best['request_rate']:g} req/s, "
-            f"{best['speedup_median_tpot']:.2f}x median TPOT ({best['verdict']}). ")  # fmt: skip
-    text += f"Speculation helps at {len(helps)} of {len(points)} measured points. "
-    fades = []
-    for (_, method, k), group in points.sort_values("request_rate").groupby(["engine", "method", "k"], sort=True):
-        after = group[group["verdict"] != "helps"]
-        if not after.empty and (group["verdict"] == "helps").any():
-            fades.append(f"{method} k={k} from {after['request_rate'].iloc[0]:g} req/s")
-    if fades:
-        text += "No longer clearly helps (inside the noise or worse): " + "; ".join(fades) + ". "
+    verdict = points["speedup_median_tpot_verdict"] if "speedup_median_tpot_verdict" in points else points["verdict"]
+    counts = {label: int((verdict == label).sum()) for label in (HELPS, HURTS, INCONCLUSIVE, TOO_FEW)}
+    if is_aa(points):
+        return _aa_headline(data, counts)
+    helps = points[verdict == HELPS]
+    if helps.empty:
+        text = "No point clearly helps in median TPOT. "
+    else:
+        best = helps.loc[helps["speedup_median_tpot"].idxmax()]
+        text = (f"Best: {_name(best)} at {best['request_rate']:g} req/s, {best['speedup_median_tpot_text']} "
+                f"median TPOT (helps). ")  # fmt: skip
+    text += (f"Speculation helps at {counts[HELPS]} of {len(points)} measured points, hurts at {counts[HURTS]}, "
+             f"inconclusive at {counts[INCONCLUSIVE] + counts[TOO_FEW]}. ")  # fmt: skip
     crossed = [c for c in data.crossings if c.rate is not None]
     if crossed:
-        text += "Stops paying: " + "; ".join(f"{c.method} k={c.k} at ~{c.rate:.1f} req/s" for c in crossed) + "."
+        text += "Stops paying: " + "; ".join(f"{c.method} k={c.k} {c.text}" for c in crossed) + "."
     else:
-        text += "The median-TPOT speedup does not fall below 1.0 within the measured loads."
+        text += "Where it stops paying is not resolved within the measured loads."
+    return text
+
+
+def _aa_headline(data: ReportData, counts: dict[str, int]) -> str:
+    points = data.points
+    opts = data.comparisons.options if data.comparisons else None
+    false = counts[HELPS] + counts[HURTS]
+    text = (f"A/A comparison: two identical servers without speculation, the second compared as if it were "
+            f"speculative. {false} of {len(points)} median-TPOT comparisons gave a verdict (each a false alarm). ")  # fmt: skip
+    floors = []
+    for row in points.sort_values("request_rate").itertuples():
+        low, high = getattr(row, "speedup_median_tpot_low", None), getattr(row, "speedup_median_tpot_high", None)
+        if opts and _gt(low, 0) and _gt(high, 0):
+            half = (math.log(high) - math.log(low)) / 2
+            floors.append(f"{(1 + opts.floor) * math.exp(half):.3f}x at {row.request_rate:g} req/s")
+    if floors:
+        text += "Smallest median-TPOT speedup this setup resolves: " + ", ".join(floors) + "."
     return text
 
 
 def markdown(data: ReportData) -> str:
-    lines = [f"# {data.title}", "", f"**{headline(data)}**", ""]
+    lines = [f"# {data.title}", "", f"**{headline(data)}**", "", method_statement(data), ""]
     lines += [f"- {c}" for c in data.conditions] + ["", "## What to look for", ""]
     lines += ["| configuration | metric | baseline | speculation | ratio | verdict |", "|---|---|---|---|---|---|"]
     lines += ["| " + " | ".join(row) + " |" for row in look_table(data)]
@@ -150,7 +222,8 @@ def markdown(data: ReportData) -> str:
     lines += ["", "## Predicted against measured speedup (Leviathan et al.)", ""]
     for fit in data.fits:
         lines.append(f"- {fit.engine} {fit.method} at {fit.rate:g} req/s: α={fit.alpha:.3f}, c={fit.c:.3f}")
-        lines += [f"  - k={k}: predicted {p:.2f}x" + (f", measured {fit.measured[k]:.2f}x" if k in fit.measured else "")
+        lines += [f"  - k={k}: predicted {p:.2f}x (a model figure, no interval)"
+                  + (f", measured {_measured_text(data, fit, k)}" if k in fit.measured else "")
                   for k, p in fit.predicted.items()]  # fmt: skip
     lines += ["", "## Advice", ""]
     lines += [f"- **{a.advice}** ({a.rule}: {a.evidence})" for a in data.advice] or ["- no rule triggered"]
@@ -165,9 +238,16 @@ def markdown(data: ReportData) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _measured_text(data: ReportData, fit: Fit, k: int) -> str:
+    points = data.points
+    match = points[(points["engine"] == fit.engine) & (points["method"] == fit.method) & (points["k"] == k)
+                   & (points["request_rate"] == fit.rate)]  # fmt: skip
+    return str(match.iloc[0]["speedup_median_tpot_text"]) if not match.empty else f"{fit.measured[k]:.2f}x"
+
+
 CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:24px;max-width:1200px;color:#222}
 table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}
-th{background:#f3f3f3}.helps{background:#d9f2d9}.hurts{background:#f8d7d7}.neutral{background:#f4f4f4}
+th{background:#f3f3f3}.helps{background:#d9f2d9}.hurts{background:#f8d7d7}.inconclusive{background:#f4f4f4}
 .headline{font-size:18px;padding:10px;background:#eef4ff;border-left:4px solid #3b6fd8}img{max-width:100%}
 code,pre{background:#f6f6f6}"""
 
@@ -175,7 +255,7 @@ code,pre{background:#f6f6f6}"""
 def _table(header: list[str], rows: list[list[str]]) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join(
-        "<tr>" + "".join(f'<td class="{html.escape(c)}">{html.escape(c)}</td>' if i == len(row) - 1
+        "<tr>" + "".join(f'<td class="{html.escape(c.split(" ")[0].strip(":"))}">{html.escape(c)}</td>' if i == len(row) - 1
                          else f"<td>{html.escape(c)}</td>" for i, c in enumerate(row)) + "</tr>"
         for row in rows
     )  # fmt: skip
@@ -184,6 +264,7 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 def page(data: ReportData, figures: dict[str, bytes]) -> str:
     parts = [f"<h1>{html.escape(data.title)}</h1>", f'<p class="headline">{html.escape(headline(data))}</p>',
+             f"<p>{html.escape(method_statement(data))}</p>",
              "<ul>" + "".join(f"<li>{html.escape(c)}</li>" for c in data.conditions) + "</ul>",
              "<h2>What to look for</h2>",
              _table(["configuration", "metric", "baseline", "speculation", "ratio", "verdict"], look_table(data)),
@@ -196,5 +277,7 @@ def page(data: ReportData, figures: dict[str, bytes]) -> str:
     # The rest (model, advice, k schedule, losslessness, gaps) as the Markdown summary has it.
     rest = "## Predicted" + markdown(data).split("## Predicted", 1)[1]
     parts.append(f"<h2>Model, advice, k schedule, losslessness</h2><pre>{html.escape(rest)}</pre>")
-    return f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(data.title)}</title>" \
-           f"<style>{CSS}</style></head><body>{''.join(parts)}</body></html>"
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(data.title)}</title>"
+        f"<style>{CSS}</style></head><body>{''.join(parts)}</body></html>"
+    )

@@ -1,58 +1,39 @@
-"""Per-point verdicts (helps, neutral, hurts) and the load where speculation stops paying."""
+"""Per-point comparisons with measured intervals, their verdicts, and the load where
+speculation stops paying. Every number that becomes a word comes from
+:mod:`pipeline.analysis.stats`; this module only says which windows pair with which.
+
+A point is everything measured at one configuration and load: its repeats share a
+``point_key`` (the point's hash without the repeat index), so points that differ in
+workload, temperature, model, draft, options, burstiness or concurrency are never pooled.
+Each speculative window pairs with its own baseline window (``baseline_hash``): the same
+prompts, schedule and repeat.
+"""
 
 from __future__ import annotations
 
 import math
-import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
-# With one run per point there is no spread to test against: assume the repeat-to-repeat
-# spread measured on this 2-core machine (about +-10 % in median-TPOT speedup, issue 2's
-# three repeats) and say so. With repeats, the measured spread is used instead.
-ASSUMED_NOISE = 0.10
+from pipeline.acceptance import alpha_from_length
+from pipeline.analysis import stats
+from pipeline.analysis.stats import RATIOS, Decision, Ratio, Sample, StatsOptions
+
 CONFIG = ["engine", "method", "k"]
-
-
-@dataclass(frozen=True)
-class Verdict:
-    label: str  # helps | neutral | hurts | unknown
-    median: float | None
-    low: float | None
-    high: float | None
-    runs: int
-    basis: str  # how the interval was obtained
-
-    @property
-    def text(self) -> str:
-        if self.median is None:
-            return f"unknown ({self.basis})"
-        return f"{self.label}: {self.median:.2f}x [{self.low:.2f}, {self.high:.2f}] ({self.basis})"
-
-
-def verdict(speedups: Sequence[float]) -> Verdict:
-    """Helps only if the whole interval is above 1; inside the spread is neutral, never helps."""
-    values = [v for v in speedups if v is not None and math.isfinite(v)]
-    if not values:
-        return Verdict("unknown", None, None, None, 0, "no paired baseline measurement")
-    median = statistics.median(values)
-    if len(values) == 1:
-        low, high = median / (1 + ASSUMED_NOISE), median * (1 + ASSUMED_NOISE)
-        basis = f"1 run; +-{ASSUMED_NOISE:.0%} spread assumed"
-    else:
-        low, high = min(values), max(values)
-        basis = f"{len(values)} runs; min-max"
-    label = "helps" if low > 1 else "hurts" if high < 1 else "neutral"
-    return Verdict(label, median, low, high, len(values), basis)
-
+TPOT = "speedup_median_tpot"
+THROUGHPUT = "output_throughput_ratio"
+# Practical floors: a 1 % change can be real and irrelevant. Tails move more from run to run.
+P99_FLOOR = 0.10
+LOAD_BOUND = "load-bound"
+LOAD_BOUND_TEXT = "load-bound: not a capacity measure (both servers kept up with the offered load)"
 
 MEDIANS = (
-    "speedup_p99_tpot", "speedup_median_ttft", "output_throughput_ratio", "spec_decode_acceptance_rate",
-    "acceptance_length", "acceptance_alpha", "median_tpot_ms", "output_throughput", "median_ttft_ms",
+    "spec_decode_acceptance_rate", "acceptance_length", "acceptance_alpha", "acceptance_k_effective",
+    "median_tpot_ms", "p99_tpot_ms", "output_throughput", "median_ttft_ms", "median_e2el_ms",
 )  # fmt: skip
-POINT_COLUMNS = (*CONFIG, "request_rate", "speedup_median_tpot", "low", "high", "runs", "verdict", "basis", *MEDIANS)
 
 
 def measured(frame: pd.DataFrame, role: str | None = None) -> pd.DataFrame:
@@ -61,28 +42,147 @@ def measured(frame: pd.DataFrame, role: str | None = None) -> pd.DataFrame:
     return frame[keep & (frame["role"] == role)] if role else frame[keep]
 
 
-def point_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per (engine, method, k, rate): the verdict over repeats and the key ratios.
-    Always has :data:`POINT_COLUMNS`, so an empty table can be filtered like a full one."""
-    rows = []
-    for key, group in measured(frame, "speculative").groupby([*CONFIG, "request_rate"], sort=True):
-        engine, method, k, rate = key
-        v = verdict(list(group.get("speedup_median_tpot", pd.Series(dtype=float))))
-        rows.append(
-            {
-                "engine": engine, "method": method, "k": int(k), "request_rate": float(rate),
-                "speedup_median_tpot": v.median, "low": v.low, "high": v.high, "runs": v.runs,
-                "verdict": v.label, "basis": v.basis, **{col: _median(group, col) for col in MEDIANS},
-            }
-        )  # fmt: skip
-    return pd.DataFrame(rows, columns=list(POINT_COLUMNS))
+def floor_for(metric: str, opts: StatsOptions) -> float:
+    return P99_FLOOR if metric.startswith("speedup_p99") else opts.floor
+
+
+def keeps_up(sample: Sample) -> bool:
+    """Did the server keep up with the offered load? Then the window ends about one request's
+    latency after the last arrival; a queue draining after the arrivals stretches it."""
+    e2el = sample.values["e2el"]
+    e2el = e2el[np.isfinite(e2el)]
+    if not len(e2el) or not math.isfinite(sample.scheduled_end_s) or sample.scheduled_end_s <= 0:
+        return False
+    return sample.duration_s <= sample.scheduled_end_s + 1.5 * float(np.median(e2el))
+
+
+@dataclass(frozen=True)
+class Comparisons:
+    """One row per speculative point, with every ratio's interval and verdict."""
+
+    table: pd.DataFrame
+    decisions: dict[str, dict[str, Decision]]  # point_key -> metric -> decision
+    options: StatsOptions
+
+    def decision(self, key: str, metric: str) -> Decision | None:
+        return self.decisions.get(key, {}).get(metric)
+
+
+def _key_column(frame: pd.DataFrame) -> str:
+    # Summaries from before point_key existed: every row is a point of its own.
+    return "point_key" if "point_key" in frame and frame["point_key"].notna().all() else "point_hash"
+
+
+def _pairs(group: pd.DataFrame, base: pd.DataFrame) -> list[tuple[pd.Series, pd.Series]]:
+    by_hash = base.set_index("point_hash")
+    pairs = []
+    for _, row in group.sort_values("repeat" if "repeat" in group else "point").iterrows():
+        if row["baseline_hash"] in by_hash.index:
+            pairs.append((by_hash.loc[row["baseline_hash"]], row))
+    return pairs
+
+
+def _summary_only(metric: str, pairs: list[tuple[pd.Series, pd.Series]]) -> Ratio:
+    values = [float(s.get(metric)) for _, s in pairs if _finite(s.get(metric))]
+    estimate = math.exp(float(np.mean(np.log(values)))) if values else None
+    return Ratio(metric, estimate, runs=len(pairs), note="no per-request data (requests.csv) for an interval")
+
+
+def _alpha_bounds(length: Ratio, k_eff: float) -> tuple[float | None, float | None]:
+    if not length.resolved or not k_eff:
+        return None, None
+    assert length.low is not None and length.high is not None
+    low = alpha_from_length(min(max(length.low, 1.0), k_eff + 1), k_eff)
+    high = alpha_from_length(min(max(length.high, 1.0), k_eff + 1), k_eff)
+    return low, high
+
+
+def compare_points(frame: pd.DataFrame, samples: Mapping[str, Sample], opts: StatsOptions) -> Comparisons:
+    """Every speculative point against its baseline, for every ratio of :data:`stats.RATIOS`,
+    with the verdicts of each ratio decided together across the sweep."""
+    spec_rows, base_rows = measured(frame, "speculative"), measured(frame, "baseline")
+    key_col = _key_column(frame)
+    rows: list[dict] = []
+    ratios: dict[str, dict[str, Ratio]] = {}
+    load_bound: dict[str, bool] = {}
+    for i, (key, group) in enumerate(spec_rows.groupby(key_col, sort=False)):
+        pairs = _pairs(group, base_rows)
+        if not pairs:
+            continue
+        first = pairs[0][1]
+        base_s = [samples.get(str(b["run_id"])) for b, _ in pairs]
+        spec_s = [samples.get(str(s["run_id"])) for _, s in pairs]
+        complete = all(x is not None for x in base_s + spec_s)
+        found: dict[str, Ratio] = {}
+        for j, metric in enumerate(RATIOS):
+            if complete:
+                rng = np.random.default_rng([opts.seed, i, j])
+                found[metric] = stats.paired_ratio(metric, base_s, spec_s, opts, rng)  # type: ignore[arg-type]
+            else:
+                found[metric] = _summary_only(metric, pairs)
+        ratios[str(key)] = found
+        rate = float(first["request_rate"])
+        load_bound[str(key)] = complete and all(keeps_up(x) for x in [*base_s, *spec_s])  # type: ignore[arg-type]
+        row = {c: first.get(c) for c in ("engine", "method", "k", "workload", "setting_key", "replica")}
+        row |= {"point_key": str(key), "request_rate": rate, "runs": len(pairs), "k": int(first["k"])}
+        row |= {c: _median(group, c) for c in MEDIANS}
+        baseline = pd.DataFrame([b for b, _ in pairs])
+        row |= {f"base_{c}": _median(baseline, c) for c in ("median_tpot_ms", "p99_tpot_ms", "output_throughput",
+                                                            "median_ttft_ms")}  # fmt: skip
+        length = stats.acceptance_length_interval([s for s in spec_s if s is not None], row["acceptance_length"],
+                                                  opts) if complete and _finite(row["acceptance_length"]) else None  # fmt: skip
+        k_eff = row["acceptance_k_effective"] if _finite(row["acceptance_k_effective"]) else row["k"]
+        row["alpha_low"], row["alpha_high"] = _alpha_bounds(length, k_eff) if length else (None, None)
+        row["acceptance_length_text"] = length.text.replace("x", "") if length else "—"
+        rows.append(row)
+    decisions = _decide(ratios, load_bound, opts)
+    for row in rows:
+        for metric, decision in decisions[row["point_key"]].items():
+            ratio = decision.ratio
+            row |= {metric: ratio.estimate, f"{metric}_low": ratio.low, f"{metric}_high": ratio.high,
+                    f"{metric}_verdict": decision.label, f"{metric}_text": ratio.text,
+                    f"{metric}_detail": decision.detail}  # fmt: skip
+        tpot = decisions[row["point_key"]][TPOT]
+        row |= {"verdict": tpot.label, "low": tpot.ratio.low, "high": tpot.ratio.high,
+                "basis": _basis(tpot.ratio), "load_bound": load_bound[row["point_key"]]}  # fmt: skip
+    table = pd.DataFrame(rows)
+    if table.empty:
+        table = pd.DataFrame(columns=["point_key", *CONFIG, "request_rate", TPOT, "verdict", "low", "high", *MEDIANS])
+    return Comparisons(table.sort_values([*CONFIG, "request_rate"]) if not table.empty else table, decisions, opts)
+
+
+def _decide(ratios: dict[str, dict[str, Ratio]], load_bound: dict[str, bool],
+            opts: StatsOptions) -> dict[str, dict[str, Decision]]:  # fmt: skip
+    """Each ratio is one family across the sweep, adjusted together (Benjamini-Hochberg)."""
+    out: dict[str, dict[str, Decision]] = {key: {} for key in ratios}
+    for metric in RATIOS:
+        keys = [k for k in ratios if not (metric == THROUGHPUT and load_bound[k])]
+        for key in ratios:
+            if key not in keys:
+                out[key][metric] = Decision(LOAD_BOUND, ratios[key][metric], detail=LOAD_BOUND_TEXT)
+        family = stats.decide([ratios[k][metric] for k in keys], opts, floor_for(metric, opts))
+        for key, decision in zip(keys, family, strict=True):
+            out[key][metric] = decision
+    return out
+
+
+def _basis(ratio: Ratio) -> str:
+    runs = f"{ratio.runs} run{'s' if ratio.runs != 1 else ''}"
+    if not ratio.resolved:
+        return f"{runs}; {ratio.note}"
+    spread = "requests within the run" if ratio.runs == 1 else "runs, then requests within each"
+    return f"{runs}, {ratio.requests} paired requests per window; {ratio.level:.0%} interval over {spread}"
 
 
 def _median(group: pd.DataFrame, column: str) -> float | None:
     if column not in group:
         return None
-    values = [v for v in group[column] if isinstance(v, (int, float)) and math.isfinite(v)]
-    return statistics.median(values) if values else None
+    values = [v for v in group[column] if _finite(v)]
+    return float(np.median(values)) if values else None
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float, np.floating)) and math.isfinite(float(value))  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -92,28 +192,39 @@ class Crossover:
     k: int
     rate: float | None  # where the median-TPOT speedup crosses 1.0, interpolated
     text: str
+    low: float | None = None
+    high: float | None = None
 
 
-def crossover(rates: Sequence[float], speedups: Sequence[float | None]) -> tuple[float | None, str]:
-    pairs = [(r, s) for r, s in sorted(zip(rates, speedups, strict=True)) if s is not None and math.isfinite(s)]
-    if len(pairs) < 2:
-        return None, "not computed: needs speedups at two or more request rates"
-    if pairs[0][1] < 1:
-        return None, f"below 1.0 already at the lowest measured rate ({pairs[0][0]:g} req/s)"
-    for (r0, s0), (r1, s1) in zip(pairs, pairs[1:], strict=False):
-        if s0 >= 1 > s1:
-            if math.isinf(r1):  # "all at once" has no rate to interpolate towards
-                return r0, f"crosses 1.0 above {r0:g} req/s, by the all-at-once load"
-            rate = r0 + (s0 - 1) * (r1 - r0) / (s0 - s1)
-            return rate, f"crosses 1.0 at ~{rate:.2f} req/s (between {r0:g} and {r1:g})"
-    return None, f"none within the measured range ({pairs[0][0]:g}-{pairs[-1][0]:g} req/s): speedup stays >= 1"
-
-
-def crossovers(points: pd.DataFrame) -> list[Crossover]:
-    found = []
-    if points.empty:
+def crossovers(comparisons: Comparisons) -> list[Crossover]:
+    """Per curve (one configuration across loads): where speculation stops paying, as an
+    interval over the bootstrap's replicates, or "not resolved"."""
+    table = comparisons.table
+    found: list[Crossover] = []
+    if table.empty:
         return found
-    for (engine, method, k), group in points.groupby(CONFIG, sort=True):
-        rate, text = crossover(list(group["request_rate"]), list(group["speedup_median_tpot"]))
-        found.append(Crossover(engine, method, int(k), rate, text))
+    curve = [*CONFIG, "setting_key"] if "setting_key" in table and table["setting_key"].notna().all() else CONFIG
+    for _, group in table.groupby(curve, sort=True):
+        group = group.sort_values("request_rate")
+        decisions = [comparisons.decisions[key][TPOT] for key in group["point_key"]]
+        cross = stats.crossing(list(group["request_rate"]), decisions, comparisons.options)
+        first = group.iloc[0]
+        found.append(Crossover(str(first["engine"]), str(first["method"]), int(first["k"]), cross.rate, cross.text,
+                               cross.low, cross.high))  # fmt: skip
     return found
+
+
+def between_points(frame: pd.DataFrame, samples: Mapping[str, Sample], slower: str, faster: str,
+                   opts: StatsOptions) -> Decision | None:  # fmt: skip
+    """Is point ``faster`` resolved faster than point ``slower`` in median TPOT? Two
+    speculative windows at one load send the same prompts too, so they pair by repeat."""
+    key_col = _key_column(frame)
+    spec = measured(frame, "speculative")
+    runs = []
+    for key in (slower, faster):
+        rows = spec[spec[key_col] == key].sort_values("repeat" if "repeat" in spec else "point")
+        runs.append([samples.get(str(r)) for r in rows["run_id"]])
+    if not runs[0] or len(runs[0]) != len(runs[1]) or any(s is None for s in runs[0] + runs[1]):
+        return None
+    ratio = stats.paired_ratio(TPOT, runs[0], runs[1], opts)  # type: ignore[arg-type]
+    return stats.decide([ratio], opts)[0]

@@ -4,66 +4,85 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
-import pytest
 
-from pipeline.analysis import advisor, model, quality, verdicts
-from pipeline.analysis.plots import pareto_mask
+from pipeline.acceptance import alpha_from_length
+from pipeline.analysis import advisor, model, quality
+from pipeline.analysis.plots import pareto_mask, speedup_heatmap, speedup_vs_rate, throughput_vs_tpot
 from pipeline.analysis.report import look_table, markdown, page
+from pipeline.analysis.stats import Sample, StatsOptions
 from pipeline.report import analyse
 
+OPTS = StatsOptions(resamples=500)
 
-def _row(role: str, k: int, rate: float, **metrics: float) -> dict:
-    method = "none" if role == "baseline" else "ngram"
-    point = f"{'baseline' if role == 'baseline' else f'ngram-k{k}'}-r{rate:g}"
+
+def _row(role: str, k: int, rate: float, **metrics: object) -> dict:
+    method = metrics.pop("method", "none" if role == "baseline" else "ngram")
+    workload = metrics.pop("workload", "code_edit")
+    repeat = int(metrics.pop("repeat", 0))  # type: ignore[call-overload]
+    name = "baseline" if role == "baseline" else f"{method}-k{k}"
+    key = f"{name}-r{rate:g}-{workload}"
+    point = f"{key}-rep{repeat}"
     return {"point": point, "role": role, "engine": "vllm", "method": method, "k": k, "request_rate": rate,
-            "status": "finished", "error": "", "run_id": point, "point_hash": point, "baseline_hash": "",
+            "workload": workload, "repeat": repeat, "status": "finished", "error": "", "run_id": point,
+            "point_hash": point, "point_key": key, "setting_key": f"{name}-{workload}", "replica": 0,
+            "baseline_hash": "" if role == "baseline" else f"baseline-r{rate:g}-{workload}-rep{repeat}",
             "temperature": 0.0, "dtype": "bfloat16", **metrics}  # fmt: skip
 
 
-def _sweep(speedups: dict[tuple[int, float], float], length: float = 3.0) -> pd.DataFrame:
-    rows = []
+def _window(rng: np.random.Generator, prompt: np.ndarray, tpot_s: float, rate: float, ttft_s: float = 0.2,
+            chunks: float = 40.0, tokens: float = 101.0, keeps_up: bool = False) -> Sample:  # fmt: skip
+    n = len(prompt)
+    tpot = tpot_s * np.exp(prompt + rng.normal(0, 0.05, n))
+    ttft = ttft_s * np.exp(rng.normal(0, 0.05, n))
+    e2el = ttft + tpot * (tokens - 1)
+    end = n / rate
+    duration = end + float(np.median(e2el)) if keeps_up else end + 10 * float(np.median(e2el))
+    return Sample(index=np.arange(n), values={"tpot": tpot, "ttft": ttft, "e2el": e2el},
+                  itl=tuple(np.full(int(chunks) - 1, t * (tokens - 1) / (chunks - 1)) for t in tpot),
+                  output_tokens=np.full(n, tokens), chunks=np.full(n, chunks), duration_s=duration,
+                  scheduled_end_s=end)  # fmt: skip
+
+
+def _sweep(speedups: dict[tuple[int, float], float], n: int = 64, runs: int = 1, ttft: float = 1.0,
+           length: float = 3.0, workload: str = "code_edit", seed: int = 0,
+           keeps_up: bool = False) -> tuple[pd.DataFrame, dict[str, Sample]]:  # fmt: skip
+    """A sweep with known effects: each speculative point's median TPOT is the baseline's
+    divided by its speedup, prompt by prompt; its TTFT the baseline's divided by ``ttft``."""
+    rng = np.random.default_rng(seed)
+    rows, samples = [], {}
     for rate in sorted({r for _, r in speedups}):
-        rows.append(_row("baseline", 0, rate, median_tpot_ms=40.0 * rate, output_throughput=100.0 * rate,
-                         median_ttft_ms=200.0, median_e2el_ms=5000.0))  # fmt: skip
-    for (k, rate), s in speedups.items():
-        rows.append(_row("speculative", k, rate, median_tpot_ms=40.0 * rate / s, output_throughput=100.0 * rate,
-                         median_ttft_ms=210.0, speedup_median_tpot=s, speedup_median_ttft=200 / 210,
-                         output_throughput_ratio=1.0, spec_decode_acceptance_rate=70.0, acceptance_length=length))  # fmt: skip
-    return pd.DataFrame(rows)
+        for repeat in range(runs):
+            prompt = rng.normal(0, 0.3, n)
+            base = _window(rng, prompt, 0.04 * rate**0.3, rate, keeps_up=keeps_up)
+            row = _row("baseline", 0, rate, workload=workload, repeat=repeat)
+            samples[row["run_id"]] = base
+            rows.append(row | _levels(base))
+            for (k, r), s in speedups.items():
+                if r != rate:
+                    continue
+                spec = _window(rng, prompt, 0.04 * rate**0.3 / s, rate, ttft_s=0.2 / ttft,
+                               chunks=101 / length, keeps_up=keeps_up)  # fmt: skip
+                srow = _row("speculative", k, rate, workload=workload, repeat=repeat)
+                samples[srow["run_id"]] = spec
+                acceptance = {"acceptance_length": length, "acceptance_alpha": alpha_from_length(length, k),
+                              "spec_decode_acceptance_rate": 100 * (length - 1) / k} if k else {}  # fmt: skip
+                rows.append(srow | _levels(spec) | acceptance | {"speedup_median_tpot": s})
+    return pd.DataFrame(rows), samples
+
+
+def _levels(w: Sample) -> dict[str, float]:
+    return {"median_tpot_ms": 1000 * float(np.median(w.values["tpot"])), "output_throughput": w.throughput,
+            "median_ttft_ms": 1000 * float(np.median(w.values["ttft"])), "duration": w.duration_s,
+            "median_e2el_ms": 1000 * float(np.median(w.values["e2el"])),
+            "p99_tpot_ms": 1000 * float(np.percentile(w.values["tpot"], 99))}  # fmt: skip
 
 
 def test_pareto_frontier_keeps_only_undominated_points() -> None:
     # (TPOT, throughput): lower TPOT and higher throughput dominate.
     x, y = [10, 20, 15, 30, 12], [100, 200, 90, 150, 100]
     assert pareto_mask(x, y) == [True, True, False, False, False]
-
-
-@pytest.mark.parametrize(
-    ("speedups", "rate", "text"),
-    [
-        ([1.5, 1.2, 0.8], 3.0, "crosses 1.0 at ~3.00 req/s (between 2 and 4)"),
-        ([1.5, 1.4, 1.1], None, "none within the measured range (1-4 req/s)"),
-        ([0.9, 0.8, 0.7], None, "below 1.0 already at the lowest measured rate (1 req/s)"),
-        ([1.5, float("nan"), 0.5], 2.5, "between 1 and 4"),
-    ],
-)
-def test_crossover_interpolates_between_measured_rates(speedups: list[float], rate: float | None, text: str) -> None:
-    found, said = verdicts.crossover([1.0, 2.0, 4.0], speedups)
-    assert (found is None and rate is None) or math.isclose(found, rate)
-    assert text in said
-    assert verdicts.crossover([1.0], [1.5])[0] is None
-    at_once = verdicts.crossover([1.0, 8.0, float("inf")], [1.6, 1.2, 0.9])
-    assert at_once == (8.0, "crosses 1.0 above 8 req/s, by the all-at-once load")
-
-
-@pytest.mark.parametrize(
-    ("speedups", "label"),
-    [([1.3], "helps"), ([1.05], "neutral"), ([0.8], "hurts"), ([1.02, 1.2, 1.1], "helps"), ([0.98, 1.3], "neutral"),
-     ([], "unknown")],
-)  # fmt: skip
-def test_a_difference_inside_the_spread_is_neutral_never_helps(speedups: list[float], label: str) -> None:
-    assert verdicts.verdict(speedups).label == label
 
 
 def test_model_recovers_alpha_and_cost_and_predicts_unmeasured_k() -> None:
@@ -84,43 +103,6 @@ def test_model_recovers_alpha_and_cost_and_predicts_unmeasured_k() -> None:
     assert set(fit.measured) == {3, 5}
 
 
-def test_advice_rules_quote_their_numbers() -> None:
-    points = pd.DataFrame([
-        {"engine": "vllm", "method": "draft", "k": 3, "request_rate": 1.0, "spec_decode_acceptance_rate": 45.0,
-         "speedup_median_ttft": 0.7, "speedup_median_tpot": 1.2, "verdict": "helps"},
-        {"engine": "vllm", "method": "eagle", "k": 2, "request_rate": 1.0, "spec_decode_acceptance_rate": 95.0,
-         "speedup_median_ttft": 1.0, "speedup_median_tpot": 1.8, "verdict": "helps"},
-    ])  # fmt: skip
-    crossing = verdicts.Crossover("vllm", "eagle", 2, 6.5, "crosses 1.0 at ~6.50 req/s (between 4 and 8)")
-    advice = advisor.advise(points, [crossing], {"draft k=3": 1.6})
-    rules = {a.rule: a for a in advice}
-    assert "0.45" in rules["acceptance < 0.6"].evidence and "closer" in rules["acceptance < 0.6"].advice
-    assert "0.95" in rules["acceptance > 0.9"].evidence and "larger k" in rules["acceptance > 0.9"].advice
-    assert "1.43x" in rules["TTFT regression"].evidence
-    assert "6.5 req/s" in rules["throughput lost at high load"].advice
-    assert "1.60x" in rules["high memory with a separate draft"].evidence
-    loaded = pd.DataFrame([
-        {"engine": "vllm", "method": "ngram", "k": 3, "request_rate": r, "output_throughput_ratio": t,
-         "spec_decode_acceptance_rate": 70.0, "speedup_median_ttft": 1.0} for r, t in ((1.0, 1.1), (16.0, 0.88))
-    ])  # fmt: skip
-    lost = [a for a in advisor.advise(loaded, [], {}) if a.rule == "throughput lost at high load"]
-    assert lost and "16 req/s and above" in lost[0].advice and "0.88x" in lost[0].evidence
-
-
-def test_k_schedule_picks_the_best_helping_k_per_load_band() -> None:
-    points = pd.DataFrame([
-        {"method": "ngram", "k": 3, "request_rate": 1.0, "speedup_median_tpot": 1.8, "verdict": "helps"},
-        {"method": "ngram", "k": 5, "request_rate": 1.0, "speedup_median_tpot": 2.0, "verdict": "helps"},
-        {"method": "ngram", "k": 3, "request_rate": 4.0, "speedup_median_tpot": 1.3, "verdict": "helps"},
-        {"method": "ngram", "k": 5, "request_rate": 4.0, "speedup_median_tpot": 1.2, "verdict": "helps"},
-        {"method": "ngram", "k": 3, "request_rate": 16.0, "speedup_median_tpot": 0.8, "verdict": "hurts"},
-    ])  # fmt: skip
-    schedule = advisor.k_schedule(points, {1.0: 2.0, 4.0: 3.0, 16.0: 4.0}, "ngram")
-    # Little's law: 1 x 2 s -> batch 2, 4 x 3 s -> 12, 16 x 4 s -> 64.
-    assert schedule["num_speculative_tokens_per_batch_size"] == [[1, 2, 5], [3, 12, 3], [13, 1024, 0]]
-    assert schedule["num_speculative_tokens"] == 5
-
-
 def test_lossless_compare_first_divergence_and_dtype_verdicts() -> None:
     base = [{"index": 0, "token_ids": [1, 2, 3]}, {"index": 1, "token_ids": [4, 5, 6]}]
     same = quality.compare("s", "b", "float32", base, base)
@@ -135,31 +117,6 @@ def test_lossless_compare_first_divergence_and_dtype_verdicts() -> None:
     assert statistic == 0.0 and p == 1.0
 
 
-def test_report_from_a_sweep_with_a_crossover() -> None:
-    frame = _sweep({(3, 1.0): 2.0, (3, 4.0): 1.4, (3, 16.0): 0.8, (5, 1.0): 2.2, (5, 4.0): 1.3, (5, 16.0): 0.7})
-    data = analyse("t", frame, [], [])
-    assert {c.k: round(c.rate, 2) for c in data.crossings} == {3: 12.0, 5: 10.0}
-    table = look_table(data)
-    assert ["vllm ngram k=3", "TPOT, low load (1/s)", "40.0 ms", "20.0 ms", "2.00x", "helps"] in table
-    assert any(row[1] == "TPOT, high load (16/s)" and row[-1] == "hurts" for row in table)
-    text = markdown(data)
-    assert "Stops paying: ngram k=3 at ~12.0 req/s; ngram k=5 at ~10.0 req/s" in text
-    assert "losslessness: no probe outputs" in text
-    html = page(data, {"figure": b"\x89PNG"})
-    assert html.index("What to look for") < html.index("figure") and "data:image/png;base64," in html
-
-
-def test_report_says_what_it_could_not_compute() -> None:
-    frame = _sweep({(3, 1.0): 1.5})
-    frame.loc[len(frame)] = {**_row("speculative", 5, 1.0), "status": "failed", "error": "server died"}
-    only_spec = frame[frame["role"] != "baseline"].assign(speedup_median_tpot=float("nan"))
-    data = analyse("t", only_spec, [], [])
-    gaps = " ".join(data.not_computed)
-    assert "no baseline point" in gaps and "failed point(s) left out: ngram-k5-r1" in gaps
-    assert "only one request rate" in gaps
-    assert "No speculative point could be compared" in markdown(data)
-
-
 def test_report_states_the_cache_policy_hit_rates_and_method_caveats() -> None:
     from pipeline.analysis.report import conditions
 
@@ -171,3 +128,146 @@ def test_report_states_the_cache_policy_hit_rates_and_method_caveats() -> None:
     assert "base-r1 50%" in text and "suffix-k3-r1 25%" in text
     assert "global suffix tree" in text and "SGLang's own bench spreads" in text
     assert not any("suffix tree" in c for c in conditions(frame.assign(method="ngram", engine="vllm")))
+
+
+def _analyse(frame: pd.DataFrame, samples: dict[str, Sample], memory: bool = False):  # type: ignore[no-untyped-def]
+    return analyse("t", frame, [], [], samples, OPTS)
+
+
+def test_report_from_a_sweep_with_a_crossover_has_an_interval_on_every_ratio() -> None:
+    frame, samples = _sweep({(3, 1.0): 2.0, (3, 4.0): 1.4, (3, 16.0): 0.6})
+    data = _analyse(frame, samples)
+    [cross] = data.crossings
+    assert cross.rate is not None and 4.0 < cross.low <= cross.rate <= cross.high < 16.0
+    assert "crosses 1.0 at ~" in cross.text and "[" in cross.text
+    table = look_table(data)
+    ratio_cells = [
+        row[4] for row in table if row[1].startswith(("median TPOT", "p99 TPOT", "throughput", "median TTFT"))
+    ]
+    assert ratio_cells and all("x [" in c or "no interval" in c for c in ratio_cells), ratio_cells
+    low = next(row for row in table if row[1] == "median TPOT, low load (1/s)")
+    assert low[4].startswith("2.0") and low[5] == "helps"
+    assert next(row for row in table if row[1] == "median TPOT, high load (16/s)")[5] == "hurts"
+    text = markdown(data)
+    assert "Benjamini-Hochberg" in text and "Stops paying: ngram k=3 crosses 1.0 at ~" in text
+    html = page(data, {"figure": b"\x89PNG"})
+    assert html.index("What to look for") < html.index("figure") and "data:image/png;base64," in html
+
+
+def test_points_that_differ_in_workload_are_never_pooled() -> None:
+    a, sa = _sweep({(3, 1.0): 2.0}, workload="code_edit")
+    b, sb = _sweep({(3, 1.0): 1.0}, workload="chat", seed=1)
+    data = _analyse(pd.concat([a, b]), sa | sb)
+    by_workload = data.points.set_index("workload")
+    assert by_workload.loc["code_edit", "verdict"] == "helps" and by_workload.loc["chat", "verdict"] != "helps"
+    assert (data.points["runs"] == 1).all()
+    assert len(data.fits) == 0 or {f.method for f in data.fits} == {"ngram"}
+
+
+def test_a_small_true_effect_is_inconclusive_with_the_window_that_would_resolve_it() -> None:
+    frame, samples = _sweep({(3, 1.0): 1.06}, n=12, seed=3)
+    row = _analyse(frame, samples).points.iloc[0]
+    assert row["verdict"] == "inconclusive"
+    assert "requests per window would likely resolve it" in row["speedup_median_tpot_detail"]
+
+
+def test_fewer_than_five_requests_get_no_verdict() -> None:
+    frame, samples = _sweep({(3, 1.0): 3.0}, n=4)
+    data = _analyse(frame, samples)
+    assert data.points.iloc[0]["verdict"] == "not enough requests"
+    assert "Not enough requests to compare any point" in markdown(data)
+
+
+def test_throughput_where_both_servers_keep_up_is_load_bound_not_a_verdict() -> None:
+    frame, samples = _sweep({(3, 1.0): 2.0}, runs=3, keeps_up=True)
+    row = _analyse(frame, samples).points.iloc[0]
+    assert row["output_throughput_ratio_verdict"] == "load-bound" and bool(row["load_bound"])
+    saturated, s2 = _sweep({(3, 16.0): 2.0}, runs=3)
+    assert _analyse(saturated, s2).points.iloc[0]["output_throughput_ratio_verdict"] != "load-bound"
+
+
+def test_repeats_widen_the_interval_with_the_spread_between_runs() -> None:
+    one, s1 = _sweep({(3, 1.0): 1.5}, n=64)
+    three, s3 = _sweep({(3, 1.0): 1.5}, n=64, runs=3)
+    for run in [r for r in three["run_id"] if "ngram" in r and r.endswith("rep1")]:
+        w = s3[run]  # the second repeat's server was slower: a run-to-run shift of 30 %
+        s3[run] = Sample(w.index, {k: v * 1.3 for k, v in w.values.items()}, w.itl, w.output_tokens, w.chunks,
+                         w.duration_s, scheduled_end_s=w.scheduled_end_s)  # fmt: skip
+    p1, p3 = _analyse(one, s1).points.iloc[0], _analyse(three, s3).points.iloc[0]
+    assert p3["runs"] == 3 and p1["runs"] == 1
+    assert p3["high"] / p3["low"] > p1["high"] / p1["low"]
+    assert "runs, then requests" in p3["basis"]
+
+
+def _advice(frame: pd.DataFrame, samples: dict[str, Sample], memory: dict | None = None) -> dict[str, advisor.Advice]:
+    data = _analyse(frame, samples)
+    return {a.rule: a for a in advisor.advise(data.comparisons, data.crossings, memory or {})}
+
+
+def test_acceptance_rules_fire_on_a_resolved_alpha_and_quote_it() -> None:
+    low = _advice(*_sweep({(3, 1.0): 1.2}, length=1.6))
+    assert "α < 0.6" in low and "[" in low["α < 0.6"].evidence and "effective k" in low["α < 0.6"].evidence
+    high = _advice(*_sweep({(3, 1.0): 2.5}, length=3.9))
+    assert "α > 0.9" in high and "larger k" in high["α > 0.9"].advice
+    middle = _advice(*_sweep({(3, 1.0): 2.0}, length=3.0))
+    assert not {"α < 0.6", "α > 0.9"} & set(middle)
+
+
+def test_acceptance_rule_stays_silent_on_an_unresolved_alpha() -> None:
+    # Too few multi-step requests to measure the spread: no interval, so no advice.
+    assert "α < 0.6" not in _advice(*_sweep({(3, 1.0): 1.2}, n=4, length=1.6))
+
+
+def test_ttft_rule_fires_only_when_the_whole_interval_is_below_its_threshold() -> None:
+    slow = _advice(*_sweep({(3, 1.0): 2.0}, ttft=0.7))
+    assert "TTFT regression" in slow and "x [" in slow["TTFT regression"].evidence
+    assert "TTFT regression" not in _advice(*_sweep({(3, 1.0): 2.0}, ttft=0.93))
+
+
+def test_throughput_and_crossover_rules_need_resolved_intervals() -> None:
+    lost = _advice(*_sweep({(3, 1.0): 2.0, (3, 16.0): 0.6}, runs=3))
+    assert "speculation stops paying" in lost and "[" in lost["speculation stops paying"].evidence
+    assert (
+        "throughput lost at high load" in lost and "16 req/s and above" in lost["throughput lost at high load"].advice
+    )
+    assert not {"speculation stops paying", "throughput lost at high load"} & set(
+        _advice(*_sweep({(3, 1.0): 1.1, (3, 16.0): 0.95}, n=8))
+    )
+
+
+def test_memory_rule_quotes_the_range_of_readings() -> None:
+    rules = _advice(*_sweep({(3, 1.0): 2.0}), memory={"draft k=3": (1.4, 1.6, 1.8)})
+    assert "1.60x [1.40, 1.80]" in rules["high memory with a separate draft"].evidence
+    assert "high memory with a separate draft" not in _advice(*_sweep({(3, 1.0): 2.0}),
+                                                              memory={"draft k=3": (1.2, 1.6, 1.8)})  # fmt: skip
+
+
+def test_k_schedule_changes_k_only_where_the_difference_is_resolved() -> None:
+    def ks(at_4: tuple[float, float]) -> list[int]:
+        frame, samples = _sweep({(3, 1.0): 1.8, (5, 1.0): 2.6, (3, 4.0): at_4[0], (5, 4.0): at_4[1],
+                                 (3, 16.0): 0.6, (5, 16.0): 0.5})  # fmt: skip
+        [schedule] = _analyse(frame, samples).schedules
+        return [band[2] for band in schedule["num_speculative_tokens_per_batch_size"]]
+
+    # k=5 is resolved faster at 1/s. At 4/s, k=3's 3 % edge is inside the noise: the band keeps k=5.
+    assert ks((1.56, 1.5)) == [5, 5, 0]
+    # A resolved difference does change it.
+    assert ks((2.0, 1.3)) == [5, 3, 0]
+
+
+def test_aa_report_counts_false_alarms_and_the_smallest_resolvable_effect() -> None:
+    frame, samples = _sweep({(0, 1.0): 1.0, (0, 4.0): 1.0}, n=64)
+    frame.loc[frame["role"] == "speculative", ["method", "replica"]] = ["none", 1]
+    data = _analyse(frame, samples)
+    text = markdown(data)
+    assert text.count("A/A comparison") >= 1 and "false alarm" in text
+    assert "Smallest median-TPOT speedup this setup resolves: 1.0" in text
+
+
+def test_plots_carry_their_intervals() -> None:
+    frame, samples = _sweep({(3, 1.0): 2.0, (3, 4.0): 1.02})
+    data = _analyse(frame, samples)
+    assert data.levels is not None and data.levels["median_tpot_ms_low"].notna().all()
+    for png in (throughput_vs_tpot(data.frame, levels=data.levels), speedup_vs_rate(data.points),
+                speedup_heatmap(data.points)):  # fmt: skip
+        assert png is not None and png.startswith(b"\x89PNG")

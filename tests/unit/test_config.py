@@ -51,8 +51,10 @@ def test_every_named_sweep_composes_and_plans(name: str) -> None:
             for point in grid
         ]
     plan = plan_sweep(jobs)
-    speculative = {(p.job.spec.method, p.job.spec.k) for p in plan.points if p.role == "speculative"}
-    assert len(plan.groups) == len(speculative) + 1  # one server per configuration, one baseline
+    speculative = {(p.job.spec.method, p.job.spec.k, p.job.replica) for p in plan.points if p.role == "speculative"}
+    # One server per configuration and one baseline, each once per repeat with repeats.restart.
+    starts = jobs[0].repeats.count if jobs[0].repeats.restart else 1
+    assert len(plan.groups) == (len(speculative) + 1) * starts
 
 
 def test_issue_command_line_overrides_compose() -> None:

@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from pipeline.config import ConfigError, JobConfig, LoadConfig, SpecConfig
+from pipeline.config import ConfigError, JobConfig, LoadConfig, RepeatsConfig, SpecConfig
 from pipeline.plan import ServerLine, describe, estimate_s, plan_sweep, point_hash, server_key
 
 
@@ -74,7 +74,7 @@ def test_estimate_grows_with_servers_and_describe_lists_every_point() -> None:
 
 
 def test_repeats_share_servers_and_pair_with_their_own_baseline_repeat() -> None:
-    jobs = [dataclasses.replace(job, repeats=3) for job in _grid([3], [1.0, 2.0])]
+    jobs = [dataclasses.replace(job, repeats=RepeatsConfig(count=3)) for job in _grid([3], [1.0, 2.0])]
     plan = plan_sweep(jobs)
     assert len(plan.groups) == 2  # still one baseline and one speculative server
     assert [len(g.points) for g in plan.groups] == [6, 6]
@@ -84,3 +84,41 @@ def test_repeats_share_servers_and_pair_with_their_own_baseline_repeat() -> None
         assert base.job.repeat == point.job.repeat and base.job.load == point.job.load
     assert {p.label for p in plan.groups[1].points} >= {"ngram-k3-r1", "ngram-k3-r1-rep1", "ngram-k3-r2-rep2"}
     assert len({p.hash for p in plan.points}) == 12  # each repeat is its own point (and resumes alone)
+
+
+def test_cold_and_warm_cache_share_a_server_off_needs_its_own() -> None:
+    from pipeline.config import EngineConfig
+
+    jobs = [dataclasses.replace(JobConfig(), engine=EngineConfig(prefix_cache=p)) for p in ("cold", "warm", "off")]
+    cold, warm, off = (server_key(j) for j in jobs)
+    assert cold == warm != off
+    assert len({point_hash(j) for j in jobs}) == 3  # still three points
+
+
+def test_restart_gives_every_repeat_fresh_servers() -> None:
+    jobs = [dataclasses.replace(job, repeats=RepeatsConfig(count=2, restart=True)) for job in _grid([3], [1.0, 2.0])]
+    plan = plan_sweep(jobs)
+    assert [g.label for g in plan.groups] == ["01-baseline", "02-baseline-rep1", "03-ngram-k3", "04-ngram-k3-rep1"]
+    assert all({p.job.repeat for p in g.points} == {int(g.label.endswith("rep1"))} for g in plan.groups)
+    by_hash = {p.hash: p for p in plan.points}
+    for point in plan.points:
+        if point.baseline_hash:
+            assert by_hash[point.baseline_hash].job.repeat == point.job.repeat
+
+
+def test_aa_pairs_each_baseline_with_an_identical_twin_server() -> None:
+    jobs = [dataclasses.replace(job, aa=True) for job in _grid([0], [1.0, 4.0], method="none")]
+    plan = plan_sweep(jobs)
+    assert [g.label for g in plan.groups] == ["01-baseline", "02-baseline-twin"]
+    base, twin = plan.groups
+    assert [p.job.spec.method for p in twin.points] == ["none", "none"]
+    assert [p.baseline_hash for p in twin.points] == [p.hash for p in base.points]
+    assert server_key(base.points[0].job) != server_key(twin.points[0].job)
+    assert {p.label for p in twin.points} == {"baseline-twin-r1", "baseline-twin-r4"}
+
+
+def test_aa_with_speculation_is_refused() -> None:
+    from pipeline.config import validate
+
+    with pytest.raises(ConfigError, match="aa=true compares two servers without speculation; set spec=none"):
+        validate(dataclasses.replace(JobConfig(), aa=True))
