@@ -78,7 +78,7 @@ def run_vllm_bench(url: str, prompts: Path, rate: float, seed: int, model_dir: s
         "--ignore-eos", "--temperature", "0", "--percentile-metrics", "ttft,tpot,itl,e2el",
         "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name, "--disable-tqdm",
     ]  # fmt: skip
-    env = {**__import__("os").environ, "PYTHONPATH": str(shim)}
+    env = {**__import__("os").environ, "PYTHONPATH": str(shim), "VLLM_TARGET_DEVICE": "cpu"}
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
     return json.loads(out.read_text())
 
@@ -98,7 +98,9 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="agreement-"))
     prompts = work / "prompts.jsonl"
     write_prompts(prompts, args.prompts, args.output_tokens, args.seed, tokenizer)
-    shim = metadata_shim(work / "shim", str(install.version))
+    # vLLM tells its CPU build by a "+cpu" in its version (looked up under the name "vllm",
+    # which the shim provides): without it, the CLI loads kernels for other CPUs and dies.
+    shim = metadata_shim(work / "shim", f"{install.version}+cpu")
 
     engine = EngineConfig(prefix_cache="off")
     spec = SpecConfig(method="ngram", k=3, options={"prompt_lookup_max": 4, "prompt_lookup_min": 2})

@@ -65,8 +65,13 @@ TPOT, baseline and ngram output throughput, TPOT speedup) the median across repe
 each path, each path's repeat spread (min-max), the ratio pipeline / bare of the medians,
 and "within the repeat spread" where the two paths' [min, max] ranges overlap, else
 "OUTSIDE the repeat spread" (with one repeat the ranges are points: use at least 3). All
-raw numbers go to --out as JSON, rewritten after every repeat. A repeat takes ~8 min on 2
-cores at the defaults (4 server starts, 2 x 2 windows per path, the sweep's report).
+raw numbers go to --out as JSON, rewritten after every repeat; logs, server logs, prompt
+files and bench results stay in the work folder.
+
+Cost: each path starts 2 servers (~1 min each here) and measures 2 windows on each. On the
+2-core machine without AVX512 this was written on (TTFT ~35 s and TPOT ~0.33 s with 8
+requests in flight), `--repeats 1 --rates 4 --requests 8 --max-tokens 32` took 11 min; the
+defaults (32 requests x 128 tokens at 1 and 4 req/s) need roughly 40 min a repeat there.
 
 No server outlives the script: the bare servers run in EngineServer's `with` blocks; the
 sweep and `vllm bench serve` run in their own sessions and, on Ctrl-C, SIGTERM or a
@@ -88,7 +93,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -104,7 +108,7 @@ from agreement_vllm_bench import metadata_shim  # noqa: E402
 
 from pipeline.config import JobConfig, to_job_config  # noqa: E402
 from pipeline.engines import vllm  # noqa: E402
-from pipeline.engines.base import EngineServer  # noqa: E402
+from pipeline.engines.base import EngineServer, log_tail  # noqa: E402
 from pipeline.job import point_requests, resolve_target, server_spec  # noqa: E402
 from pipeline.measure import reset_prefix_cache  # noqa: E402
 from pipeline.models import ensure_embedded  # noqa: E402
@@ -139,11 +143,7 @@ class StepFailed(RuntimeError):
 
 
 def _tail(path: Path, lines: int = TAIL_LINES) -> str:
-    try:
-        with path.open(errors="replace") as fh:
-            return "".join(deque(fh, maxlen=lines))
-    except FileNotFoundError:
-        return ""
+    return log_tail(path, lines)
 
 
 # ---- child processes: their own session, stopped with their whole tree -----------------

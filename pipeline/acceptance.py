@@ -208,13 +208,13 @@ class SglangAcceptance:
     (verification steps), summed over the window's requests. A request's first token comes
     from prefill, not from a verification step, so the length comparable with vLLM's
     (tokens per verification step) is (completion tokens - requests) / verify steps. SGLang's
-    own bench divides all completion tokens by the steps; that figure is kept under its
-    own name. The ``sglang:spec_accept_*`` gauges hold recent values, and
+    own scripts and tests divide all completion tokens by the steps; that figure is kept
+    under its own name. The ``sglang:spec_accept_*`` gauges hold recent values, and
     ``/get_server_info``'s ``avg_spec_accept_length`` is cumulative since the server started.
     """
 
     window_length: float | None = None  # (completion tokens - requests) / verify steps
-    bench_length: float | None = None  # completion tokens / verify steps, as SGLang's bench
+    native_length: float | None = None  # completion tokens / verify steps, as SGLang's own tests compute it
     verify_steps: float | None = None
     completion_tokens: float | None = None
     requests_counted: int = 0
@@ -225,7 +225,7 @@ class SglangAcceptance:
     def as_metrics(self) -> dict[str, float]:
         pairs = (
             ("sglang_window_accept_length", self.window_length),
-            ("sglang_bench_accept_length", self.bench_length),
+            ("sglang_native_accept_length", self.native_length),
             ("sglang_spec_verify_steps", self.verify_steps),
             ("sglang_spec_accept_length_gauge", self.gauge_length),
             ("sglang_spec_accept_rate_gauge", None if self.gauge_rate is None else 100.0 * self.gauge_rate),
@@ -251,7 +251,7 @@ def sglang_acceptance(
     tokens = float(sum(r.output_tokens or 0 for r in counted))
     return SglangAcceptance(
         window_length=(tokens - len(counted)) / steps if steps else None,
-        bench_length=tokens / steps if steps else None,
+        native_length=tokens / steps if steps else None,
         verify_steps=steps if counted else None,
         completion_tokens=tokens if counted else None,
         requests_counted=len(counted),

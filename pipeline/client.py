@@ -268,8 +268,8 @@ async def send(
                         break
         if not done:
             error = "stream ended before [DONE]"
-        elif not stream.has_usage:
-            error = "no usage in the stream; the server ignored stream_options.include_usage"
+        elif not stream.has_usage or stream.output_tokens is None:
+            error = "no usage.completion_tokens in the stream; the server ignored stream_options.include_usage"
         elif not chunks:
             # vLLM's bench marks such a request failed: it has no TTFT to report.
             error = "the stream carried no token"

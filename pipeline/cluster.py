@@ -6,6 +6,7 @@ The checks are pure functions of what the cluster reports, so they are tested wi
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from pipeline.config import RayConfig
 from pipeline.driver import LaunchError
 
 GCS_DEFAULT_PORT = 6379
+WORKER_NICENESS = "RAY_worker_niceness"  # read by the raylet that ray.init starts
 # A local Ray for this machine: no dashboard (seconds of start-up, a port), a small object
 # store (the results are a few KB), and the logs of tasks forwarded to this terminal.
 LOCAL_INIT = {"include_dashboard": False, "object_store_memory": 200 * 1024**2, "log_to_driver": True}
@@ -82,6 +84,10 @@ def connect(config: RayConfig) -> bool:
         if config.address:
             ray.init(address=config.address, log_to_driver=True)
         else:
+            # Ray starts its workers at niceness 15, and a server started from a task inherits
+            # it: on a CPU machine the measured server then yields to Ray's own processes.
+            # Ray Jobs runs drivers at 0 for the same reason; so do the workers of our local Ray.
+            os.environ.setdefault(WORKER_NICENESS, "0")
             ray.init(**LOCAL_INIT)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise LaunchError(f"cannot start or join Ray (ray.address={config.address}): {exc}") from exc

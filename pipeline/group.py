@@ -143,6 +143,9 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
     try:
         with EngineServer(spec) as server:
             print(f"[{group.label}] server ready in {server.startup_s:.1f} s at {server.base_url}")
+            if (server.niceness() or 0) > 0:
+                print(f"[{group.label}] warning: the server runs at niceness {server.niceness()} and yields the "
+                      f"CPU to other processes; on a Ray cluster start its nodes with RAY_worker_niceness=0")  # fmt: skip
             for i, point in enumerate(group.points):
                 results[point.hash] = _measure_point(point, server, tokenizer, tracker, run_ids, out_dir, first=i == 0)
             probe_started = time.monotonic()
@@ -218,6 +221,9 @@ def _measure_point(
     rss = server.rss_mib()
     if rss is not None:
         metrics["server_rss_mib"] = rss
+    nice = server.niceness()
+    if nice is not None:
+        metrics["server_niceness"] = float(nice)
     tracker.log_metrics(run_id, metrics)
     tracker.log_json(run_id, metrics, "summary.json")
     tracker.log_file(run_id, point_dir / "requests.csv")

@@ -41,4 +41,6 @@ def render(summary: pd.DataFrame, title: str, console: Console | None = None) ->
     console.print(table)
     for row in summary.to_dict("records"):
         if row["status"] == "failed":
-            console.print(f"[red]{row['point']} failed:[/red] {str(row['error']).splitlines()[0] if row['error'] else ''}")
+            console.print(
+                f"[red]{row['point']} failed:[/red] {str(row['error']).splitlines()[0] if row['error'] else ''}"
+            )

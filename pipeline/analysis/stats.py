@@ -7,10 +7,13 @@ Pure computation (numpy and scipy); no MLflow, no plotting, no I/O.
   same schedule, so a resample draws prompts, and both windows' answers to them, together.
   That removes prompt-to-prompt variation from the ratio.
 - **Across runs** (repeats), requests inside one window share queueing state and one server
-  start, so the run is the unit of noise: a hierarchical bootstrap first draws runs, then
-  requests inside each drawn run, and the estimate is the geometric mean of the runs' ratios.
+  start, so the run is the unit of noise. The estimate is the geometric mean of the runs'
+  ratios; its interval is the wider of a two-stage bootstrap (runs, then requests inside
+  each drawn run) and Student's t over the runs' ratios (a bootstrap over 2-5 runs alone
+  sees too little of the spread between them).
 - **Throughput** is a property of a whole window (tokens over the window's duration), not
-  of a request: it is resampled at the window level only, so its interval needs repeats.
+  of a request: it is resampled at the window level only (Student's t over the repeats'
+  ratios), so its interval needs repeats.
 - **Decisions** compare the interval with a practical floor and adjust for the number of
   comparisons in a report (Benjamini-Hochberg): "helps" only if the interval lies above
   1 + floor, "hurts" only if below 1 - floor, otherwise "inconclusive".
@@ -246,14 +249,7 @@ def paired_ratio(metric: str, base: Sequence[Sample], spec: Sequence[Sample], op
     rng = rng or np.random.default_rng(opts.seed)
     runs = len(base)
     if m.field == "throughput":
-        per_run = np.array([math.log(s.throughput / b.throughput) for b, s in zip(base, spec, strict=True)])
-        requests = int(np.median([min(b.size, s.size) for b, s in zip(base, spec, strict=True)]))
-        if not np.all(np.isfinite(per_run)):
-            return Ratio(metric, None, note="a window has no throughput")
-        if runs < 2:
-            return Ratio(metric, math.exp(per_run[0]), level=opts.confidence, runs=1, requests=requests,
-                         note="throughput is one number per window; repeats.count >= 2 measures its spread")  # fmt: skip
-        return _interval(metric, float(per_run.mean()), _over_runs(per_run, None, opts, rng), opts, runs, requests)
+        return _window_level_ratio(metric, base, spec, opts, rng)
     estimates, replicates, sizes = [], [], []
     for b, s in zip(base, spec, strict=True):
         b_rows, s_rows = _paired_positions(b, s, m)
@@ -263,9 +259,11 @@ def paired_ratio(metric: str, base: Sequence[Sample], spec: Sequence[Sample], op
                          note=f"not enough requests ({len(b_rows)} paired, fewer than {opts.min_requests})")  # fmt: skip
         b_stat, s_stat = _quantile_of(b, b_rows, m), _quantile_of(s, s_rows, m)
 
-        def log_ratio(pos: np.ndarray, b_stat=b_stat, s_stat=s_stat) -> np.ndarray:
+        sign = 1.0 if m.latency else -1.0  # > 1 always means speculation is better
+
+        def log_ratio(pos: np.ndarray, b_stat=b_stat, s_stat=s_stat, sign=sign) -> np.ndarray:
             with np.errstate(divide="ignore", invalid="ignore"):
-                return np.log(b_stat(pos)) - np.log(s_stat(pos))
+                return sign * (np.log(b_stat(pos)) - np.log(s_stat(pos)))
 
         estimates.append(float(log_ratio(np.arange(len(b_rows)))))
         replicates.append(_request_replicates(log_ratio, len(b_rows), opts, rng))
@@ -273,6 +271,21 @@ def paired_ratio(metric: str, base: Sequence[Sample], spec: Sequence[Sample], op
     within = np.stack(replicates)
     combined = within[0] if runs == 1 else _over_runs(per_run, within, opts, rng)
     return _interval(metric, float(per_run.mean()), combined, opts, runs, int(np.median(sizes)))
+
+
+def _window_level_ratio(metric: str, base: Sequence[Sample], spec: Sequence[Sample], opts: StatsOptions,
+                        rng: np.random.Generator) -> Ratio:  # fmt: skip
+    """Throughput is one number per window: its spread is measured across windows (repeats).
+    Resampling a window's requests would not do: the window's span hangs on its slowest
+    request, and a bootstrap of a maximum is known to mislead (it came out far too narrow)."""
+    per_run = np.array([math.log(s.throughput / b.throughput) for b, s in zip(base, spec, strict=True)])
+    requests = int(np.median([min(b.size, s.size) for b, s in zip(base, spec, strict=True)]))
+    if not np.all(np.isfinite(per_run)):
+        return Ratio(metric, None, runs=len(base), requests=requests, note="a window has no throughput")
+    if len(base) < 2:
+        return Ratio(metric, math.exp(per_run[0]), level=opts.confidence, runs=1, requests=requests,
+                     note="throughput is one number per window; repeats.count >= 2 measures its spread")  # fmt: skip
+    return _interval(metric, float(per_run.mean()), _over_runs(per_run, None, opts, rng), opts, len(base), requests)
 
 
 def window_interval(field_name: str, percentile: float, windows: Sequence[Sample], opts: StatsOptions,
@@ -383,8 +396,9 @@ def decide(ratios: Sequence[Ratio], opts: StatsOptions, floor: float | None = No
 
 
 def to_resolve(ratio: Ratio, floor: float, adjusted: bool = False) -> str:
-    """How many requests per window (or repeats, for throughput) would likely resolve it,
-    from the observed spread: an interval's half-width shrinks as one over the square root."""
+    """How many requests per window (repeats, for throughput) would likely resolve it, from
+    the observed spread: an interval's half-width shrinks as one over the square root of
+    the number of samples."""
     assert ratio.estimate is not None and ratio.low is not None and ratio.high is not None
     effect = abs(math.log(ratio.estimate))
     margin = effect - (math.log1p(floor) if ratio.estimate >= 1 else -math.log1p(-floor))
@@ -392,8 +406,9 @@ def to_resolve(ratio: Ratio, floor: float, adjusted: bool = False) -> str:
         return f"the estimate is within the ±{floor:.0%} floor: no window size would make it helps or hurts"
     half = (math.log(ratio.high) - math.log(ratio.low)) / 2
     factor = (half / margin) ** 2
-    after = " (before the adjustment for several comparisons)" if adjusted else ""
+    after = ", before the adjustment for several comparisons" if adjusted else ""
     if RATIOS.get(ratio.metric, Metric("", 0, True)).field == "throughput":
+        # One number per window: more windows, not more requests, narrow its interval.
         return f"~{math.ceil(ratio.runs * factor)} repeats would likely resolve it{after}"
     return f"~{math.ceil(ratio.requests * factor)} requests per window would likely resolve it{after}"
 

@@ -93,6 +93,16 @@ class EngineServer:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
+    def niceness(self) -> int | None:
+        """The server's CPU priority (0 normal; Ray's workers default to 15, and a server
+        started from one inherits it and yields the CPU to Ray's own processes)."""
+        if self._proc is None:
+            return None
+        try:
+            return os.getpriority(os.PRIO_PROCESS, self._proc.pid)
+        except OSError:
+            return None
+
     def rss_mib(self) -> float | None:
         """Resident memory of the whole server (API server, engine core, workers), in MiB.
         Host memory: on a GPU the weights live in device memory, which this does not see."""

@@ -7,6 +7,7 @@ points in-process, and that the MLflow UI shows the child runs in a real browser
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,7 +22,9 @@ pytestmark = pytest.mark.integration
 
 GRID = ["spec.k=3,5", "load.request_rate=2,4"]
 SMALL = [
-    "load.num_requests=5", "load.warmup_requests=1", "workload.max_tokens=48", "sweep_name=isweep",
+    "load.num_requests=6", "load.warmup_requests=1", "workload.max_tokens=48", "sweep_name=isweep",
+    # Two repeats: throughput's interval is measured across windows.
+    "repeats.count=2",
     # float32: greedy outputs must then match the baseline's exactly (bf16 may differ by numerics).
     "engine.dtype=float32", "lossless.prompts=2", "lossless.max_tokens=32",
 ]  # fmt: skip
@@ -63,20 +66,22 @@ def test_multirun_through_ray_starts_one_server_per_configuration(
     assert len(parents) == 1
     parent = parents[0]
     assert parent.info.status == "FINISHED" and parent.data.metrics["server_starts"] == 3  # 2 k + 1 baseline
-    assert parent.data.metrics["points"] == 6 and parent.data.metrics["points_failed"] == 0
-    assert sorted(r.info.run_name for r in children) == [
-        "baseline-r2", "baseline-r4", "ngram-k3-r2", "ngram-k3-r4", "ngram-k5-r2", "ngram-k5-r4",
-    ]  # fmt: skip
+    assert parent.data.metrics["points"] == 12 and parent.data.metrics["points_failed"] == 0
+    names = ["baseline-r2", "baseline-r4", "ngram-k3-r2", "ngram-k3-r4", "ngram-k5-r2", "ngram-k5-r4"]
+    assert sorted(r.info.run_name for r in children) == sorted(names + [f"{n}-rep1" for n in names])
     baselines = {r.data.tags["point_hash"]: r for r in children if r.data.tags["role"] == "baseline"}
     for run in children:
         assert run.info.status == "FINISHED" and run.data.tags["status"] == "finished"
         assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
         assert run.data.tags["engine.version"] and run.data.params["load.request_rate"] in ("2.0", "4.0")
-        assert run.data.metrics["completed"] == 5
+        assert run.data.metrics["completed"] == 6
         if run.data.tags["role"] == "speculative":
             base = baselines[run.data.tags["baseline_hash"]]  # paired with the baseline at its own rate
             assert base.data.params["load.request_rate"] == run.data.params["load.request_rate"]
             assert run.data.metrics["speedup_median_tpot"] > 0 and run.data.metrics["spec_decode_num_drafts"] > 0
+    # Ray starts its workers at niceness 15; the server must not inherit it (it would yield
+    # the measured CPU to Ray's own processes).
+    assert {r.data.metrics.get("server_niceness") for r in children} == {0.0}
     # Each server started once: its start-up time is on the first point it served only.
     assert sum("server_startup_s" in r.data.metrics for r in children) == 3
     client = MlflowClient(f"sqlite:///{project}/mlruns/mlflow.db")
@@ -91,11 +96,11 @@ def test_rerun_resumes_without_starting_a_server(swept: tuple[Path, subprocess.C
     before = {r.info.run_id for r in _runs(project)}
     proc = multirun(project, *GRID, *SMALL, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "0 server(s), 0 point(s) to measure, 6 already finished" in proc.stdout
+    assert "0 server(s), 0 point(s) to measure, 12 already finished" in proc.stdout
     new = [r for r in _runs(project) if r.info.run_id not in before]
     assert [r.data.tags["role"] for r in new] == ["sweep"]  # a parent run, and no new point
-    assert new[0].data.metrics["server_starts"] == 0 and new[0].data.metrics["points_resumed"] == 6
-    assert proc.stdout.count("resumed") >= 6
+    assert new[0].data.metrics["server_starts"] == 0 and new[0].data.metrics["points_resumed"] == 12
+    assert proc.stdout.count("resumed") >= 12
 
 
 def test_basic_launcher_runs_the_same_points_in_process(swept: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
@@ -107,7 +112,8 @@ def test_basic_launcher_runs_the_same_points_in_process(swept: tuple[Path, subpr
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Ray" not in proc.stdout + proc.stderr
     new = [r for r in _runs(project) if r.info.run_id not in before and r.data.tags.get("role") != "sweep"]
-    assert sorted(r.info.run_name for r in new) == ["baseline-r2", "baseline-r4", "ngram-k3-r2", "ngram-k3-r4"]
+    names = ["baseline-r2", "baseline-r4", "ngram-k3-r2", "ngram-k3-r4"]
+    assert sorted(r.info.run_name for r in new) == sorted(names + [f"{n}-rep1" for n in names])
     for run in new:  # the same points (by hash), measured again, recorded alike
         twin = ray_points[run.data.tags["point_hash"]]
         assert run.info.status == "FINISHED" and set(run.data.params) == set(twin.data.params)
@@ -174,6 +180,12 @@ def test_report_first_screen_answers_with_the_verdict_table(
     # float32, greedy, one at a time: speculation must not change a single token.
     assert md.count("2/2 identical") == 2 and "CORRECTNESS FAILURE" not in md
     assert "## Where speculation stops paying" in md and "vllm ngram k=5" in md
+    # Every ratio in the report comes with its interval, measured over 2 repeats of 6 requests.
+    rows = [line.split(" | ") for line in md.splitlines() if line.startswith("| vllm ngram")]
+    ratios = [row[4] for row in rows if row[1].startswith(("median TPOT", "p99 TPOT", "throughput", "median TTFT"))]
+    assert len(ratios) == 2 * (3 * 2 + 1), rows  # per k: 3 ratios at 2 loads, TTFT once
+    assert all(re.fullmatch(r"\d+\.\d\dx \[\d+\.\d\d, \d+\.\d\d\]", r) for r in ratios), ratios
+    assert "Benjamini-Hochberg" in md
     # Re-analysed from MLflow alone, by the report command.
     proc = subprocess.run(
         [sys.executable, "-m", "pipeline.report", parent.info.run_id, "--project", str(project),
@@ -189,9 +201,9 @@ def test_report_first_screen_answers_with_the_verdict_table(
         page.goto(html_path.as_uri())
         table = page.locator("table").first
         assert table.is_visible() and table.bounding_box()["y"] < 800  # on the first screen
-        verdicts = page.locator("td.helps, td.neutral, td.hurts")
+        verdicts = page.locator("td.helps, td.inconclusive, td.hurts, td.load-bound")
         assert verdicts.count() >= 8 and verdicts.first.bounding_box()["y"] < 800
-        assert "vllm ngram k=3" in table.inner_text() and "TPOT, low load (2/s)" in table.inner_text()
+        assert "vllm ngram k=3" in table.inner_text() and "median TPOT, low load (2/s)" in table.inner_text()
         page.screenshot(path=str(tmp_path / "report-first-screen.png"))
         browser.close()
     assert (tmp_path / "report-first-screen.png").stat().st_size > 10_000

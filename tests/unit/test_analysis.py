@@ -26,23 +26,27 @@ def _row(role: str, k: int, rate: float, **metrics: object) -> dict:
     point = f"{key}-rep{repeat}"
     return {"point": point, "role": role, "engine": "vllm", "method": method, "k": k, "request_rate": rate,
             "workload": workload, "repeat": repeat, "status": "finished", "error": "", "run_id": point,
-            "point_hash": point, "point_key": key, "setting_key": f"{name}-{workload}", "replica": 0,
+            "point_hash": point, "point_key": key, "setting_key": f"{method}-{workload}", "replica": 0,
             "baseline_hash": "" if role == "baseline" else f"baseline-r{rate:g}-{workload}-rep{repeat}",
             "temperature": 0.0, "dtype": "bfloat16", **metrics}  # fmt: skip
 
 
 def _window(rng: np.random.Generator, prompt: np.ndarray, tpot_s: float, rate: float, ttft_s: float = 0.2,
             chunks: float = 40.0, tokens: float = 101.0, keeps_up: bool = False) -> Sample:  # fmt: skip
+    """One window at ``rate``: requests sent on schedule; unless the server keeps up, each
+    waits behind the ones before it, so the window drains long after the last arrival."""
     n = len(prompt)
     tpot = tpot_s * np.exp(prompt + rng.normal(0, 0.05, n))
     ttft = ttft_s * np.exp(rng.normal(0, 0.05, n))
     e2el = ttft + tpot * (tokens - 1)
-    end = n / rate
-    duration = end + float(np.median(e2el)) if keeps_up else end + 10 * float(np.median(e2el))
+    sent = np.arange(n) / rate
+    if not keeps_up:
+        e2el = e2el + np.arange(n) * 4 * float(np.median(e2el)) / max(n, 1)
+    finish = sent + e2el
     return Sample(index=np.arange(n), values={"tpot": tpot, "ttft": ttft, "e2el": e2el},
                   itl=tuple(np.full(int(chunks) - 1, t * (tokens - 1) / (chunks - 1)) for t in tpot),
-                  output_tokens=np.full(n, tokens), chunks=np.full(n, chunks), duration_s=duration,
-                  scheduled_end_s=end)  # fmt: skip
+                  output_tokens=np.full(n, tokens), chunks=np.full(n, chunks), duration_s=float(finish.max()) + 0.01,
+                  scheduled_end_s=float(sent.max()))  # fmt: skip
 
 
 def _sweep(speedups: dict[tuple[int, float], float], n: int = 64, runs: int = 1, ttft: float = 1.0,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 
@@ -36,3 +37,18 @@ def test_dead_address_fails_within_the_deadline() -> None:
     assert time.monotonic() - started < 10
     with pytest.raises(LaunchError, match="not host:port"):
         probe("head:port", timeout_s=1.0)
+
+
+def test_local_ray_starts_its_workers_at_normal_priority(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Ray's workers default to niceness 15, and a server started from a task inherits it.
+    import ray
+
+    from pipeline import cluster
+    from pipeline.config import RayConfig
+
+    seen: dict[str, str | None] = {}
+    monkeypatch.delenv(cluster.WORKER_NICENESS, raising=False)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: seen.update(niceness=os.environ.get(cluster.WORKER_NICENESS)))
+    assert cluster.connect(RayConfig()) is True
+    assert seen == {"niceness": "0"}

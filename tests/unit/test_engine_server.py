@@ -122,3 +122,12 @@ def test_missing_interpreter_is_a_server_error(tmp_path: Path) -> None:
 def test_redacted_command_masks_api_key(tmp_path: Path) -> None:
     spec = _spec(tmp_path, ["--api-key", "sk-secret-value"])
     assert "sk-secret-value" not in spec.redacted_command()
+
+
+def test_niceness_is_the_servers_own(tmp_path: Path) -> None:
+    # A server started from a Ray worker inherits its niceness (15 by default): it must be seen.
+    spec = _spec(tmp_path, ["0", str(tmp_path / "child.pid")])
+    niced = ServerSpec(**{**spec.__dict__, "command": ("nice", "-n", "7", *spec.command)})
+    with EngineServer(niced, poll_s=0.05) as server:
+        assert server.niceness() == os.getpriority(os.PRIO_PROCESS, 0) + 7
+    assert server.niceness() is None

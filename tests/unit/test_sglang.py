@@ -202,14 +202,14 @@ def test_acceptance_through_sglang_generate_stream_end_to_end(cumulative: bool) 
     result = sglang_acceptance(records, after, info)
     # Each request's first token comes from prefill, not from a verification step.
     assert result.window_length == (11 - 1 + 8 - 1) / (4 + 3)
-    assert result.bench_length == (11 + 8) / (4 + 3)  # SGLang's bench: completion tokens / verify steps
+    assert result.native_length == (11 + 8) / (4 + 3)  # SGLang's own formula: completion tokens / verify steps
     assert result.requests_counted == 2 and result.verify_steps == 7
     assert result.gauge_length == 2.9 and result.gauge_rate == 0.61 and result.since_start_length == 3.1
     cross = normalized(result.window_length, 3)
     assert math.isclose(expected_length(cross["acceptance_alpha"], 3), 17 / 7)
     metrics_out = result.as_metrics()
     assert metrics_out["sglang_spec_accept_rate_gauge"] == 61.0
-    assert metrics_out["sglang_bench_accept_length"] == pytest.approx(19 / 7)
+    assert metrics_out["sglang_native_accept_length"] == pytest.approx(19 / 7)
     assert metrics_out["sglang_avg_spec_accept_length_since_start"] == 3.1
     print(f"sglang per-request acceptance length {result.window_length:.4f}, alpha at k=3 "
           f"{cross['acceptance_alpha']:.4f}; gauges {result.gauge_length}, {result.gauge_rate}; since start "
