@@ -22,10 +22,12 @@ resolve it.
 from __future__ import annotations
 
 import argparse
+import math
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -58,8 +60,8 @@ def run_sweep(project: Path, name: str, overrides: list[str]) -> None:
         raise SystemExit(f"the sweep {name} failed")
 
 
-def load(name: str) -> tuple[pd.DataFrame, dict[str, Sample]]:
-    reader = SweepReader(resolve_store(TrackingConfig(), REPO).tracking_uri)
+def load(name: str, project: Path = REPO) -> tuple[pd.DataFrame, dict[str, Sample]]:
+    reader = SweepReader(resolve_store(TrackingConfig(), project).tracking_uri)
     parent = reader.find_parent(name)
     with tempfile.TemporaryDirectory() as tmp:
         frame = pd.read_csv(reader.download(parent, "summary.csv", Path(tmp)))
@@ -77,9 +79,27 @@ def pairs(frame: pd.DataFrame, samples: dict[str, Sample]) -> list[tuple[float, 
     return sorted(found, key=lambda p: (p[0], p[1]))
 
 
-def one_comparison(base: Sample, other: Sample, metric: str = METRIC, seed: int = 0) -> stats.Decision:
-    ratio = stats.paired_ratio(metric, [base], [other], OPTS, np.random.default_rng(seed))
-    return stats.decide([ratio], OPTS, 0.10 if "p99" in metric else OPTS.floor)[0]
+def one_comparison(base: Sample, other: Sample, metric: str = METRIC, seed: int = 0,
+                   spread: stats.ServerSpread | None = None) -> stats.Decision:  # fmt: skip
+    """One run, one pair of servers, decided as a report decides it; with ``spread``, the
+    A/A spread between server starts is added (what a report does once a noise-floor
+    sweep has run in its store)."""
+    opts = replace(OPTS, server_spread=spread)
+    ratio = stats.paired_ratio(metric, [base], [other], opts, np.random.default_rng(seed), shared_servers=True)
+    return stats.decide([ratio], opts, 0.10 if "p99" in metric else OPTS.floor)[0]
+
+
+def log_ratio(base: Sample, other: Sample, metric: str) -> float:
+    ratio = stats.paired_ratio(metric, [base], [other], OPTS)
+    return math.log(ratio.estimate) if ratio.estimate else math.nan
+
+
+def leave_one_out(found: list, metrics: list[str]) -> list[stats.ServerSpread | None]:
+    """For comparison i, the A/A spread measured from every other comparison: the rule is
+    never tested on the data that calibrated it."""
+    logs = {m: [log_ratio(b, o, m) for _, _, b, o in found] for m in metrics}
+    return [stats.server_spread({m: [v for j, v in enumerate(values) if j != i] for m, values in logs.items()},
+                                f"A/A without comparison {i}") for i in range(len(found))]  # fmt: skip
 
 
 def resampled(window: Sample, pos: np.ndarray) -> Sample:
@@ -88,17 +108,30 @@ def resampled(window: Sample, pos: np.ndarray) -> Sample:
                   window.duration_s, scheduled_end_s=window.scheduled_end_s)  # fmt: skip
 
 
-def simulate(found: list[tuple[float, int, Sample, Sample]], count: int, seed: int = 7) -> tuple[int, int]:
+def simulate(found: list[tuple[float, int, Sample, Sample]], count: int, spreads: list | None = None,
+             seed: int = 7) -> tuple[int, int]:  # fmt: skip
     """A/A comparisons drawn from the measured ones: a real pair, its prompts resampled jointly."""
     rng = np.random.default_rng(seed)
     false = 0
     for i in range(count):
-        _, _, base, other = found[rng.integers(len(found))]
+        which = int(rng.integers(len(found)))
+        _, _, base, other = found[which]
         common, b_rows, o_rows = np.intersect1d(base.index, other.index, return_indices=True)
         pick = rng.integers(0, len(common), len(common))
-        decision = one_comparison(resampled(base, b_rows[pick]), resampled(other, o_rows[pick]), seed=1000 + i)
+        decision = one_comparison(resampled(base, b_rows[pick]), resampled(other, o_rows[pick]), seed=1000 + i,
+                                  spread=spreads[which] if spreads else None)  # fmt: skip
         false += decision.label in (stats.HELPS, stats.HURTS)
     return false, count
+
+
+def compare_sims(label: str, found: list, real_false: int, spreads: list | None, count: int) -> None:
+    n = len(found)
+    real_ci = scipy_stats.binomtest(real_false, n).proportion_ci(confidence_level=0.95, method="exact")
+    started = time.monotonic()
+    sim_false, sims = simulate(found, count, spreads)
+    inside = real_ci.low <= sim_false / sims <= real_ci.high
+    print(f"  simulated A/A, {label} ({sims}, median TPOT): {rate_with_interval(sim_false, sims)}; "
+          f"{'inside' if inside else 'OUTSIDE'} the real rate's interval ({time.monotonic() - started:.1f} s)")  # fmt: skip
 
 
 def rate_with_interval(k: int, n: int) -> str:
@@ -112,7 +145,7 @@ def aa(args: argparse.Namespace) -> None:
         run_sweep(Path(tempfile.mkdtemp()), name, ["+sweep=noise_floor", f"repeats.count={args.pairs}",
                                                    f"load.num_requests={args.requests}", f"workload={args.workload}",
                                                    f"workload.max_tokens={args.max_tokens}"])  # fmt: skip
-    frame, samples = load(name)
+    frame, samples = load(name, args.project)
     found = pairs(frame, samples)
     print(f"\nA/A sweep {name!r}: {len(found)} real comparisons, {args.requests} requests per window")
     print(f"{'rate':>6} {'repeat':>6}  " + "  ".join(f"{m:<34}" for m in ("median TPOT", "median TTFT", "p99 TPOT")))
@@ -125,21 +158,33 @@ def aa(args: argparse.Namespace) -> None:
             cells.append(f"{decision.label} {decision.ratio.text}")
         print(f"{rate:>6g} {repeat:>6}  " + "  ".join(f"{c:<34}" for c in cells))
     n = len(found)
-    print("\nfalse verdicts (helps + hurts) of the one-run rule:")
+    print("\nfalse verdicts (helps + hurts) of the one-run rule, within-run bootstrap only:")
     for metric, k in false.items():
         print(f"  {metric:<22} {rate_with_interval(k, n)}")
-    real_ci = scipy_stats.binomtest(false[METRIC], n).proportion_ci(confidence_level=0.95, method="exact")
-    started = time.monotonic()
-    sim_false, sims = simulate(found, args.simulations)
-    took = time.monotonic() - started
-    inside = real_ci.low <= sim_false / sims <= real_ci.high
-    print(f"simulated A/A ({sims}, median TPOT): {rate_with_interval(sim_false, sims)}; "
-          f"{'inside' if inside else 'OUTSIDE'} the real rate's interval ({took:.1f} s)")  # fmt: skip
+    compare_sims("within-run bootstrap only", found, false[METRIC], None, args.simulations)
+    spreads = leave_one_out(found, list(false))
+    with_spread = dict.fromkeys(false, 0)
+    for i, (_, _, base, other) in enumerate(found):
+        for metric in with_spread:
+            decision = one_comparison(base, other, metric, spread=spreads[i])
+            with_spread[metric] += decision.label in (stats.HELPS, stats.HURTS)
+    print("\nfalse verdicts with the A/A spread between servers added (leave-one-out: each comparison's spread "
+          "measured from the other comparisons):")  # fmt: skip
+    for metric, k in with_spread.items():
+        print(f"  {metric:<22} {rate_with_interval(k, n)}")
+    compare_sims("with the A/A spread", found, with_spread[METRIC], spreads, args.simulations)
+    everything = stats.server_spread({m: [log_ratio(b, o, m) for _, _, b, o in found] for m in false}, name)
+    if everything:
+        print("A/A spread between fresh servers (RMS of log ratios): "
+              + ", ".join(f"{m} {100 * v:.1f} %" for m, v in everything.sd.items()))  # fmt: skip
     for rate in sorted({p[0] for p in found}):
-        halves = [one_comparison(b, o).ratio for r, _, b, o in found if r == rate]
-        floors = [stats.smallest_resolvable(h, OPTS.floor) for h in halves if h.resolved]
-        print(f"smallest resolvable median-TPOT speedup at {rate:g} req/s: median {np.median(floors):.3f}x "
-              f"(range {min(floors):.3f}-{max(floors):.3f}) over {len(floors)} comparisons")  # fmt: skip
+        for label, spread_of in (("within-run only", lambda i: None), ("with the A/A spread", lambda i: spreads[i])):
+            halves = [
+                one_comparison(b, o, spread=spread_of(i)).ratio for i, (r, _, b, o) in enumerate(found) if r == rate
+            ]
+            floors = [stats.smallest_resolvable(h, OPTS.floor) for h in halves if h.resolved]
+            print(f"smallest resolvable median-TPOT speedup at {rate:g} req/s, {label}: median "
+                  f"{np.median(floors):.3f}x (range {min(floors):.3f}-{max(floors):.3f}) over {len(floors)} comparisons")  # fmt: skip
 
 
 def power(args: argparse.Namespace) -> None:
@@ -149,10 +194,15 @@ def power(args: argparse.Namespace) -> None:
             "-m", "spec=ngram", "spec.k=3", "workload=code_edit", "load.request_rate=1,16",
             f"repeats.count={args.repeats}", "repeats.restart=true", f"load.num_requests={args.requests}",
             f"workload.max_tokens={args.max_tokens}"])  # fmt: skip
-    frame, samples = load(name)
+    frame, samples = load(name, args.project)
     print(f"\npower sweep {name!r}: ngram k=3 against the baseline, {args.requests} requests per window")
+    spread = None
+    if args.spread_from:
+        aa_found = pairs(*load(args.spread_from))
+        spread = stats.server_spread({METRIC: [log_ratio(b, o, METRIC) for _, _, b, o in aa_found]}, args.spread_from)
+        print(f"with the A/A spread of {args.spread_from!r}: {100 * spread.sd[METRIC]:.1f} % in median TPOT")  # type: ignore[union-attr]
     for rate, repeat, base, other in pairs(frame, samples):
-        decision = one_comparison(base, other)
+        decision = one_comparison(base, other, spread=spread)
         print(f"  {rate:>4g} req/s, repeat {repeat}: {decision.label} {decision.ratio.text}"
               + (f"; {decision.detail}" if decision.detail else ""))  # fmt: skip
 
@@ -167,6 +217,8 @@ def main() -> int:
     parser.add_argument("--workload", default="code_edit", help="aa: the workload of both servers")
     parser.add_argument("--simulations", type=int, default=1000)
     parser.add_argument("--from-sweep", help="analyse this finished sweep (experiment name) instead of running one")
+    parser.add_argument("--project", type=Path, default=REPO, help="with --from-sweep: the folder holding its mlruns/")
+    parser.add_argument("--spread-from", help="power: add the server spread of this A/A sweep (in this repo's store)")
     args = parser.parse_args()
     (aa if args.mode == "aa" else power)(args)
     return 0

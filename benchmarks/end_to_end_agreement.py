@@ -250,6 +250,7 @@ class Settings:
     launcher: str
     timeout_s: float
     repeats: int
+    dtype: str = "bfloat16"
 
     def seed_for(self, repeat: int) -> int:
         return self.seed + repeat if self.vary_seed else self.seed
@@ -257,7 +258,8 @@ class Settings:
     def overrides(self, seed: int) -> list[str]:
         """What both paths run, as the sweep's Hydra overrides (the rate excepted)."""
         return [
-            "engine=vllm", "engine.prefix_cache=cold", f"model.id={MODEL}", "spec=ngram", f"spec.k={K}",
+            "engine=vllm", "engine.prefix_cache=cold", f"engine.dtype={self.dtype}", f"model.id={MODEL}", "spec=ngram",
+            f"spec.k={K}",
             "workload=code_edit", "workload.ignore_eos=true", f"workload.max_tokens={self.max_tokens}",
             f"load.num_requests={self.requests}", "lossless.prompts=0", f"seed={seed}",
         ]  # fmt: skip
@@ -590,6 +592,8 @@ def main() -> int:
     parser.add_argument("--launcher", choices=("ray", "basic"), default="ray", help="the sweep's Hydra launcher")
     parser.add_argument("--timeout-s", type=float, default=3600.0, help="limit for one sweep or bench run")
     parser.add_argument("--work-dir", type=Path, help="where logs and files go (default: a new temporary folder)")
+    parser.add_argument("--dtype", default="bfloat16", help="engine.dtype of both paths' servers (float32 on CPUs "
+                        "without AVX512-BF16, where bf16 prefill is several times slower)")  # fmt: skip
     parser.add_argument(
         "--out", type=Path, help="the JSON of raw numbers (default: <work dir>/end_to_end_agreement.json)"
     )
@@ -601,6 +605,7 @@ def main() -> int:
     settings = Settings(
         rates=tuple(sorted(set(args.rates))), requests=args.requests, max_tokens=args.max_tokens, seed=args.seed,
         vary_seed=args.vary_seed, launcher=args.launcher, timeout_s=args.timeout_s, repeats=args.repeats,
+        dtype=args.dtype,
     )  # fmt: skip
     work = (args.work_dir or Path(tempfile.mkdtemp(prefix="e2e-agreement-"))).resolve()
     work.mkdir(parents=True, exist_ok=True)

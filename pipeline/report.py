@@ -15,6 +15,7 @@ import json
 import math
 import tempfile
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -165,6 +166,7 @@ def build(reader: SweepReader, parent_id: str, out_dir: Path | None = None,
         requests = _requests(reader, frame, work)
         samples = {run: Sample.from_requests(table, duration) for run, (table, duration) in requests.items()}
         tests = _length_tests(frame, {run: table for run, (table, _) in requests.items()})
+        opts = _with_server_spread(reader, parent_id, frame, opts or StatsOptions())
         data = analyse(title, frame, probes, tests, samples, opts)
     figures = {
         name: png
@@ -190,6 +192,27 @@ def build(reader: SweepReader, parent_id: str, out_dir: Path | None = None,
     for path in paths.values():
         reader.log_file(parent_id, path, REPORT_DIR)
     return paths
+
+
+AA_PREFIX = "aa_sd_"
+AA_COUNT = "aa_comparisons"
+
+
+def _with_server_spread(reader: SweepReader, parent_id: str, frame: pd.DataFrame, opts: StatsOptions) -> StatsOptions:
+    """An A/A sweep records the spread between fresh servers on its parent run; every other
+    sweep of the store adds the newest such spread to its one-server comparisons."""
+    if verdicts.is_aa(frame):
+        spread = stats.server_spread(verdicts.aa_log_ratios(frame), reader.title(parent_id))
+        if spread is not None:
+            reader.log_metrics(parent_id, {AA_COUNT: float(spread.comparisons),
+                                           **{AA_PREFIX + m: v for m, v in spread.sd.items()}})  # fmt: skip
+        return opts
+    found = reader.newest_with_metric(AA_COUNT)
+    if found is None:
+        return opts
+    _, metrics, title = found
+    sd = {k.removeprefix(AA_PREFIX): v for k, v in metrics.items() if k.startswith(AA_PREFIX)}
+    return replace(opts, server_spread=stats.ServerSpread(sd, int(metrics[AA_COUNT]), title))
 
 
 def _requests(reader: SweepReader, frame: pd.DataFrame, work: Path) -> dict[str, tuple[pd.DataFrame, float]]:

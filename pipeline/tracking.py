@@ -195,6 +195,23 @@ class SweepReader:
     def params(self, run_id: str) -> dict[str, str]:
         return dict(self.client.get_run(run_id).data.params)
 
+    def log_metrics(self, run_id: str, metrics: Mapping[str, float]) -> None:
+        for key, value in metrics.items():
+            self.client.log_metric(run_id, key, value)
+
+    def newest_with_metric(self, key: str) -> tuple[str, dict[str, float], str] | None:
+        """The newest sweep run of any experiment carrying metric ``key``: (run id, its
+        metrics, its title)."""
+        ids = [e.experiment_id for e in self.client.search_experiments()]
+        if not ids:
+            return None
+        runs = self.client.search_runs(ids, f"tags.role = 'sweep' and metrics.{key} > 0",
+                                       order_by=["attributes.start_time DESC"], max_results=1)  # fmt: skip
+        if not runs:
+            return None
+        run = runs[0]
+        return run.info.run_id, dict(run.data.metrics), self.title(run.info.run_id)
+
     def download(self, run_id: str, path: str, into: Path) -> Path | None:
         """An artifact of the run, or None where it has none by that name."""
         into.mkdir(parents=True, exist_ok=True)

@@ -13,12 +13,13 @@ import math
 from dataclasses import dataclass, field
 
 import pandas as pd
+from scipy import stats as scipy_stats
 
 from pipeline.analysis.advisor import Advice
 from pipeline.analysis.model import Fit
 from pipeline.analysis.quality import Lossless
-from pipeline.analysis.stats import HELPS, HURTS, INCONCLUSIVE, TOO_FEW
-from pipeline.analysis.verdicts import LOAD_BOUND, LOAD_BOUND_TEXT, P99_FLOOR, Comparisons, Crossover
+from pipeline.analysis.stats import HELPS, HURTS, INCONCLUSIVE, TOO_FEW, server_spread
+from pipeline.analysis.verdicts import LOAD_BOUND, LOAD_BOUND_TEXT, P99_FLOOR, Comparisons, Crossover, aa_log_ratios
 
 
 @dataclass(frozen=True)
@@ -156,11 +157,24 @@ def method_statement(data: ReportData) -> str:
     if points.empty or opts is None:
         return ""
     runs = int(points["runs"].max()) if "runs" in points else 1
-    basis = ("1 run per point: the interval covers request-to-request variation within the run, not the spread "
-             "between server starts (repeats.count>=2, repeats.restart=true measure it)" if runs == 1
-             else f"up to {runs} runs per point: the interval covers the spread between runs, then requests")  # fmt: skip
+    basis = ("1 run per point: the bootstrap covers request-to-request variation within the run"
+             if runs == 1 else f"up to {runs} runs per point: the interval covers the spread between runs, then "
+             "requests")  # fmt: skip
+    spread = opts.server_spread
+    if is_aa(points):
+        servers = ("This is an A/A sweep: the spread it measures between fresh servers is recorded for the other "
+                   "sweeps of this store. ")  # fmt: skip
+    elif spread and spread.for_metric("speedup_median_tpot"):
+        servers = (f"Where both windows ran on one pair of servers, the spread between server starts measured by "
+                   f"the A/A sweep {spread.source} ({spread.comparisons} comparisons; median TPOT "
+                   f"{100 * spread.sd['speedup_median_tpot']:.1f} %) is added to the interval. ")  # fmt: skip
+    else:
+        servers = ("WARNING: the spread between server starts is not measured for one-server comparisons, so "
+                   "these intervals are too narrow: run `python -m pipeline.sweep +sweep=noise_floor` once with "
+                   "this store, or use repeats.restart=true (on a 2-core CPU, one-run verdicts without it were "
+                   "false alarms in 3 of 10 A/A comparisons). ")  # fmt: skip
     return (
-        f"Every ratio reads estimate [{opts.confidence:.0%} interval]: a bootstrap over requests paired by "
+        f"{servers}Every ratio reads estimate [{opts.confidence:.0%} interval]: a bootstrap over requests paired by "
         f"prompt ({opts.resamples} resamples); {basis}. A ratio helps only if its interval lies above "
         f"1 + {opts.floor:.0%} (p99: 1 + {P99_FLOOR:.0%}), hurts only if below 1 - that floor; otherwise it is "
         f"inconclusive. Verdicts are adjusted across the {len(points)} comparisons of each ratio "
@@ -208,7 +222,16 @@ def _aa_headline(data: ReportData, counts: dict[str, int]) -> str:
             half = (math.log(high) - math.log(low)) / 2
             floors.append(f"{(1 + opts.floor) * math.exp(half):.3f}x at {row.request_rate:g} req/s")
     if floors:
-        text += "Smallest median-TPOT speedup this setup resolves: " + ", ".join(floors) + "."
+        runs = int(points["runs"].max()) if "runs" in points else 1
+        text += (f"Smallest median-TPOT speedup this sweep's windows resolve ({runs} run(s) per point): "
+                 + ", ".join(floors) + ". ")  # fmt: skip
+    spread = server_spread(aa_log_ratios(data.frame), "this sweep")
+    sd = spread.for_metric("speedup_median_tpot") if spread else None
+    if opts and spread and sd:
+        reach = (1 + opts.floor) * math.exp(float(scipy_stats.t.ppf(1 - opts.alpha / 2, spread.comparisons)) * sd)
+        text += (f"Between fresh servers the median TPOT differed by {100 * sd:.1f} % (RMS over "
+                 f"{spread.comparisons} comparisons): with that spread added, as the other sweeps of this store "
+                 f"add it, one run resolves a speedup of {reach:.2f}x or more.")  # fmt: skip
     return text
 
 

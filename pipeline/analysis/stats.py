@@ -39,12 +39,28 @@ class StatsError(ValueError):
 
 
 @dataclass(frozen=True)
+class ServerSpread:
+    """How far two fresh, identical servers differ: the root mean square of the log ratios
+    of an A/A sweep's comparisons, per ratio. A comparison whose two windows ran on one pair
+    of servers cannot see this spread in its own requests; it is added to its interval."""
+
+    sd: dict[str, float]  # ratio name -> RMS of the A/A log ratios
+    comparisons: int  # how many A/A comparisons it rests on (the t distribution's df)
+    source: str  # which sweep measured it
+
+    def for_metric(self, metric: str) -> float | None:
+        value = self.sd.get(metric)
+        return value if value is not None and math.isfinite(value) and value > 0 else None
+
+
+@dataclass(frozen=True)
 class StatsOptions:
     confidence: float = 0.95  # two-sided level of every interval
     floor: float = 0.02  # a ratio within 1 +- floor is no practical effect
     resamples: int = 2000  # bootstrap replicates per interval
     min_requests: int = 5  # fewer paired requests than this: "not enough requests"
     seed: int = 0  # the bootstrap's own seed: a report is reproducible
+    server_spread: ServerSpread | None = None  # from an A/A sweep; see paired_ratio
 
     def __post_init__(self) -> None:
         if not 0.5 < self.confidence < 1:
@@ -240,13 +256,32 @@ def _interval(metric: str, estimate: float, replicates: np.ndarray, opts: StatsO
 
 
 def paired_ratio(metric: str, base: Sequence[Sample], spec: Sequence[Sample], opts: StatsOptions,
-                 rng: np.random.Generator | None = None) -> Ratio:  # fmt: skip
+                 rng: np.random.Generator | None = None, shared_servers: bool = False) -> Ratio:  # fmt: skip
     """The ratio of ``metric`` between two sets of windows; ``base[i]`` pairs with ``spec[i]``
-    (the same prompts and schedule: the same repeat)."""
+    (the same prompts and schedule: the same repeat).
+
+    ``shared_servers``: every window of each side ran on one server (one run, or repeats
+    without restarts). The spread between server starts is then invisible in the windows;
+    where an A/A sweep measured it (``opts.server_spread``), it is added to the interval as
+    a t-distributed offset, so that the interval covers what a second pair of servers would
+    measure."""
+    ratio = _paired_ratio(metric, base, spec, opts, rng or np.random.default_rng(opts.seed))
+    spread = opts.server_spread.for_metric(metric) if opts.server_spread and shared_servers else None
+    if spread is None or ratio.estimate is None:
+        return ratio
+    assert opts.server_spread is not None
+    # One window's throughput has no spread of its own; the A/A spread is then all there is.
+    centre = math.log(ratio.estimate)
+    replicates = ratio.log_replicates if ratio.resolved else np.full(opts.resamples, centre)
+    offset = spread * np.random.default_rng([opts.seed, 7]).standard_t(opts.server_spread.comparisons, len(replicates))
+    return _interval(metric, centre, replicates + offset, opts, ratio.runs, ratio.requests)
+
+
+def _paired_ratio(metric: str, base: Sequence[Sample], spec: Sequence[Sample], opts: StatsOptions,
+                  rng: np.random.Generator) -> Ratio:  # fmt: skip
     if len(base) != len(spec) or not base:
         raise StatsError(f"{metric}: {len(base)} baseline window(s) against {len(spec)} speculative; pair each repeat")
     m = RATIOS[metric]
-    rng = rng or np.random.default_rng(opts.seed)
     runs = len(base)
     if m.field == "throughput":
         return _window_level_ratio(metric, base, spec, opts, rng)
@@ -344,6 +379,14 @@ def acceptance_length_interval(windows: Sequence[Sample], counter_length: float 
     return _interval("acceptance_length", centre, combined, opts, len(windows), int(windows[0].size))
 
 
+def server_spread(log_ratios: dict[str, Sequence[float]], source: str) -> ServerSpread | None:
+    """From an A/A sweep's comparisons (each a pair of fresh, identical servers): the RMS of
+    their log ratios, per ratio. Within-window noise is in it too, so it errs wide."""
+    sd = {m: float(np.sqrt(np.mean(np.square(v)))) for m, v in log_ratios.items() if len(v) >= 2}
+    counts = [len(v) for v in log_ratios.values() if len(v) >= 2]
+    return ServerSpread(sd, min(counts), source) if sd else None
+
+
 # ---- Decisions ------------------------------------------------------------------------------
 
 HELPS, HURTS, INCONCLUSIVE, TOO_FEW = "helps", "hurts", "inconclusive", "not enough requests"
@@ -390,12 +433,16 @@ def decide(ratios: Sequence[Ratio], opts: StatsOptions, floor: float | None = No
         p = float(adjusted[i])
         if p < opts.alpha:
             out.append(Decision(HELPS if p_helps <= p_hurts else HURTS, ratio, p))
+        elif min(p_helps, p_hurts) < opts.alpha:
+            detail = (f"its interval clears the ±{floor:.0%} floor on its own, not after the adjustment for "
+                      f"{len(tested)} comparisons")  # fmt: skip
+            out.append(Decision(INCONCLUSIVE, ratio, p, detail))
         else:
-            out.append(Decision(INCONCLUSIVE, ratio, p, to_resolve(ratio, floor, len(tested) > 1)))
+            out.append(Decision(INCONCLUSIVE, ratio, p, to_resolve(ratio, floor)))
     return out
 
 
-def to_resolve(ratio: Ratio, floor: float, adjusted: bool = False) -> str:
+def to_resolve(ratio: Ratio, floor: float) -> str:
     """How many requests per window (repeats, for throughput) would likely resolve it, from
     the observed spread: an interval's half-width shrinks as one over the square root of
     the number of samples."""
@@ -406,11 +453,11 @@ def to_resolve(ratio: Ratio, floor: float, adjusted: bool = False) -> str:
         return f"the estimate is within the ±{floor:.0%} floor: no window size would make it helps or hurts"
     half = (math.log(ratio.high) - math.log(ratio.low)) / 2
     factor = (half / margin) ** 2
-    after = ", before the adjustment for several comparisons" if adjusted else ""
-    if RATIOS.get(ratio.metric, Metric("", 0, True)).field == "throughput":
-        # One number per window: more windows, not more requests, narrow its interval.
-        return f"~{math.ceil(ratio.runs * factor)} repeats would likely resolve it{after}"
-    return f"~{math.ceil(ratio.requests * factor)} requests per window would likely resolve it{after}"
+    if ratio.runs >= 2 or RATIOS.get(ratio.metric, Metric("", 0, True)).field == "throughput":
+        # Across repeats the spread between runs sets the width: more runs, not more
+        # requests per window, narrow it (throughput is one number per window anyway).
+        return f"~{max(3, math.ceil(ratio.runs * factor))} repeats would likely resolve it"
+    return f"~{math.ceil(ratio.requests * factor)} requests per window would likely resolve it"
 
 
 def smallest_resolvable(ratio: Ratio, floor: float) -> float | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -88,13 +88,20 @@ def _summary_only(metric: str, pairs: list[tuple[pd.Series, pd.Series]]) -> Rati
     return Ratio(metric, estimate, runs=len(pairs), note="no per-request data (requests.csv) for an interval")
 
 
+def _within_bounds(length: Ratio, k_eff: float) -> Ratio:
+    """L lies in [1, k + 1] by construction: an interval reaching past that says only that
+    the bound is not excluded."""
+    if not length.resolved:
+        return length
+    assert length.low is not None and length.high is not None
+    return replace(length, low=min(max(length.low, 1.0), k_eff + 1), high=min(max(length.high, 1.0), k_eff + 1))
+
+
 def _alpha_bounds(length: Ratio, k_eff: float) -> tuple[float | None, float | None]:
     if not length.resolved or not k_eff:
         return None, None
     assert length.low is not None and length.high is not None
-    low = alpha_from_length(min(max(length.low, 1.0), k_eff + 1), k_eff)
-    high = alpha_from_length(min(max(length.high, 1.0), k_eff + 1), k_eff)
-    return low, high
+    return alpha_from_length(length.low, k_eff), alpha_from_length(length.high, k_eff)
 
 
 def compare_points(frame: pd.DataFrame, samples: Mapping[str, Sample], opts: StatsOptions) -> Comparisons:
@@ -114,10 +121,14 @@ def compare_points(frame: pd.DataFrame, samples: Mapping[str, Sample], opts: Sta
         spec_s = [samples.get(str(s["run_id"])) for _, s in pairs]
         complete = all(x is not None for x in base_s + spec_s)
         found: dict[str, Ratio] = {}
+        # Repeats on fresh servers measure the spread between server starts themselves; one
+        # run, or repeats sharing their servers, cannot (the A/A spread is added instead).
+        restarted = "server" in group and len(pairs) >= 2 and group["server"].nunique() == len(pairs)
         for j, metric in enumerate(RATIOS):
             if complete:
                 rng = np.random.default_rng([opts.seed, i, j])
-                found[metric] = stats.paired_ratio(metric, base_s, spec_s, opts, rng)  # type: ignore[arg-type]
+                found[metric] = stats.paired_ratio(metric, base_s, spec_s, opts, rng,  # type: ignore[arg-type]
+                                                   shared_servers=not restarted)  # fmt: skip
             else:
                 found[metric] = _summary_only(metric, pairs)
         ratios[str(key)] = found
@@ -132,6 +143,7 @@ def compare_points(frame: pd.DataFrame, samples: Mapping[str, Sample], opts: Sta
         length = stats.acceptance_length_interval([s for s in spec_s if s is not None], row["acceptance_length"],
                                                   opts) if complete and _finite(row["acceptance_length"]) else None  # fmt: skip
         k_eff = row["acceptance_k_effective"] if _finite(row["acceptance_k_effective"]) else row["k"]
+        length = _within_bounds(length, k_eff) if length else None
         row["alpha_low"], row["alpha_high"] = _alpha_bounds(length, k_eff) if length else (None, None)
         row["acceptance_length_text"] = length.text.replace("x", "") if length else "—"
         rows.append(row)
@@ -228,3 +240,19 @@ def between_points(frame: pd.DataFrame, samples: Mapping[str, Sample], slower: s
         return None
     ratio = stats.paired_ratio(TPOT, runs[0], runs[1], opts)  # type: ignore[arg-type]
     return stats.decide([ratio], opts)[0]
+
+
+def is_aa(frame: pd.DataFrame) -> bool:
+    """An A/A sweep: every compared point is an identical twin of its baseline."""
+    spec = measured(frame, "speculative")
+    return not spec.empty and "replica" in spec and bool((spec["replica"] == 1).all())
+
+
+def aa_log_ratios(frame: pd.DataFrame) -> dict[str, list[float]]:
+    """Each A/A comparison's log ratio, per ratio: one pair of fresh servers each."""
+    spec = measured(frame, "speculative")
+    out: dict[str, list[float]] = {}
+    for metric in RATIOS:
+        if metric in spec:
+            out[metric] = [math.log(float(v)) for v in spec[metric] if _finite(v) and float(v) > 0]
+    return out

@@ -265,7 +265,7 @@ def test_aa_report_counts_false_alarms_and_the_smallest_resolvable_effect() -> N
     data = _analyse(frame, samples)
     text = markdown(data)
     assert text.count("A/A comparison") >= 1 and "false alarm" in text
-    assert "Smallest median-TPOT speedup this setup resolves: 1.0" in text
+    assert "Smallest median-TPOT speedup this sweep's windows resolve (1 run(s) per point): 1.0" in text
 
 
 def test_plots_carry_their_intervals() -> None:
@@ -275,3 +275,20 @@ def test_plots_carry_their_intervals() -> None:
     for png in (throughput_vs_tpot(data.frame, levels=data.levels), speedup_vs_rate(data.points),
                 speedup_heatmap(data.points)):  # fmt: skip
         assert png is not None and png.startswith(b"\x89PNG")
+
+
+def test_the_aa_spread_is_added_where_repeats_shared_their_servers_not_where_they_restarted() -> None:
+    import dataclasses
+
+    from pipeline.analysis.stats import ServerSpread
+
+    frame, samples = _sweep({(3, 1.0): 1.5}, runs=3)
+    opts = dataclasses.replace(OPTS, server_spread=ServerSpread({"speedup_median_tpot": 0.2}, 10, "aa"))
+    spec = frame["role"] == "speculative"
+    shared = frame.assign(server=np.where(spec, 2, 1))
+    restarted = frame.assign(server=np.where(spec, 10 + frame["repeat"], frame["repeat"]))
+    width = {}
+    for name, table in (("shared", shared), ("restarted", restarted)):
+        row = analyse("t", table, [], [], samples, opts).points.iloc[0]
+        width[name] = row["high"] / row["low"]
+    assert width["shared"] > 1.2 * width["restarted"]

@@ -86,9 +86,7 @@ def test_multirun_dry_run_plans_one_server_per_k_and_one_baseline(tmp_path: Path
         (["tracking.uri=http://127.0.0.1:9"], "does not answer"),
     ],
 )
-def test_multirun_bad_input_fails_before_any_server_starts(
-    tmp_path: Path, overrides: list[str], message: str
-) -> None:
+def test_multirun_bad_input_fails_before_any_server_starts(tmp_path: Path, overrides: list[str], message: str) -> None:
     proc = _multirun(tmp_path, "spec.k=3", *overrides)
     assert proc.returncode != 0, proc.stdout[-2000:]
     assert message in proc.stderr, proc.stderr[-3000:]

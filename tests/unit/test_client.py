@@ -99,8 +99,12 @@ def test_completions_endpoint_reads_text() -> None:
         (Script(status=500), "HTTP 500"),
         (Script(steps=[(0.0, chat_chunk("a")), (0.0, chat_chunk("b"))], drop_after=1), "payload is not completed"),
         (Script(steps=[(0.0, chat_chunk("a")), (0.0, "[DONE]")]), "no usage"),
-        (Script(steps=[(0.0, chat_chunk("a")), (0.0, '{"choices": [], "usage": {"prompt_tokens": 3}}'),
-                       (0.0, "[DONE]")]), "no usage.completion_tokens"),  # fmt: skip
+        (
+            Script(
+                steps=[(0.0, chat_chunk("a")), (0.0, '{"choices": [], "usage": {"prompt_tokens": 3}}'), (0.0, "[DONE]")]
+            ),
+            "no usage.completion_tokens",
+        ),  # fmt: skip
         (Script(steps=[(0.0, chat_chunk("a")), (0.0, "not json")]), "malformed stream chunk"),
     ],
     ids=["http-500", "dropped-mid-stream", "no-usage", "usage-without-completion-tokens", "malformed-chunk"],

@@ -87,5 +87,3 @@ def test_client_health_reports_lateness_and_achieved_rate() -> None:
     assert health["send_lateness_p50_ms"] == pytest.approx(2.0)
     assert health["send_lateness_max_ms"] == pytest.approx(12.0)
     assert health["send_lateness_p50_ms"] <= health["send_lateness_p99_ms"] <= health["send_lateness_max_ms"]
-
-

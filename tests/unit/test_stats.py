@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -111,6 +112,9 @@ def test_to_resolve_scales_the_window_with_the_squared_interval() -> None:
     assert f"~{math.ceil(50 * (half / margin) ** 2)} requests" in stats.to_resolve(ratio, 0.02)
     inside = stats.Ratio("speedup_median_tpot", 1.01, 0.95, 1.07, 0.95, 1, 50)
     assert "within the ±2% floor" in stats.to_resolve(inside, 0.02)
+    # With repeats, the spread between runs sets the width: the lever is more runs.
+    repeated = stats.Ratio("speedup_median_tpot", 1.10, 1.01, 1.20, 0.95, 2, 50)
+    assert "repeats would likely resolve it" in stats.to_resolve(repeated, 0.02)
 
 
 def test_benjamini_hochberg_can_withdraw_a_lone_borderline_call() -> None:
@@ -121,7 +125,8 @@ def test_benjamini_hochberg_can_withdraw_a_lone_borderline_call() -> None:
     nulls = [stats.Ratio("speedup_median_tpot", 1.0, 0.9, 1.1, 0.95, 1, 50,
                          log_replicates=rng.normal(0, 0.05, 2000)) for _ in range(20)]  # fmt: skip
     assert decide([border], OPTS)[0].label == "helps"
-    assert decide([border, *nulls], OPTS)[0].label == "inconclusive"
+    withdrawn = decide([border, *nulls], OPTS)[0]
+    assert withdrawn.label == "inconclusive" and "not after the adjustment for 21 comparisons" in withdrawn.detail
 
 
 def test_crossing_is_an_interval_only_where_helps_turns_into_hurts() -> None:
@@ -156,3 +161,19 @@ def test_sample_reads_the_clients_requests_csv() -> None:
 def test_bad_options_are_refused(kw: dict, match: str) -> None:
     with pytest.raises(StatsError, match=match):
         StatsOptions(**kw)
+
+
+def test_the_aa_spread_between_servers_widens_one_server_comparisons_only() -> None:
+    spread = stats.server_spread({"speedup_median_tpot": [0.06, -0.08, 0.02, -0.05], "output_throughput_ratio":
+                                  [0.03, -0.02, 0.04, -0.01]}, "aa")  # fmt: skip
+    assert spread is not None and spread.comparisons == 4
+    assert spread.sd["speedup_median_tpot"] == pytest.approx(math.sqrt((0.06**2 + 0.08**2 + 0.02**2 + 0.05**2) / 4))
+    opts = dataclasses.replace(OPTS, server_spread=spread)
+    base, spec = pair(5, 64, 1.1)
+    alone = paired_ratio("speedup_median_tpot", base, spec, opts)
+    shared = paired_ratio("speedup_median_tpot", base, spec, opts, shared_servers=True)
+    assert shared.estimate == pytest.approx(alone.estimate)
+    assert shared.high / shared.low > 1.2 * (alone.high / alone.low)  # type: ignore[operator]
+    # One window's throughput has no spread of its own: the A/A spread gives it its interval.
+    throughput = paired_ratio("output_throughput_ratio", base, spec, opts, shared_servers=True)
+    assert throughput.resolved and throughput.low < 1.0 < throughput.high  # type: ignore[operator]
