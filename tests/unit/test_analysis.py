@@ -41,7 +41,7 @@ def _window(rng: np.random.Generator, prompt: np.ndarray, tpot_s: float, rate: f
     e2el = ttft + tpot * (tokens - 1)
     sent = np.arange(n) / rate
     if not keeps_up:
-        e2el = e2el + np.arange(n) * 4 * float(np.median(e2el)) / max(n, 1)
+        e2el = e2el + np.arange(n) * 40 * float(np.median(e2el)) / max(n, 1)
     finish = sent + e2el
     return Sample(index=np.arange(n), values={"tpot": tpot, "ttft": ttft, "e2el": e2el},
                   itl=tuple(np.full(int(chunks) - 1, t * (tokens - 1) / (chunks - 1)) for t in tpot),
