@@ -144,6 +144,18 @@ class StatsConfig:
     resamples: int = 2000  # bootstrap replicates per interval
 
 
+def stats_problem(confidence: float, floor: float, resamples: int) -> str | None:
+    """What is wrong with these decision settings, if anything: one check for the sweep's
+    config and for ``python -m pipeline.report``'s flags."""
+    if not 0.5 < confidence < 1:
+        return f"stats.confidence={confidence} must lie in (0.5, 1), e.g. 0.95"
+    if not 0 <= floor < 1:
+        return f"stats.floor={floor} must lie in [0, 1), e.g. 0.02 for 2 %"
+    if resamples < 100:
+        return f"stats.resamples={resamples} is too few for an interval; use >= 1000"
+    return None
+
+
 @dataclass(frozen=True)
 class JobConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -313,12 +325,9 @@ def validate(job: JobConfig) -> None:
         )
     if job.repeats.count < 1:
         raise ConfigError(f"repeats.count={job.repeats.count} must be >= 1")
-    if not 0.5 < job.stats.confidence < 1:
-        raise ConfigError(f"stats.confidence={job.stats.confidence} must lie in (0.5, 1), e.g. 0.95")
-    if not 0 <= job.stats.floor < 1:
-        raise ConfigError(f"stats.floor={job.stats.floor} must lie in [0, 1), e.g. 0.02 for 2 %")
-    if job.stats.resamples < 100:
-        raise ConfigError(f"stats.resamples={job.stats.resamples} is too few for an interval; use >= 1000")
+    problem = stats_problem(job.stats.confidence, job.stats.floor, job.stats.resamples)
+    if problem:
+        raise ConfigError(problem)
     if job.aa and spec.method != "none":
         raise ConfigError(
             f"aa=true compares two servers without speculation; set spec=none (got spec.method={spec.method})"

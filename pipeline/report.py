@@ -103,7 +103,7 @@ def analyse(title: str, frame: pd.DataFrame, probes: list[dict], length_tests: l
 def _window_levels(frame: pd.DataFrame, samples: Mapping[str, Sample], opts: StatsOptions) -> pd.DataFrame:
     """Each point's own median TPOT with its interval (the plots' error bars), repeats together."""
     data = verdicts.measured(frame)
-    key = "point_key" if "point_key" in data and data["point_key"].notna().all() else "point_hash"
+    key = verdicts.key_column(data)
     rows = []
     for i, (_, group) in enumerate(data.groupby(key, sort=False)):
         windows = [samples.get(str(r)) for r in group["run_id"]]

@@ -18,8 +18,17 @@ from scipy import stats as scipy_stats
 from pipeline.analysis.advisor import Advice
 from pipeline.analysis.model import Fit
 from pipeline.analysis.quality import Lossless
-from pipeline.analysis.stats import HELPS, HURTS, INCONCLUSIVE, TOO_FEW, server_spread
-from pipeline.analysis.verdicts import LOAD_BOUND, LOAD_BOUND_TEXT, P99_FLOOR, Comparisons, Crossover, aa_log_ratios
+from pipeline.analysis.stats import HELPS, HURTS, INCONCLUSIVE, TOO_FEW, server_spread, smallest_resolvable
+from pipeline.analysis.verdicts import (
+    LOAD_BOUND,
+    LOAD_BOUND_TEXT,
+    P99_FLOOR,
+    TPOT,
+    Comparisons,
+    Crossover,
+    aa_log_ratios,
+    is_aa,
+)
 
 
 @dataclass(frozen=True)
@@ -146,10 +155,6 @@ def _lt(v: object, x: float) -> bool:
     return isinstance(v, (int, float)) and math.isfinite(v) and v < x
 
 
-def is_aa(points: pd.DataFrame) -> bool:
-    return not points.empty and "replica" in points and bool((points["replica"] == 1).all())
-
-
 def method_statement(data: ReportData) -> str:
     """How every verdict in the report was decided: the reader's key to the words."""
     points = data.points
@@ -161,7 +166,7 @@ def method_statement(data: ReportData) -> str:
              if runs == 1 else f"up to {runs} runs per point: the interval covers the spread between runs, then "
              "requests")  # fmt: skip
     spread = opts.server_spread
-    if is_aa(points):
+    if is_aa(data.frame):
         servers = ("This is an A/A sweep: the spread it measures between fresh servers is recorded for the other "
                    "sweeps of this store. ")  # fmt: skip
     elif spread and spread.for_metric("speedup_median_tpot"):
@@ -190,7 +195,7 @@ def headline(data: ReportData) -> str:
         return "No speculative point could be compared with a baseline: no answer yet (see below)."
     verdict = points["speedup_median_tpot_verdict"] if "speedup_median_tpot_verdict" in points else points["verdict"]
     counts = {label: int((verdict == label).sum()) for label in (HELPS, HURTS, INCONCLUSIVE, TOO_FEW)}
-    if is_aa(points):
+    if is_aa(data.frame):
         return _aa_headline(data, counts)
     helps = points[verdict == HELPS]
     if helps.empty:
@@ -217,10 +222,10 @@ def _aa_headline(data: ReportData, counts: dict[str, int]) -> str:
             f"speculative. {false} of {len(points)} median-TPOT comparisons gave a verdict (each a false alarm). ")  # fmt: skip
     floors = []
     for row in points.sort_values("request_rate").itertuples():
-        low, high = getattr(row, "speedup_median_tpot_low", None), getattr(row, "speedup_median_tpot_high", None)
-        if opts and _gt(low, 0) and _gt(high, 0):
-            half = (math.log(high) - math.log(low)) / 2
-            floors.append(f"{(1 + opts.floor) * math.exp(half):.3f}x at {row.request_rate:g} req/s")
+        decision = data.comparisons.decision(row.point_key, TPOT) if data.comparisons else None
+        reach = smallest_resolvable(decision.ratio, opts.floor) if opts and decision else None
+        if reach is not None:
+            floors.append(f"{reach:.3f}x at {row.request_rate:g} req/s")
     if floors:
         runs = int(points["runs"].max()) if "runs" in points else 1
         text += (f"Smallest median-TPOT speedup this sweep's windows resolve ({runs} run(s) per point): "

@@ -33,6 +33,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
+from pipeline.config import stats_problem
+
 
 class StatsError(ValueError):
     pass
@@ -63,12 +65,9 @@ class StatsOptions:
     server_spread: ServerSpread | None = None  # from an A/A sweep; see paired_ratio
 
     def __post_init__(self) -> None:
-        if not 0.5 < self.confidence < 1:
-            raise StatsError(f"stats.confidence={self.confidence} must lie in (0.5, 1), e.g. 0.95")
-        if not 0 <= self.floor < 1:
-            raise StatsError(f"stats.floor={self.floor} must lie in [0, 1), e.g. 0.02 for 2 %")
-        if self.resamples < 100:
-            raise StatsError(f"stats.resamples={self.resamples} is too few for an interval; use >= 1000")
+        problem = stats_problem(self.confidence, self.floor, self.resamples)
+        if problem:
+            raise StatsError(problem)
         if self.min_requests < 2:
             raise StatsError(f"stats.min_requests={self.min_requests} must be >= 2")
 
@@ -244,6 +243,15 @@ def _over_runs(per_run: np.ndarray, within: np.ndarray | None, opts: StatsOption
     return t_draws if t_draws.std() > two_stage.std() else two_stage
 
 
+def _combine_runs(estimates: list[float], replicates: list[np.ndarray], opts: StatsOptions,
+                  rng: np.random.Generator) -> tuple[float, np.ndarray]:  # fmt: skip
+    """The estimate over runs (their mean log) and its replicates: one run's own, or
+    :func:`_over_runs` across several."""
+    per_run = np.asarray(estimates)
+    within = np.stack(replicates)
+    return float(per_run.mean()), within[0] if len(estimates) == 1 else _over_runs(per_run, within, opts, rng)
+
+
 def _interval(metric: str, estimate: float, replicates: np.ndarray, opts: StatsOptions, runs: int,
               requests: int) -> Ratio:  # fmt: skip
     finite = replicates[np.isfinite(replicates)]
@@ -302,10 +310,8 @@ def _paired_ratio(metric: str, base: Sequence[Sample], spec: Sequence[Sample], o
 
         estimates.append(float(log_ratio(np.arange(len(b_rows)))))
         replicates.append(_request_replicates(log_ratio, len(b_rows), opts, rng))
-    per_run = np.asarray(estimates)
-    within = np.stack(replicates)
-    combined = within[0] if runs == 1 else _over_runs(per_run, within, opts, rng)
-    return _interval(metric, float(per_run.mean()), combined, opts, runs, int(np.median(sizes)))
+    centre, combined = _combine_runs(estimates, replicates, opts, rng)
+    return _interval(metric, centre, combined, opts, runs, int(np.median(sizes)))
 
 
 def _window_level_ratio(metric: str, base: Sequence[Sample], spec: Sequence[Sample], opts: StatsOptions,
@@ -344,9 +350,8 @@ def window_interval(field_name: str, percentile: float, windows: Sequence[Sample
 
         estimates.append(float(log_stat(np.arange(len(rows)))))
         replicates.append(_request_replicates(log_stat, len(rows), opts, rng))
-    per_run, within = np.asarray(estimates), np.stack(replicates)
-    combined = within[0] if len(windows) == 1 else _over_runs(per_run, within, opts, rng)
-    return _interval(field_name, float(per_run.mean()), combined, opts, len(windows), int(windows[0].size))
+    centre, combined = _combine_runs(estimates, replicates, opts, rng)
+    return _interval(field_name, centre, combined, opts, len(windows), int(windows[0].size))
 
 
 def acceptance_length_interval(windows: Sequence[Sample], counter_length: float | None, opts: StatsOptions,
@@ -370,9 +375,7 @@ def acceptance_length_interval(windows: Sequence[Sample], counter_length: float 
 
         estimates.append(float(log_length(np.arange(len(rows)))))
         replicates.append(_request_replicates(log_length, len(rows), opts, rng))
-    per_run, within = np.asarray(estimates), np.stack(replicates)
-    combined = within[0] if len(windows) == 1 else _over_runs(per_run, within, opts, rng)
-    centre = float(per_run.mean())
+    centre, combined = _combine_runs(estimates, replicates, opts, rng)
     if counter_length is not None and math.isfinite(counter_length) and counter_length > 0:
         combined = combined - centre + math.log(counter_length)
         centre = math.log(counter_length)

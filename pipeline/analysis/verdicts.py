@@ -72,7 +72,7 @@ class Comparisons:
         return self.decisions.get(key, {}).get(metric)
 
 
-def _key_column(frame: pd.DataFrame) -> str:
+def key_column(frame: pd.DataFrame) -> str:
     # Summaries from before point_key existed: every row is a point of its own.
     return "point_key" if "point_key" in frame and frame["point_key"].notna().all() else "point_hash"
 
@@ -112,7 +112,7 @@ def compare_points(frame: pd.DataFrame, samples: Mapping[str, Sample], opts: Sta
     """Every speculative point against its baseline, for every ratio of :data:`stats.RATIOS`,
     with the verdicts of each ratio decided together across the sweep."""
     spec_rows, base_rows = measured(frame, "speculative"), measured(frame, "baseline")
-    key_col = _key_column(frame)
+    key_col = key_column(frame)
     rows: list[dict] = []
     ratios: dict[str, dict[str, Ratio]] = {}
     load_bound: dict[str, bool] = {}
@@ -234,7 +234,7 @@ def between_points(frame: pd.DataFrame, samples: Mapping[str, Sample], slower: s
                    opts: StatsOptions) -> Decision | None:  # fmt: skip
     """Is point ``faster`` resolved faster than point ``slower`` in median TPOT? Two
     speculative windows at one load send the same prompts too, so they pair by repeat."""
-    key_col = _key_column(frame)
+    key_col = key_column(frame)
     spec = measured(frame, "speculative")
     runs = []
     for key in (slower, faster):
