@@ -1,7 +1,7 @@
 """Acceptance from a server's Prometheus ``/metrics``: counter differences over a window.
 
 Pure functions over parsed scrapes; fetching the text is the caller's job. Definitions
-follow DESIGN.md and ``vllm bench serve``:
+follow ``vllm bench serve`` (docs/metrics.md):
 
 - acceptance rate = accepted / draft tokens
 - acceptance length = 1 + accepted / drafts (the bonus token included)

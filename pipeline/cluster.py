@@ -1,5 +1,5 @@
 """Ray, guarded: a dead address fails within a deadline, and a request the cluster can never
-satisfy fails at once instead of queueing forever (both are Ray's defaults, see DESIGN.md).
+satisfy fails at once instead of queueing forever (both are Ray 2.60's own behaviour, seen on these machines).
 
 The checks are pure functions of what the cluster reports, so they are tested without one.
 """

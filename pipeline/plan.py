@@ -28,7 +28,7 @@ _VOLATILE = ("output_dir", *SWEEP_LEVEL)
 _SERVER_KEYS = ("engine", "model", "spec", "seed", "replica")
 
 # Rough costs, measured with the embedded 135M model on 2 cores: eager CPU servers start in
-# 31-49 s; compiled start-ups take ~2 min (DESIGN.md). TPOT ~40 ms per token without speculation.
+# 31-49 s; compiled start-ups take ~2 min. TPOT ~40 ms per token without speculation.
 STARTUP_S = {"cpu-eager": 45.0, "compiled": 130.0}
 CPU_TPOT_S = 0.04
 # Output tokens per second the embedded model's baseline sustains when saturated here

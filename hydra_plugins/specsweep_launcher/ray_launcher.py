@@ -1,7 +1,7 @@
 """A Hydra launcher that runs each job (one server group) as a Ray task.
 
 Why not hydra-ray-launcher: it pins cloudpickle<3, pulls in boto3, shrinks the object
-store and waits forever on a resource request the cluster can never meet (DESIGN.md).
+store and waits forever on a resource request the cluster can never meet.
 Here the request is checked against the cluster first, a dead address fails within a
 deadline, and on a machine without GPUs the groups run one at a time, so two servers never
 share the cores being measured.

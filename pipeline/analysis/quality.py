@@ -29,7 +29,7 @@ class Lossless:
             return "identical"
         if self.dtype == "float32":
             return "CORRECTNESS FAILURE: outputs differ in float32"
-        return f"differs in {self.dtype}: numerics alone can cause this (batch shape, kernels; see DESIGN.md)"
+        return f"differs in {self.dtype}: numerics alone can cause this (batch shape, kernels; compare in float32 for a strict check)"
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:

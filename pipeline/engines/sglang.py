@@ -39,7 +39,7 @@ NGRAM_OPTIONS = {
     "capacity": "--speculative-ngram-capacity",
 }
 # The flags this adapter emits, recorded for SGLang 0.5.23: the speculative flags and
-# --enable-metrics from DESIGN.md's list for that version; the names of the individual
+# --enable-metrics as listed for that version when SGLang 0.5.23 was installed; the names of the individual
 # --speculative-ngram-* flags and of the base flags from SGLang's documentation
 # (docs/advanced_features/speculative_decoding.md, server_arguments.md), not from 0.5.23's --help.
 RECORDED_VERSION = Version("0.5.23")

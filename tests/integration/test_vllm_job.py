@@ -23,7 +23,7 @@ from tests.integration.conftest import run_sweep, sigterm_once_serving
 
 pytestmark = pytest.mark.integration
 
-# float32: bf16 greedy output can change with batch composition (DESIGN.md); the
+# float32: bf16 greedy output can change with batch composition (seen on this CPU); the
 # losslessness assertion needs a strict comparison.
 SMALL = [
     "engine.dtype=float32",

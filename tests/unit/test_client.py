@@ -60,7 +60,8 @@ def test_reasoning_and_tool_call_deltas_are_tokens() -> None:
         record = run_window([_request()], [0.0], _opts(url)).records[0]
     assert record.ok, record.error
     assert len(record.chunk_s) == 4  # TTFT is the first thinking token, not the first answer token
-    assert record.ttft_s is not None and record.ttft_s < 0.14
+    # The first event is the thinking chunk: the answer came two scripted gaps (0.1 s) later.
+    assert record.chunk_s[2] - record.chunk_s[0] >= 0.09
     assert record.text == "answer"
 
 
