@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-$(DEVICE)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 BROWSER_STAMP := $(VENV)/.browser
 
-.PHONY: install install-browser run test test-unit lint clean
+.PHONY: install install-browser run test test-unit lint clean tracking-server ray-head nightly gate
 
 install: $(STAMP)
 
@@ -35,6 +35,31 @@ $(BROWSER_STAMP): $(STAMP)
 # The main job: the default sweep (sweeps/default.yaml) on the embedded CPU model.
 run: install
 	$(PY) -m pipeline.sweep +sweep=default $(ARGS)
+
+# A shared MLflow tracking server: SQLite store, artifacts proxied by the server (workers on
+# any node upload over HTTP), bound to loopback. For other machines, see docs/cluster.md.
+MLFLOW_HOST ?= 127.0.0.1
+MLFLOW_PORT ?= 5000
+MLFLOW_DIR ?= $(abspath mlflow-server)
+tracking-server: install
+	mkdir -p $(MLFLOW_DIR)
+	$(VENV)/bin/mlflow server --host $(MLFLOW_HOST) --port $(MLFLOW_PORT) \
+		--backend-store-uri sqlite:///$(MLFLOW_DIR)/mlflow.db --artifacts-destination $(MLFLOW_DIR)/artifacts
+
+# A Ray head on this machine, token authentication on, dashboard on loopback. Its jobs run
+# this venv's python (PATH), so `ray job submit -- python ...` finds specsweep's packages;
+# its workers (and the servers they start) run at normal priority, not Ray's niceness 15.
+RAY_PORT ?= 6379
+RAY_DASHBOARD_PORT ?= 8265
+ray-head: install
+	$(VENV)/bin/ray get-auth-token --generate >/dev/null  # ~/.ray/auth_token, if there is none yet
+	RAY_AUTH_MODE=token RAY_worker_niceness=0 PATH=$(abspath $(VENV))/bin:$$PATH $(VENV)/bin/ray start --head --port $(RAY_PORT) \
+		--dashboard-host 127.0.0.1 --dashboard-port $(RAY_DASHBOARD_PORT) $(RAY_ARGS)
+
+# Tonight's sweep through Ray Jobs (idempotent per date); the exit code is the gate's.
+nightly: install
+	RAY_DASHBOARD=http://127.0.0.1:$(RAY_DASHBOARD_PORT) MLFLOW_TRACKING_URI=http://$(MLFLOW_HOST):$(MLFLOW_PORT) \
+		deploy/submit-nightly.sh
 
 test: install install-browser
 	$(PY) -m ruff check pipeline tests benchmarks hydra_plugins

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pipeline.config import RayConfig
-from pipeline.driver import LaunchError
+from pipeline.driver import LaunchError, Unreachable
 
 GCS_DEFAULT_PORT = 6379
 WORKER_NICENESS = "RAY_worker_niceness"  # read by the raylet that ray.init starts
@@ -40,12 +40,32 @@ def check_feasible(needs: Sequence[Need], resources: Mapping[str, float], nodes_
             )
 
 
+def check_resources(request: Mapping[str, float], nodes: Sequence[Mapping[str, float]]) -> None:
+    """Refuse a per-group request that no single node offers: Ray would queue it forever."""
+    if not request:
+        return
+    for node in nodes:
+        if all(node.get(name, 0.0) >= amount for name, amount in request.items()):
+            return
+    offered = "; ".join(
+        ", ".join(f"{k}={v:g}" for k, v in sorted(n.items()) if not k.startswith(("node:", "object_store")))
+        for n in nodes
+    )
+    asked = ", ".join(f"{k}={v:g}" for k, v in sorted(request.items()))
+    raise LaunchError(
+        f"ray.resources_per_group asks each server group for {{{asked}}}, but no node offers that (nodes: "
+        f"{offered or 'none alive'}); start nodes with `ray start --resources '{{\"specsweep_slot\": 1}}'` or "
+        f"change ray.resources_per_group"
+    )
+
+
 def check_store(tracking_uri: str, alive_nodes: int) -> None:
     """A SQLite file on this machine cannot be written by workers on other nodes."""
     if alive_nodes > 1 and not tracking_uri.startswith(("http://", "https://", "databricks")):
         raise LaunchError(
             f"the Ray cluster has {alive_nodes} nodes but tracking uses a local store ({tracking_uri}), which workers "
-            f"on other nodes cannot reach; run `mlflow server --host 0.0.0.0` and set tracking.uri=http://<host>:5000"
+            f"on other nodes cannot reach; start a tracking server (`make tracking-server`, see docs/cluster.md) and "
+            f"set tracking.uri=http://<its host>:5000"
         )
 
 
@@ -66,7 +86,7 @@ def probe(address: str, timeout_s: float) -> None:
         with socket.create_connection((host, port), timeout=timeout_s):
             return
     except OSError as exc:
-        raise LaunchError(
+        raise Unreachable(
             f"ray.address={address} is not reachable within {timeout_s:g} s ({exc}); start the head with "
             f"`ray start --head --port={port}`, fix the address, or drop ray.address to start a local Ray"
         ) from exc
@@ -80,9 +100,11 @@ def connect(config: RayConfig) -> bool:
         return False
     if config.address and config.address != "auto":
         probe(config.address, config.connect_timeout_s)
+    # A driver submitted with `ray job submit` runs with RAY_ADDRESS set: it joins that cluster.
+    address = config.address or ("auto" if os.environ.get("RAY_ADDRESS") else None)
     try:
-        if config.address:
-            ray.init(address=config.address, log_to_driver=True)
+        if address:
+            ray.init(address=address, log_to_driver=True)
         else:
             # Ray starts its workers at niceness 15, and a server started from a task inherits
             # it: on a CPU machine the measured server then yields to Ray's own processes.
@@ -90,11 +112,16 @@ def connect(config: RayConfig) -> bool:
             os.environ.setdefault(WORKER_NICENESS, "0")
             ray.init(**LOCAL_INIT)
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise LaunchError(f"cannot start or join Ray (ray.address={config.address}): {exc}") from exc
+        raise Unreachable(f"cannot start or join Ray (ray.address={address}): {exc}") from exc
     return True
 
 
-def node_gpus() -> list[float]:
+def node_resources() -> list[dict[str, float]]:
     import ray
 
-    return [float(n["Resources"].get("GPU", 0.0)) for n in ray.nodes() if n.get("Alive")]
+    return [{k: float(v) for k, v in n["Resources"].items()} for n in ray.nodes() if n.get("Alive")]
+
+
+def node_gpus() -> list[float]:
+    return [n.get("GPU", 0.0) for n in node_resources()]
+

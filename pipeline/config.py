@@ -124,6 +124,24 @@ class RayConfig:
     # None: start a local Ray; "auto" or host:port joins a running cluster.
     address: str | None = None
     connect_timeout_s: float = 30.0  # an unreachable address fails after this long
+    # What each server group asks of a node, e.g. {specsweep_slot: 1} on CPU nodes started
+    # with that custom resource, or {GPU: 1}. Empty: one GPU per engine rank on GPU machines,
+    # and on CPU-only machines the groups run one at a time. Set, the groups run concurrently,
+    # as many as the nodes offer.
+    resources_per_group: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """The regression gate at the end of a sweep (python -m pipeline.gate runs it later)."""
+
+    enabled: bool = False  # judge this sweep against its reference when it ends
+    history: int = 5  # the reference: the per-point median of the last this-many runs
+    confirm: bool = False  # re-measure flagged points once on a fresh server; one sighting is "suspect"
+    skip_if_done: bool = False  # skip when this engine version already ran this sweep's fingerprint
+    floor_median: float = 0.05  # practical floors: a ratio must be past these to count
+    floor_p99: float = 0.10
+    floor_acceptance_pp: float = 2.0  # percentage points of acceptance rate
 
 
 @dataclass(frozen=True)
@@ -179,6 +197,7 @@ class JobConfig:
     replica: int = 0  # set by the sweep: 1 for the A/A twin server; not a setting
     lossless: LosslessConfig = field(default_factory=LosslessConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    gate: GateConfig = field(default_factory=GateConfig)
 
     def baseline(self) -> JobConfig:
         """The same point without speculation: what this job is compared against."""
@@ -336,6 +355,17 @@ def validate(job: JobConfig) -> None:
         raise ConfigError("lossless.prompts must be >= 0 and lossless.max_tokens >= 1")
     if job.ray.connect_timeout_s <= 0:
         raise ConfigError(f"ray.connect_timeout_s={job.ray.connect_timeout_s} must be > 0")
+    for name, amount in job.ray.resources_per_group.items():
+        if not isinstance(amount, (int, float)) or not amount > 0:
+            raise ConfigError(f"ray.resources_per_group.{name}={amount!r} must be a positive number, e.g. 1")
+    gate = job.gate
+    if gate.history < 1:
+        raise ConfigError(f"gate.history={gate.history} must be >= 1 (the number of past runs in the reference)")
+    for key in ("floor_median", "floor_p99"):
+        if not 0 <= getattr(gate, key) < 1:
+            raise ConfigError(f"gate.{key}={getattr(gate, key)} must lie in [0, 1), e.g. 0.05 for 5 %")
+    if not 0 <= gate.floor_acceptance_pp < 100:
+        raise ConfigError(f"gate.floor_acceptance_pp={gate.floor_acceptance_pp} must lie in [0, 100)")
     for key in ("ttft_ms", "tpot_ms", "e2el_ms"):
         value = getattr(job.slo, key)
         if value is not None and value <= 0:

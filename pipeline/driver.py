@@ -10,9 +10,10 @@ logged to the parent run.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -22,16 +23,21 @@ from pipeline.engines.vllm import EngineNotInstalled
 from pipeline.group import GroupOutcome, GroupTask, PointOutcome, run_group
 from pipeline.job import Target, resolve_target, server_spec
 from pipeline.models import ModelError
-from pipeline.plan import SWEEP_LEVEL, ServerLine, SweepPlan, describe, estimate_s, plan_sweep
+from pipeline.plan import SWEEP_LEVEL, ServerGroup, ServerLine, SweepPlan, describe, estimate_s, plan_sweep
 from pipeline.redact import redact_args, redact_mapping
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILED_POINT = 3
+EXIT_INFRA = 4  # the tracking server or the Ray cluster does not answer
 EXIT_INTERRUPTED = 130
 
 
 class LaunchError(RuntimeError):
-    """The launcher cannot run the plan (cluster unreachable, resources it will never have)."""
+    """The launcher cannot run the plan (resources it will never have, a bad address)."""
+
+
+class Unreachable(LaunchError):
+    """The cluster does not answer: infrastructure, not input."""
 
 
 class Executor(Protocol):
@@ -97,8 +103,18 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
     try:
         tracking.check_reachable(store)
         tracker = tracking.Tracker(store, tracking.prepare(store, experiment))
+    except tracking.TrackingUnreachable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_INFRA
     except tracking.TrackingError as exc:
         return _error(str(exc))
+    identity = _identity(plan, targets)
+    if first.gate.skip_if_done:
+        earlier = tracking.HistoryReader(store.tracking_uri).ran_before(tracker.experiment_id, *identity)
+        if earlier:
+            print(f"skipped: engine {identity[1]} already ran this sweep's fingerprint (sweep run {earlier}); "
+                  f"gate.skip_if_done=false measures it again")  # fmt: skip
+            return 0
     done = {} if first.force else tracker.finished_points()
     todo = plan.without(done)
     tasks = [
@@ -106,6 +122,9 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
     ]
     try:
         executor.preflight(tasks)
+    except Unreachable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_INFRA
     except LaunchError as exc:
         return _error(str(exc))
 
@@ -118,7 +137,8 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
     )
     started = time.monotonic()
     name = f"{first.sweep_name} {time.strftime('%Y-%m-%d %H:%M:%S')}"  # one parent run per invocation
-    parent = tracker.start_run(name, {"role": "sweep", "sweep_name": first.sweep_name})
+    parent = tracker.start_run(name, {"role": "sweep", "sweep_name": first.sweep_name, "fingerprint": identity[0],
+                                      "engine.versions": identity[1]})  # fmt: skip
     # How the report decides, kept with the sweep: `python -m pipeline.report` decides the same way.
     tracker.log_params(parent, {f"stats.{k}": v for k, v in dataclasses.asdict(first.stats).items()})
     tasks = [dataclasses.replace(t, parent_run_id=parent) for t in tasks]
@@ -164,8 +184,69 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
     tracker.end_run(parent)  # the sweep ran to its end; failed points are marked in their own runs
     table.render(frame, f"sweep {first.sweep_name!r}: {len(plan.points)} points on {first.model.id}")
     print(f"summary: {out_dir / 'summary.csv'}; MLflow parent run {parent}")
+    code = 0
+    if first.gate.enabled:
+        confirm_task = functools.partial(_confirm_task, store, tracker.experiment_id, parent, targets)
+        code = _gate(first, store.tracking_uri, parent, plan, by_hash, executor, confirm_task, out_dir)
     _report(store.tracking_uri, parent, out_dir, first.stats)
-    return EXIT_FAILED_POINT if failed else 0
+    return EXIT_FAILED_POINT if failed else code
+
+
+def _identity(plan: SweepPlan, targets: dict[int, Target]) -> tuple[str, str]:
+    """The sweep's fingerprint (its points, the model weights, this machine's hardware) and
+    its engine versions, for gate.skip_if_done: each new engine version is measured once."""
+    import hashlib
+
+    from pipeline.hardware import hardware_tags
+    from pipeline.models import revision
+
+    versions = sorted({server_spec(targets[g.index], g.server_job, Path("server.log"), port=0).engine_version
+                       for g in plan.groups})  # fmt: skip
+    hardware = {
+        k: v for k, v in hardware_tags(any(t.on_gpu for t in targets.values())).items() if k != "hardware.platform"
+    }
+    revisions = sorted({revision(t.model_path) for t in targets.values()})
+    parts = [*sorted(p.hash for p in plan.points), *revisions, *(f"{k}={v}" for k, v in sorted(hardware.items()))]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16], ",".join(versions)
+
+
+def _confirm_task(store: Any, experiment_id: str, parent: str, targets: dict[int, Target], group: ServerGroup,
+                  confirms: dict[str, str]) -> GroupTask:  # fmt: skip
+    gpus = targets[group.index].engine_gpus(group.server_job)
+    return GroupTask(group, store, experiment_id, parent, gpus, confirms)
+
+
+def _gate(first: JobConfig, tracking_uri: str, parent: str, plan: SweepPlan, by_hash: dict[str, PointOutcome],
+          executor: Executor, confirm_task: Callable[..., GroupTask], out_dir: Path) -> int:  # fmt: skip
+    """gate.enabled: judge this run against its reference; with gate.confirm, re-measure the
+    flagged points once on fresh servers and judge again."""
+    from pipeline import gate
+    from pipeline.analysis.stats import StatsOptions
+    from pipeline.tracking import HistoryReader, Store, TrackingError, check_reachable
+
+    opts = StatsOptions(confidence=first.stats.confidence, resamples=first.stats.resamples)
+    try:
+        reader = HistoryReader(tracking_uri)
+        result, summary = gate.run(reader, parent, first.gate, opts, out_dir)
+        flagged = set(result.flagged())
+        if first.gate.confirm and flagged:
+            originals = {h: o.run_id for h, o in by_hash.items() if o.run_id in flagged}
+            print(f"gate: {len(originals)} point(s) flagged; re-measuring them on fresh servers to confirm")
+            again = plan.without(p.hash for p in plan.points if p.hash not in originals)
+            tasks = [confirm_task(g, {h: originals[h] for h in originals if h in {p.hash for p in g.points}})
+                     for g in again.groups]  # fmt: skip
+            executor.run(tasks)
+            result, summary = gate.run(reader, parent, first.gate, opts, out_dir)
+    except Exception as exc:
+        try:
+            check_reachable(Store(tracking_uri, None))
+        except TrackingError:  # the server went away: infrastructure; the measurements are in MLflow
+            print(f"gate: not decided, the tracking server failed ({type(exc).__name__}: {exc}); once it is back, "
+                  f"run `python -m pipeline.gate {parent} --tracking-uri {tracking_uri}`", file=sys.stderr)  # fmt: skip
+            return gate.EXIT_INFRA
+        raise
+    print(summary)
+    return gate.EXIT_CODES[result.overall]
 
 
 def _log_probes(tracker: Any, parent: str, plan: SweepPlan, outcomes: Sequence[GroupOutcome]) -> None:

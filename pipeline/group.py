@@ -21,14 +21,14 @@ from pipeline.acceptance import normalized
 from pipeline.client import ClientOptions
 from pipeline.config import JobConfig
 from pipeline.engines.base import EngineServer, ServerError
-from pipeline.hardware import hardware_tags
+from pipeline.hardware import hardware_tags, where_am_i
 from pipeline.job import Target, point_requests, resolve_target, server_spec
 from pipeline.loadgen import run_window
 from pipeline.measure import Measurement, MeasurementError, measure
-from pipeline.models import load_tokenizer
+from pipeline.models import load_tokenizer, revision
 from pipeline.plan import Point, ServerGroup
 from pipeline.redact import redact_text, secret_values
-from pipeline.tracking import Store, Tracker, flatten_params
+from pipeline.tracking import CONFIRMATION_TAG, Store, Tracker, flatten_params
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,8 @@ class GroupTask:
     experiment_id: str
     parent_run_id: str
     gpus: int  # what the group's server needs, for the launcher's resource request
+    # A regression gate's re-measurement: point hash -> the run it confirms (tagged on its run).
+    confirms: dict[str, str] = field(default_factory=dict)
 
     def save(self, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -48,9 +50,13 @@ class GroupTask:
 
     @staticmethod
     def load(path: str | Path) -> GroupTask:
-        task = pickle.loads(Path(path).read_bytes())
+        return GroupTask.load_bytes(Path(path).read_bytes(), str(path))
+
+    @staticmethod
+    def load_bytes(data: bytes, source: str = "the launched job's data") -> GroupTask:
+        task = pickle.loads(data)
         if not isinstance(task, GroupTask):
-            raise TypeError(f"{path} holds a {type(task).__name__}, not a GroupTask")
+            raise TypeError(f"{source} holds a {type(task).__name__}, not a GroupTask")
         return task
 
 
@@ -87,8 +93,9 @@ class GroupOutcome:
         return GroupOutcome(task.group.index, tuple(PointOutcome(p.hash, None, error=error) for p in task.group.points))
 
 
-def _tags(point: Point, target: Target, version: str) -> dict[str, str]:
+def _tags(point: Point, target: Target, version: str, confirms: str | None = None) -> dict[str, str]:
     return {
+        **({CONFIRMATION_TAG: confirms} if confirms else {}),
         "role": point.role,
         "engine": point.job.engine.name,
         "engine.version": version,
@@ -96,7 +103,9 @@ def _tags(point: Point, target: Target, version: str) -> dict[str, str]:
         "spec.method": point.job.spec.method,
         "point_hash": point.hash,
         **({"baseline_hash": point.baseline_hash} if point.baseline_hash else {}),
+        "model.revision": revision(target.model_path),
         **hardware_tags(target.on_gpu),
+        **where_am_i(),
     }
 
 
@@ -130,9 +139,10 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
     command = spec.redacted_command()
     (out_dir / "server_command.txt").write_text(command + "\n")
     run_ids = {
-        p.hash: tracker.start_run(p.label, _tags(p, target, spec.engine_version), task.parent_run_id)
+        p.hash: tracker.start_run(p.label, _tags(p, target, spec.engine_version, task.confirms.get(p.hash)),
+                                  task.parent_run_id)
         for p in group.points
-    }
+    }  # fmt: skip
     for p in group.points:
         tracker.log_params(run_ids[p.hash], flatten_params(p.job))
     results: dict[str, PointOutcome] = {}

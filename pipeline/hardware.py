@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import shutil
+import socket
 import subprocess
 from functools import cache
 
@@ -58,4 +59,17 @@ def hardware_tags(on_gpu: bool) -> dict[str, str]:
         names = gpu_names()
         tags["hardware.gpu"] = names[0] if names else "unknown"
         tags["hardware.gpu_count"] = str(len(names))
+    return tags
+
+
+def where_am_i() -> dict[str, str]:
+    """Tags naming the node a group ran on: its host, and its Ray node id inside a Ray task."""
+    tags = {"node.host": socket.gethostname()}
+    try:
+        import ray
+
+        if ray.is_initialized():
+            tags["node.ray_id"] = ray.get_runtime_context().get_node_id()
+    except ImportError:
+        pass
     return tags

@@ -179,3 +179,25 @@ def load_tokenizer(model_path: str) -> Any:
             f"cannot load the tokenizer of {model_path}: {exc}. Use a folder that holds the tokenizer "
             f"files, or a hub id reachable from this machine"
         ) from exc
+
+
+def revision(model_path: str) -> str:
+    """Which weights a path holds, for the regression gate's key: the Hugging Face snapshot
+    commit where the path is one, else a digest of the config and the weight files' names
+    and sizes (an embedded model's recipe is in its config). A hub id is its own name."""
+    import hashlib
+    import json
+
+    path = Path(model_path)
+    if not path.is_dir():
+        return model_path
+    if path.parent.name == "snapshots":
+        return path.name
+    digest = hashlib.sha256()
+    config = path / "config.json"
+    if config.is_file():
+        digest.update(json.dumps(json.loads(config.read_text()), sort_keys=True).encode())
+    for f in sorted(path.iterdir()):
+        if f.suffix in (".safetensors", ".bin", ".gguf", ".pt"):
+            digest.update(f"{f.name}:{f.stat().st_size}".encode())
+    return digest.hexdigest()[:16]

@@ -19,7 +19,7 @@ from pipeline.config import ConfigError, JobConfig
 from pipeline.loadgen import schedule
 
 # Settings of the whole sweep: a grid may not vary them, and no point's identity includes them.
-SWEEP_LEVEL = ("tracking", "sweep_name", "dry_run", "force", "ray", "repeats", "lossless", "stats", "aa")
+SWEEP_LEVEL = ("tracking", "sweep_name", "dry_run", "force", "ray", "repeats", "lossless", "stats", "aa", "gate")
 # Keys that say how or where a sweep runs, not what it measures (Hydra gives each job its own output_dir).
 _VOLATILE = ("output_dir", *SWEEP_LEVEL)
 # What a server's command line is made of; everything else (load, workload, SLOs) is per point.

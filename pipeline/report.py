@@ -16,6 +16,7 @@ import math
 import tempfile
 from collections.abc import Mapping
 from dataclasses import replace
+from html import escape as html_escape
 from pathlib import Path
 
 import numpy as np
@@ -168,6 +169,7 @@ def build(reader: SweepReader, parent_id: str, out_dir: Path | None = None,
         tests = _length_tests(frame, {run: table for run, (table, _) in requests.items()})
         opts = _with_server_spread(reader, parent_id, frame, opts or StatsOptions())
         data = analyse(title, frame, probes, tests, samples, opts)
+        since, trends = _since_reference(reader, parent_id, work)
     figures = {
         name: png
         for name, png in (
@@ -179,12 +181,14 @@ def build(reader: SweepReader, parent_id: str, out_dir: Path | None = None,
             ("Median-TPOT speedup over k x request rate", plots.speedup_heatmap(data.points)),
         )
         if png is not None
-    }
+    } | trends
     out = (out_dir or Path(tempfile.mkdtemp())) / REPORT_DIR
     out.mkdir(parents=True, exist_ok=True)
     paths = {"html": out / "report.html", "markdown": out / "report.md"}
-    paths["html"].write_text(page(data, figures))
-    paths["markdown"].write_text(markdown(data))
+    section = f"\n## Since the reference\n\n{since}" if since else ""
+    html_section = f"<h2>Since the reference</h2><pre>{html_escape(since)}</pre></body>" if since else "</body>"
+    paths["html"].write_text(page(data, figures).replace("</body>", html_section))
+    paths["markdown"].write_text(markdown(data) + section)
     for i, (name, png) in enumerate(figures.items(), start=1):
         figure = out / f"figure{i}.png"
         figure.write_bytes(png)
@@ -192,6 +196,15 @@ def build(reader: SweepReader, parent_id: str, out_dir: Path | None = None,
     for path in paths.values():
         reader.log_file(parent_id, path, REPORT_DIR)
     return paths
+
+
+def _since_reference(reader: SweepReader, parent_id: str, work: Path) -> tuple[str, dict[str, bytes]]:
+    """The regression gate's summary and trend plots, where the gate judged this sweep."""
+    folder = reader.download(parent_id, "gate", work / "gate")
+    if folder is None or not (folder / "summary.md").is_file():
+        return "", {}
+    trends = {f"Since the reference ({p.stem})": p.read_bytes() for p in sorted(folder.glob("trend*.png"))}
+    return (folder / "summary.md").read_text(), trends
 
 
 AA_PREFIX = "aa_sd_"
@@ -207,12 +220,18 @@ def _with_server_spread(reader: SweepReader, parent_id: str, frame: pd.DataFrame
             reader.log_metrics(parent_id, {AA_COUNT: float(spread.comparisons),
                                            **{AA_PREFIX + m: v for m, v in spread.sd.items()}})  # fmt: skip
         return opts
+    spread = stored_server_spread(reader)
+    return opts if spread is None else replace(opts, server_spread=spread)
+
+
+def stored_server_spread(reader: SweepReader) -> stats.ServerSpread | None:
+    """The newest A/A spread between fresh servers recorded anywhere in the store."""
     found = reader.newest_with_metric(AA_COUNT)
     if found is None:
-        return opts
+        return None
     _, metrics, title = found
     sd = {k.removeprefix(AA_PREFIX): v for k, v in metrics.items() if k.startswith(AA_PREFIX)}
-    return replace(opts, server_spread=stats.ServerSpread(sd, int(metrics[AA_COUNT]), title))
+    return stats.ServerSpread(sd, int(metrics[AA_COUNT]), title)
 
 
 def _requests(reader: SweepReader, frame: pd.DataFrame, work: Path) -> dict[str, tuple[pd.DataFrame, float]]:

@@ -10,7 +10,10 @@ plans the whole grid and launches one job per server group; each of those jobs l
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +22,28 @@ import hydra
 from pipeline.config import GROUP_FILE_KEY, ConfigError, register_schema, to_job_config
 from pipeline.signals import exit_on_sigterm
 
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 EXIT_BAD_INPUT = 2
+RAY_PACKAGE_DIR = "runtime_resources/working_dir_files"
+STABLE_COPY_ENV = "SPECSWEEP_JOB_COPY"
+
+
+def run_from_a_stable_copy() -> None:
+    """A driver submitted with ``ray job submit --working-dir`` starts inside Ray's unpacked
+    package. Ray 2.60 deletes and unpacks that folder again whenever it sets the job's
+    environment up on this node (its working-dir plugin unpacks with overwrite=True), which
+    happens seconds after the driver joins the cluster: a config file or module read in that
+    window is missing. So the driver copies the package once and runs from the copy; the
+    tasks still get Ray's package on their nodes."""
+    if RAY_PACKAGE_DIR not in os.getcwd() or os.environ.get(STABLE_COPY_ENV):
+        return
+    copy = tempfile.mkdtemp(prefix="specsweep-job-")
+    shutil.copytree(os.getcwd(), copy, dirs_exist_ok=True, symlinks=True)
+    os.chdir(copy)
+    os.environ[STABLE_COPY_ENV] = copy
+    os.execv(sys.executable, [sys.executable, "-m", "pipeline.sweep", *sys.argv[1:]])
+
+
+CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
 
 def run_group_file(path: str, out_dir: Path) -> Any:
@@ -54,4 +77,5 @@ def main(cfg: Any) -> Any:
 register_schema()
 
 if __name__ == "__main__":
+    run_from_a_stable_copy()  # only the driver: a Ray task imports this module, and must stay put
     main()

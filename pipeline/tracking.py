@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,7 +25,13 @@ from mlflow.tracking import MlflowClient
 from pipeline.config import JobConfig, TrackingConfig
 from pipeline.redact import MASK, is_secret_name, shell_line
 
+# A progress bar per downloaded artifact buries the report's and the gate's output.
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
 DB_NAME = "mlflow.db"
+# On a point the regression gate re-measured: the run id it confirms. Such runs are not the
+# point's measurement (resume and the gate's history skip them).
+CONFIRMATION_TAG = "gate.confirmation_of"
 MAX_PARAM_CHARS = 6000
 
 
@@ -90,14 +97,18 @@ def check_reachable(store: Store, timeout_s: float = 5.0) -> None:
     try:
         httpx.get(url, timeout=timeout_s, trust_env=False).raise_for_status()
     except httpx.HTTPError as exc:
-        raise TrackingError(
+        raise TrackingUnreachable(
             f"tracking.uri={store.tracking_uri} does not answer ({type(exc).__name__}: {exc}); start it with "
-            f"`mlflow server --host 0.0.0.0 --port 5000`, fix the address, or drop tracking.uri for the local store"
+            f"`make tracking-server` (docs/cluster.md), fix the address, or drop tracking.uri for the local store"
         ) from exc
 
 
 class TrackingError(RuntimeError):
     pass
+
+
+class TrackingUnreachable(TrackingError):
+    """The tracking server does not answer: infrastructure, not input."""
 
 
 @dataclass(frozen=True)
@@ -156,6 +167,8 @@ class Tracker:
         )
         found: dict[str, FinishedPoint] = {}
         for run in runs:  # newest first: the latest measurement of a point wins
+            if CONFIRMATION_TAG in run.data.tags:
+                continue
             key = run.data.tags.get("point_hash")
             if key and key not in found:
                 found[key] = FinishedPoint(run.info.run_id, dict(run.data.metrics))
@@ -166,6 +179,7 @@ class SweepReader:
     """What the report needs from MLflow: a sweep's parent run and its artifacts."""
 
     def __init__(self, tracking_uri: str) -> None:
+        self.tracking_uri = tracking_uri
         self.client = MlflowClient(tracking_uri)
 
     def find_parent(self, ref: str) -> str:
@@ -222,3 +236,82 @@ class SweepReader:
 
     def log_file(self, run_id: str, path: Path, folder: str) -> None:
         self.client.log_artifact(run_id, str(path), folder)
+
+    def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
+        self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+
+# MLflow has no aliases for runs: the gate's pinned reference is an experiment tag holding one.
+PIN_TAG = "specsweep.gate.reference"
+
+
+@dataclass(frozen=True)
+class ChildRun:
+    run_id: str
+    name: str
+    tags: dict[str, str]
+    metrics: dict[str, float]
+
+
+class HistoryReader(SweepReader):
+    """What the regression gate reads: a sweep's points, the earlier runs of that sweep, its pin."""
+
+    def experiment_of(self, run_id: str) -> str:
+        return str(self.client.get_run(run_id).info.experiment_id)
+
+    def children(self, parent_id: str) -> list[ChildRun]:
+        """The sweep's finished point runs (gate confirmations included: they carry a tag)."""
+        experiment = self.experiment_of(parent_id)
+        runs = self.client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent_id}'", max_results=5000)
+        return [ChildRun(r.info.run_id, r.info.run_name or r.info.run_id, dict(r.data.tags), dict(r.data.metrics))
+                for r in runs if r.info.status == "FINISHED"]  # fmt: skip
+
+    def past_sweeps(self, parent_id: str) -> list[str]:
+        """Finished runs of the same sweep that started before this one, newest first."""
+        run = self.client.get_run(parent_id)
+        name = run.data.tags.get("sweep_name", "")
+        runs = self.client.search_runs(
+            [run.info.experiment_id],
+            f"tags.role = 'sweep' and attributes.status = 'FINISHED' and attributes.start_time < {run.info.start_time}",
+            order_by=["attributes.start_time DESC"], max_results=500,
+        )  # fmt: skip
+        return [r.info.run_id for r in runs if r.data.tags.get("sweep_name") == name]
+
+    def started_ms(self, run_id: str) -> int:
+        return int(self.client.get_run(run_id).info.start_time)
+
+    def pinned(self, experiment_id: str) -> str | None:
+        return self.client.get_experiment(experiment_id).tags.get(PIN_TAG)
+
+    def pin(self, run_id: str | None, experiment_id: str) -> None:
+        """Pin ``run_id`` as the experiment's reference (None unpins), shown in the UI's note."""
+        if run_id is None:
+            self.client.delete_experiment_tag(experiment_id, PIN_TAG)
+            self.client.set_experiment_tag(experiment_id, "mlflow.note.content", "Regression gate: no pinned reference.")
+            return
+        self.client.set_experiment_tag(experiment_id, PIN_TAG, run_id)
+        note = (f"Regression gate reference: sweep run `{run_id}` (pinned {time.strftime('%Y-%m-%d %H:%M')}). "
+                f"Unpin with `python -m pipeline.gate unpin {run_id}`.")  # fmt: skip
+        self.client.set_experiment_tag(experiment_id, "mlflow.note.content", note)
+
+    def sweep_run(self, run_id: str) -> None:
+        """Raise unless ``run_id`` is a sweep's parent run that finished."""
+        try:
+            run = self.client.get_run(run_id)
+        except Exception as exc:  # noqa: BLE001 - MLflow raises its own types for a bad id
+            raise TrackingError(f"no run {run_id!r} in {self.tracking_uri}; give a sweep's parent run id") from exc
+        if run.data.tags.get("role") != "sweep":
+            parent = run.data.tags.get("mlflow.parentRunId", "?")
+            raise TrackingError(f"run {run_id} is one point of a sweep, not a sweep; pin its parent run {parent}")
+        if run.info.status != "FINISHED":
+            raise TrackingError(f"sweep run {run_id} is {run.info.status}, not FINISHED; pin a finished sweep run")
+
+    def ran_before(self, experiment_id: str, fingerprint: str, engine_versions: str) -> str | None:
+        """A finished sweep run with this fingerprint and these engine versions, if any."""
+        runs = self.client.search_runs(
+            [experiment_id],
+            f"tags.role = 'sweep' and attributes.status = 'FINISHED' and tags.fingerprint = '{fingerprint}' "
+            f"and tags.`engine.versions` = '{engine_versions}'",
+            max_results=1,
+        )  # fmt: skip
+        return runs[0].info.run_id if runs else None

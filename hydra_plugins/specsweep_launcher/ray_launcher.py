@@ -9,6 +9,7 @@ share the cores being measured.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,17 +29,39 @@ CANCEL_GRACE_S = 60.0
 
 
 def _job_in_worker(
-    hydra_context: HydraContext, config: DictConfig, task_function: TaskFunction, state: dict[Any, Any]
+    hydra_context: HydraContext, config: DictConfig, task_function: TaskFunction, state: dict[Any, Any], task: bytes
 ) -> JobReturn:
+    """Runs on whichever node Ray picked. The group travels with the task (the driver's file
+    may not exist on this node) and is written to a local file for the job to read."""
+    import tempfile
+
     setup_globals()
     Singleton.set_state(state)
-    return run_job(
-        hydra_context=hydra_context,
-        task_function=task_function,
-        config=config,
-        job_dir_key="hydra.sweep.dir",
-        job_subdir_key="hydra.sweep.subdir",
-    )
+    with tempfile.NamedTemporaryFile("wb", suffix=".pkl", delete=False) as fh:
+        fh.write(task)
+    with open_dict(config):
+        config[GROUP_FILE_KEY] = fh.name
+    try:
+        return run_job(
+            hydra_context=hydra_context,
+            task_function=task_function,
+            config=config,
+            job_dir_key="hydra.sweep.dir",
+            job_subdir_key="hydra.sweep.subdir",
+        )
+    finally:
+        os.unlink(fh.name)
+
+
+def _request(config: RayConfig, gpus: int) -> dict[str, Any]:
+    """A group's Ray resource request: ray.resources_per_group where set (CPU and GPU are
+    Ray's own arguments, the rest custom resources), else one CPU and the server's GPUs."""
+    if not config.resources_per_group:
+        return {"num_cpus": 1, "num_gpus": gpus}
+    custom = {k: v for k, v in config.resources_per_group.items() if k not in ("CPU", "GPU")}
+    request: dict[str, Any] = {"num_cpus": config.resources_per_group.get("CPU", 0)}
+    request["num_gpus"] = config.resources_per_group.get("GPU", 0)
+    return {**request, **({"resources": custom} if custom else {})}
 
 
 class SpecsweepRayLauncher(Launcher):
@@ -60,10 +83,14 @@ class SpecsweepRayLauncher(Launcher):
         """Called by our sweeper before any server starts; raises LaunchError."""
         import ray
 
-        cluster.connect(self._ray_config())
-        cluster.check_feasible(
-            [cluster.Need(t.group.label, t.gpus) for t in tasks], ray.cluster_resources(), cluster.node_gpus()
-        )
+        config = self._ray_config()
+        cluster.connect(config)
+        if config.resources_per_group:
+            cluster.check_resources(config.resources_per_group, cluster.node_resources())
+        else:
+            cluster.check_feasible(
+                [cluster.Need(t.group.label, t.gpus) for t in tasks], ray.cluster_resources(), cluster.node_gpus()
+            )
         if tasks:
             cluster.check_store(tasks[0].store.tracking_uri, len(cluster.node_gpus()))
 
@@ -73,10 +100,11 @@ class SpecsweepRayLauncher(Launcher):
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
         setup_globals()
         configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
-        cluster.connect(self._ray_config())  # a no-op after preflight
+        ray_config = self._ray_config()
+        cluster.connect(ray_config)  # a no-op after preflight
         # Ray workers run in a temporary folder: every path they get must be absolute.
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
-        configs, gpus = [], []
+        configs, tasks = [], []
         for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
             cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
             with open_dict(cfg):
@@ -84,20 +112,22 @@ class SpecsweepRayLauncher(Launcher):
                 cfg.hydra.sweep.dir = str(sweep_dir)
             configs.append(cfg)
             group_file = cfg.get(GROUP_FILE_KEY)
-            gpus.append(GroupTask.load(group_file).gpus if group_file else 0)
+            tasks.append(Path(group_file).read_bytes() if group_file else b"")
         remote = ray.remote(_job_in_worker)
         state = Singleton.get_state()
+        requests = [_request(ray_config, GroupTask.load_bytes(t).gpus if t else 0) for t in tasks]
         refs = []
         try:
-            if not any(gpus):  # CPU only: one server at a time, each with the cores to itself
+            if not ray_config.resources_per_group and not any(r.get("num_gpus") for r in requests):
+                # CPU only, nothing asked per group: one server at a time, each with the cores to itself.
                 results = []
-                for cfg in configs:
-                    refs = [remote.options(num_cpus=1).remote(self.hydra_context, cfg, self.task_function, state)]
+                for cfg, task, request in zip(configs, tasks, requests, strict=True):
+                    refs = [remote.options(**request).remote(self.hydra_context, cfg, self.task_function, state, task)]
                     results.append(ray.get(refs[0]))
                 return results
             refs = [
-                remote.options(num_cpus=1, num_gpus=g).remote(self.hydra_context, cfg, self.task_function, state)
-                for cfg, g in zip(configs, gpus, strict=True)
+                remote.options(**request).remote(self.hydra_context, cfg, self.task_function, state, task)
+                for cfg, task, request in zip(configs, tasks, requests, strict=True)
             ]
             return ray.get(refs)
         except BaseException:

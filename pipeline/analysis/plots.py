@@ -139,3 +139,22 @@ def speedup_heatmap(points: pd.DataFrame) -> bytes | None:
     ax.set_title("Median-TPOT speedup (green > 1; hatched '?': inconclusive)")
     fig.colorbar(image, ax=ax)
     return _png(fig)
+
+
+def gate_trend(label: str, series: dict[str, list[tuple[float, float]]], reference: dict[str, float]) -> bytes:
+    """One point's gated metrics across the sweep's runs (x: run start, the last is this run),
+    each against its reference (dashed), as a change from the reference in percent."""
+    import datetime as dt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    for metric, points in series.items():
+        ref = reference.get(metric)
+        if not points or not ref:
+            continue
+        times = [dt.datetime.fromtimestamp(t / 1000) for t, _ in points]
+        change = [100 * (v / ref - 1) for _, v in points]
+        (line,) = ax.plot(times, change, marker="o", label=metric)
+        ax.plot(times[-1:], change[-1:], marker="o", markersize=10, color=line.get_color(), fillstyle="none")
+    ax.axhline(0, color="grey", linestyle="--", linewidth=1)
+    fig.autofmt_xdate()
+    return _chart(fig, ax, "sweep run", "change from the reference (%)", f"Since the reference: {label}")

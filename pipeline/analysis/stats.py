@@ -390,6 +390,40 @@ def server_spread(log_ratios: dict[str, Sequence[float]], source: str) -> Server
     return ServerSpread(sd, min(counts), source) if sd else None
 
 
+def pooled_log_spread(groups: Sequence[Sequence[float]]) -> tuple[float, int]:
+    """The spread of log values between runs, pooled over groups (e.g. one group per point,
+    one value per past night): sqrt(sum of squared deviations from each group's mean / df),
+    with df = sum(n - 1). Groups with fewer than 2 finite values add nothing."""
+    squares, df = 0.0, 0
+    for values in groups:
+        logs = np.log([v for v in values if v is not None and math.isfinite(v) and v > 0])
+        if len(logs) >= 2:
+            squares += float(np.sum((logs - logs.mean()) ** 2))
+            df += len(logs) - 1
+    return (math.sqrt(squares / df), df) if df else (math.nan, 0)
+
+
+def against_history(metric: str, current: float, history: Sequence[float], spread: float, df: int,
+                    opts: StatsOptions, higher_is_better: bool, rng: np.random.Generator) -> Ratio:  # fmt: skip
+    """One new run's value against the median of past runs of the same point (> 1: better).
+
+    Each past run's value already holds its window's own noise, so the spread between runs
+    (``spread``, on the log scale, with ``df`` degrees of freedom) is the noise of a new run:
+    a prediction interval, t-distributed, with sd spread * sqrt(1 + pi / (2 n)) (the median
+    of n runs as the reference; pi/2 is its variance relative to the mean's)."""
+    past = np.log([v for v in history if v is not None and math.isfinite(v) and v > 0])
+    if not (math.isfinite(current) and current > 0) or not len(past):
+        return Ratio(metric, None, note="no value to compare")
+    sign = 1.0 if higher_is_better else -1.0
+    centre = sign * (math.log(current) - float(np.median(past)))
+    if df < 1 or not math.isfinite(spread):
+        return Ratio(metric, math.exp(centre), level=opts.confidence, runs=len(past),
+                     note="the spread between runs is not measured yet")  # fmt: skip
+    scale = spread * math.sqrt(1 + math.pi / (2 * len(past)))
+    replicates = centre + scale * rng.standard_t(df, size=opts.resamples)
+    return _interval(metric, centre, replicates, opts, len(past), 0)
+
+
 # ---- Decisions ------------------------------------------------------------------------------
 
 HELPS, HURTS, INCONCLUSIVE, TOO_FEW = "helps", "hurts", "inconclusive", "not enough requests"
@@ -417,11 +451,12 @@ def tail_p(ratio: Ratio, floor: float) -> tuple[float, float]:
     return min(1.0, 2 * (below_helps + 1) / (count + 1)), min(1.0, 2 * (above_hurts + 1) / (count + 1))
 
 
-def decide(ratios: Sequence[Ratio], opts: StatsOptions, floor: float | None = None) -> list[Decision]:
-    """One family of comparisons (e.g. every median-TPOT ratio of a report), adjusted together."""
-    floor = opts.floor if floor is None else floor
+def decide(ratios: Sequence[Ratio], opts: StatsOptions, floor: float | Sequence[float] | None = None) -> list[Decision]:
+    """One family of comparisons (e.g. every median-TPOT ratio of a report), adjusted together.
+    ``floor``: one for all, or one per ratio (the gate's floors differ by metric)."""
+    floors = [opts.floor if floor is None else floor] * len(ratios) if not isinstance(floor, Sequence) else list(floor)
     tested = [i for i, r in enumerate(ratios) if r.resolved and len(r.log_replicates)]
-    tails = {i: tail_p(ratios[i], floor) for i in tested}
+    tails = {i: tail_p(ratios[i], floors[i]) for i in tested}
     adjusted: dict[int, float] = {}
     if tested:
         smallest = np.array([min(tails[i]) for i in tested])
@@ -437,11 +472,11 @@ def decide(ratios: Sequence[Ratio], opts: StatsOptions, floor: float | None = No
         if p < opts.alpha:
             out.append(Decision(HELPS if p_helps <= p_hurts else HURTS, ratio, p))
         elif min(p_helps, p_hurts) < opts.alpha:
-            detail = (f"its interval clears the ±{floor:.0%} floor on its own, not after the adjustment for "
+            detail = (f"its interval clears the ±{floors[i]:.0%} floor on its own, not after the adjustment for "
                       f"{len(tested)} comparisons")  # fmt: skip
             out.append(Decision(INCONCLUSIVE, ratio, p, detail))
         else:
-            out.append(Decision(INCONCLUSIVE, ratio, p, to_resolve(ratio, floor)))
+            out.append(Decision(INCONCLUSIVE, ratio, p, to_resolve(ratio, floors[i])))
     return out
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from pathlib import Path
 
 import pytest
 
@@ -52,3 +53,64 @@ def test_local_ray_starts_its_workers_at_normal_priority(monkeypatch: pytest.Mon
     monkeypatch.setattr(ray, "init", lambda **kw: seen.update(niceness=os.environ.get(cluster.WORKER_NICENESS)))
     assert cluster.connect(RayConfig()) is True
     assert seen == {"niceness": "0"}
+
+
+def test_resources_no_node_offers_are_refused_naming_what_the_nodes_have() -> None:
+    from pipeline.cluster import check_resources
+
+    nodes = [{"CPU": 1.0, "specsweep_slot": 1.0, "node:10.0.0.1": 1.0}, {"CPU": 1.0, "GPU": 1.0}]
+    check_resources({"specsweep_slot": 1}, nodes)
+    check_resources({"GPU": 1}, nodes)
+    check_resources({}, [])
+    with pytest.raises(LaunchError, match=r"asks each server group for \{GPU=2\}.*CPU=1, GPU=1") as err:
+        check_resources({"GPU": 2}, nodes)
+    assert "node:" not in str(err.value)
+    with pytest.raises(LaunchError, match=r"\{GPU=1, specsweep_slot=1\}"):
+        check_resources({"specsweep_slot": 1, "GPU": 1}, nodes)  # both, on one node
+
+
+def test_group_request_maps_cpu_and_gpu_to_rays_own_arguments() -> None:
+    from hydra_plugins.specsweep_launcher.ray_launcher import _request
+    from pipeline.config import RayConfig
+
+    assert _request(RayConfig(), 2) == {"num_cpus": 1, "num_gpus": 2}
+    slot = RayConfig(resources_per_group={"specsweep_slot": 1.0})
+    assert _request(slot, 0) == {"num_cpus": 0, "num_gpus": 0, "resources": {"specsweep_slot": 1.0}}
+    gpu = RayConfig(resources_per_group={"GPU": 1.0, "CPU": 4.0})
+    assert _request(gpu, 1) == {"num_cpus": 4.0, "num_gpus": 1.0}
+
+
+def test_a_job_driver_joins_the_cluster_of_ray_address(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ray
+
+    from pipeline import cluster
+    from pipeline.config import RayConfig
+
+    seen: dict[str, object] = {}
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: seen.update(kw))
+    cluster.connect(RayConfig())
+    assert seen["address"] == "auto"
+
+
+def test_a_ray_job_driver_runs_from_a_copy_of_its_package(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    # Ray unpacks the job's package again under a running driver; the driver must not read from it.
+    from pipeline import sweep
+
+    package = tmp_path / "session" / "runtime_resources" / "working_dir_files" / "_ray_pkg_1"
+    (package / "conf").mkdir(parents=True)
+    (package / "conf" / "config.yaml").write_text("x: 1\n")
+    monkeypatch.chdir(package)
+    monkeypatch.delenv(sweep.STABLE_COPY_ENV, raising=False)
+    execs: list[list[str]] = []
+    monkeypatch.setattr(sweep.os, "execv", lambda exe, argv: execs.append(argv))
+    monkeypatch.setattr(sweep.sys, "argv", ["sweep.py", "+sweep=nightly"])
+    sweep.run_from_a_stable_copy()
+    copy = os.environ[sweep.STABLE_COPY_ENV]
+    assert os.getcwd() == copy and "working_dir_files" not in copy
+    assert (Path(copy) / "conf" / "config.yaml").read_text() == "x: 1\n"
+    assert execs and execs[0][1:] == ["-m", "pipeline.sweep", "+sweep=nightly"]
+    sweep.run_from_a_stable_copy()  # once only: the re-executed driver stays in its copy
+    assert len(execs) == 1
+    monkeypatch.delenv(sweep.STABLE_COPY_ENV)

@@ -7,7 +7,17 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
-from pipeline.config import ConfigError, JobConfig, LoadConfig, SpecConfig, register_schema, to_job_config, validate
+from pipeline.config import (
+    ConfigError,
+    GateConfig,
+    JobConfig,
+    LoadConfig,
+    RayConfig,
+    SpecConfig,
+    register_schema,
+    to_job_config,
+    validate,
+)
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in ("sweep", "hydra", "engine_spec"))
@@ -57,6 +67,11 @@ def test_every_named_sweep_composes_and_plans(name: str) -> None:
     assert len(plan.groups) == (len(speculative) + 1) * starts
 
 
+def test_resources_per_group_is_added_key_by_key_on_the_command_line() -> None:
+    job = _compose(["+ray.resources_per_group.specsweep_slot=1", "gate.enabled=true"])
+    assert job.ray.resources_per_group == {"specsweep_slot": 1.0} and job.gate.enabled
+
+
 def test_issue_command_line_overrides_compose() -> None:
     job = _compose(["spec.method=ngram", "spec.k=5", "load.request_rate=2"])
     assert job.spec.k == 5 and job.load.request_rate == 2.0
@@ -91,6 +106,9 @@ def test_baseline_is_same_point_without_speculation() -> None:
         ({"load": LoadConfig(request_rate=-1)}, "must be > 0"),
         ({"load": LoadConfig(num_requests=-2)}, "load.num_requests=-2"),
         ({"load": LoadConfig(burstiness=0)}, "load.burstiness"),
+        ({"gate": GateConfig(history=0)}, "gate.history=0 must be >= 1"),
+        ({"gate": GateConfig(floor_median=1.5)}, "gate.floor_median=1.5 must lie in"),
+        ({"ray": RayConfig(resources_per_group={"GPU": 0})}, "ray.resources_per_group.GPU=0 must be a positive"),
     ],
 )
 def test_invalid_configs_name_the_key_and_fix(change: dict, message: str) -> None:

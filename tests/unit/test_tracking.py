@@ -68,7 +68,7 @@ def test_unreachable_tracking_server_fails_fast_naming_the_fix() -> None:
         port = s.getsockname()[1]
     store = resolve_store(TrackingConfig(uri=f"http://127.0.0.1:{port}"), Path("."))
     started = time.monotonic()
-    with pytest.raises(TrackingError, match="does not answer.*mlflow server"):
+    with pytest.raises(TrackingError, match="does not answer.*tracking-server"):
         check_reachable(store, timeout_s=2.0)
     assert time.monotonic() - started < 10
 

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Submit tonight's sweep to the Ray cluster and wait for its verdict. Idempotent: the
+# submission id is the date, so a second call the same day (a timer that fires twice, a
+# retried cron) attaches to the job already submitted instead of starting another.
+#
+# Environment (all have defaults for a single-machine set-up):
+#   SPECSWEEP_DIR        the project checkout (the job's working dir), default: this script's repo
+#   RAY_DASHBOARD        the head's dashboard, default http://127.0.0.1:8265
+#   MLFLOW_TRACKING_URI  the shared tracking server, default http://127.0.0.1:5000
+#   SPECSWEEP_ARGS       extra overrides, e.g. "+ray.resources_per_group.GPU=1"
+# Exit code: the sweep's own (0 pass, 1 regression, 3 insufficient data or a failed
+# point, 4 infrastructure), read from the job's driver_exit_code.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+project="${SPECSWEEP_DIR:-$(dirname "$here")}"
+dashboard="${RAY_DASHBOARD:-http://127.0.0.1:8265}"
+tracking="${MLFLOW_TRACKING_URI:-http://127.0.0.1:5000}"
+ray="${RAY_BIN:-$project/.venv/bin/ray}"
+id="nightly-$(date +%F)"
+export RAY_AUTH_MODE=token  # the head's token is read from ~/.ray/auth_token
+
+if "$ray" job status --address "$dashboard" "$id" >/dev/null 2>&1; then
+  echo "job $id was already submitted; following it"
+  "$ray" job logs --address "$dashboard" --follow "$id" || true
+else
+  # shellcheck disable=SC2086  # SPECSWEEP_ARGS is a list of overrides
+  "$ray" job submit --address "$dashboard" --submission-id "$id" --working-dir "$project" -- \
+    python -m pipeline.sweep +sweep=nightly "tracking.uri=$tracking" ${SPECSWEEP_ARGS:-} || true
+fi
+# `ray job submit` says only 0 or 1; the sweep's own code says why.
+# No answer from the dashboard, or a job that never started its driver: 4 (infrastructure).
+code="$("$project/.venv/bin/python" - "$dashboard" "$id" <<'PY'
+import sys
+try:
+    from ray.job_submission import JobSubmissionClient
+    info = JobSubmissionClient(sys.argv[1]).get_job_info(sys.argv[2])
+    print(info.driver_exit_code if info.driver_exit_code is not None else 4)
+except Exception as exc:
+    print(f"the Ray dashboard at {sys.argv[1]} does not answer for job {sys.argv[2]}: {exc}", file=sys.stderr)
+    print(4)
+PY
+)"
+echo "job $id: driver exit code $code"
+exit "$code"

@@ -1,0 +1,237 @@
+"""The regression gate's decision: one sweep run's points against their reference.
+
+Pure computation on the statistics core (:mod:`pipeline.analysis.stats`); reading MLflow
+and exit codes are :mod:`pipeline.gate`'s.
+
+- **The reference** of a point is the median of its past runs (the last N runs of the sweep
+  with the same fingerprint, or a pinned run).
+- **The interval** of a ratio comes from the spread between past runs, pooled over the
+  sweep's points per metric (a prediction interval for one new run). With a single past run
+  there is no such spread yet: the windows are then paired by prompt (the same prompts and
+  schedule every night) and bootstrapped, plus the A/A spread between fresh servers where
+  the store has one. Without either, a regression can only be "suspect" (and an improvement
+  is not called): an interval that leaves out the spread between servers is too narrow to
+  fail a job on.
+- **The decision** is the core's: a ratio regresses only if its interval lies past the
+  metric's floor on the bad side, after a Benjamini-Hochberg adjustment over every point
+  and metric of the run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from pipeline.analysis import stats
+from pipeline.analysis.stats import Ratio, Sample, ServerSpread, StatsOptions
+
+PASS, IMPROVED, REGRESSED, SUSPECT, INSUFFICIENT = "pass", "improved", "regressed", "suspect", "insufficient"
+# A point's verdict is its worst metric's, in this order.
+SEVERITY = (REGRESSED, SUSPECT, IMPROVED, PASS, INSUFFICIENT)
+
+
+@dataclass(frozen=True)
+class GateMetric:
+    column: str  # as in the sweep table and the child runs' metrics
+    ratio: str  # the core's paired ratio for the one-past-run case ("" where there is none)
+    higher_is_better: bool
+    floor: str  # which floor: median | p99 | acceptance
+
+
+GATED = (
+    GateMetric("median_tpot_ms", "speedup_median_tpot", False, "median"),
+    GateMetric("p99_tpot_ms", "speedup_p99_tpot", False, "p99"),
+    GateMetric("median_ttft_ms", "speedup_median_ttft", False, "median"),
+    GateMetric("output_throughput", "output_throughput_ratio", True, "median"),
+    GateMetric("spec_decode_acceptance_rate", "", True, "acceptance"),  # in percent
+)
+
+
+@dataclass(frozen=True)
+class Floors:
+    median: float = 0.05  # medians and throughput
+    p99: float = 0.10
+    acceptance_pp: float = 2.0  # percentage points
+
+    def relative(self, metric: GateMetric, reference: float) -> float:
+        if metric.floor == "acceptance":  # points, as a fraction of the reference rate
+            return min(0.99, self.acceptance_pp / reference) if reference > 0 else 0.99
+        return self.p99 if metric.floor == "p99" else self.median
+
+
+@dataclass(frozen=True, eq=False)
+class PointRun:
+    """One measured point of one sweep run."""
+
+    run_id: str
+    parent_id: str
+    key: str  # fingerprint: point hash, hardware and model revision
+    label: str
+    values: dict[str, float]
+    sample: Sample | None = None  # its requests, for the one-past-run case
+    started_ms: int = 0
+
+
+@dataclass(frozen=True)
+class Finding:
+    label: str
+    key: str
+    run_id: str
+    metric: str
+    verdict: str
+    ratio: Ratio
+    floor: float
+    reference: float
+    current: float
+    p_adjusted: float | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class GateResult:
+    findings: tuple[Finding, ...]
+    points: dict[str, str]  # run id -> verdict
+    labels: dict[str, str]  # run id -> point label
+    past_runs: int  # how many past sweep runs the reference rests on (at most)
+    spread: dict[str, tuple[float, int]]  # metric -> (log sd between runs, df)
+
+    @property
+    def overall(self) -> str:
+        """fail | pass | insufficient, for the parent run and the exit code."""
+        verdicts = set(self.points.values())
+        if REGRESSED in verdicts:
+            return "fail"
+        if not verdicts or verdicts == {INSUFFICIENT}:
+            return "insufficient"
+        return "pass"
+
+    def flagged(self) -> list[str]:
+        """Run ids of the points that regressed: what a confirmation re-measures."""
+        return [run for run, verdict in self.points.items() if verdict == REGRESSED]
+
+
+def judge(current: Sequence[PointRun], history: Mapping[str, Sequence[PointRun]], opts: StatsOptions,
+          floors: Floors, aa: ServerSpread | None = None,
+          spread_from: Mapping[str, Sequence[PointRun]] | None = None) -> GateResult:  # fmt: skip
+    """``history[key]``: the reference runs of each point, newest first (one, if pinned).
+    ``spread_from``: the past runs that measure the spread between runs (default: history)."""
+    spread_from = history if spread_from is None else spread_from
+    spread = {m.column: stats.pooled_log_spread([[h.values.get(m.column, math.nan) for h in spread_from.get(p.key, ())]
+                                                 for p in current]) for m in GATED}  # fmt: skip
+    ratios: list[Ratio] = []
+    slots: list[tuple[PointRun, GateMetric, float, float, bool]] = []
+    for i, point in enumerate(current):
+        past = history.get(point.key, ())
+        for j, metric in enumerate(GATED):
+            value = point.values.get(metric.column, math.nan)
+            past_values = [h.values.get(metric.column, math.nan) for h in past]
+            finite = [v for v in past_values if math.isfinite(v) and v > 0]
+            if not past or not math.isfinite(value) or not finite:
+                continue
+            reference = float(np.median(finite))
+            rng = np.random.default_rng([opts.seed, 17, i, j])
+            s, df = spread[metric.column]
+            if df >= 1:
+                ratio = stats.against_history(metric.column, value, finite, s, df, opts, metric.higher_is_better, rng)
+                measured = True
+            else:
+                ratio, measured = _one_past_run(metric, point, past[0], value, reference, opts, aa, rng)
+            ratios.append(ratio)
+            slots.append((point, metric, reference, value, measured))
+    decisions = stats.decide(ratios, opts, [floors.relative(m, ref) for _, m, ref, _, _ in slots])
+    findings = tuple(
+        Finding(p.label, p.key, p.run_id, m.column, _verdict(d, measured), d.ratio, floors.relative(m, ref), ref,
+                value, d.p_adjusted, d.detail if not measured else "")
+        for (p, m, ref, value, measured), d in zip(slots, decisions, strict=True)
+    )  # fmt: skip
+    return _collect(current, findings, history, spread)
+
+
+def _one_past_run(metric: GateMetric, point: PointRun, past: PointRun, value: float, reference: float,
+                  opts: StatsOptions, aa: ServerSpread | None, rng: np.random.Generator) -> tuple[Ratio, bool]:  # fmt: skip
+    """Against a single past run: the core's paired bootstrap over prompts, widened by the
+    A/A spread between servers where there is one (then the interval is trusted)."""
+    sign = 1.0 if metric.higher_is_better else -1.0
+    estimate = math.exp(sign * (math.log(value) - math.log(reference)))
+    if not metric.ratio or point.sample is None or past.sample is None:
+        return Ratio(metric.column, estimate, note="one past run and no per-request data: no interval"), False
+    measured = aa is not None and aa.for_metric(metric.ratio) is not None
+    with_aa = replace(opts, server_spread=aa) if measured else opts
+    ratio = stats.paired_ratio(metric.ratio, [past.sample], [point.sample], with_aa, rng, shared_servers=True)
+    return replace(ratio, metric=metric.column), measured
+
+
+def _verdict(decision: stats.Decision, measured: bool) -> str:
+    """Only an interval that holds the spread between runs may call a change: without it a
+    worse point is "suspect" and a better one stays "pass"."""
+    if decision.label == stats.HURTS:
+        return REGRESSED if measured else SUSPECT
+    if decision.label == stats.HELPS:
+        return IMPROVED if measured else PASS
+    return PASS if decision.ratio.resolved else INSUFFICIENT
+
+
+def _collect(current: Sequence[PointRun], findings: Sequence[Finding], history: Mapping[str, Sequence[PointRun]],
+             spread: dict[str, tuple[float, int]]) -> GateResult:  # fmt: skip
+    points = {}
+    for point in current:
+        mine = {f.verdict for f in findings if f.run_id == point.run_id}
+        points[point.run_id] = next((v for v in SEVERITY if v in mine), INSUFFICIENT)
+    past = max((len(history.get(p.key, ())) for p in current), default=0)
+    return GateResult(tuple(findings), points, {p.run_id: p.label for p in current}, past, spread)
+
+
+def confirm(first: GateResult, second: GateResult, remeasured: Mapping[str, str]) -> GateResult:
+    """A regression stands only if the re-measurement (``remeasured``: first run id ->
+    confirmation run id) regresses on the same metric; otherwise it is "suspect"."""
+    again = {(f.run_id, f.metric) for f in second.findings if f.verdict == REGRESSED}
+    findings = []
+    for f in first.findings:
+        if f.verdict == REGRESSED and (remeasured.get(f.run_id), f.metric) not in again:
+            f = replace(f, verdict=SUSPECT, note="not seen again when re-measured on a fresh server")
+        findings.append(f)
+    points = {}
+    for run in first.points:
+        mine = {f.verdict for f in findings if f.run_id == run}
+        points[run] = next((v for v in SEVERITY if v in mine), INSUFFICIENT)
+    return replace(first, findings=tuple(findings), points=points)
+
+
+def _pct(ratio: Ratio) -> str:
+    if ratio.estimate is None:
+        return "—"
+    text = f"{(ratio.estimate - 1) * 100:+.1f} %"
+    if ratio.resolved:
+        assert ratio.low is not None and ratio.high is not None
+        text += f" [{(ratio.low - 1) * 100:+.1f}, {(ratio.high - 1) * 100:+.1f}]"
+    return text
+
+
+def markdown(result: GateResult, title: str, reference: str) -> str:
+    """A short summary fit for a CI comment: the verdict, then what moved."""
+    head = {"fail": "❌ regression", "pass": "✅ pass", "insufficient": "⚠️ insufficient data"}[result.overall]
+    lines = [f"### Regression gate: {head}", "", f"{title}; reference: {reference}.", ""]
+    counts = {v: list(result.points.values()).count(v) for v in SEVERITY}
+    lines.append(", ".join(f"{n} {v}" for v, n in counts.items() if n) + f" (of {len(result.points)} points).")
+    spreads = [f"{m} {math.expm1(s) * 100:.1f} % (df {df})" for m, (s, df) in result.spread.items() if df]
+    lines.append(
+        "Spread between runs: " + ", ".join(spreads) + "."
+        if spreads
+        else "The spread between runs is not measured yet (fewer than two past runs per point)."
+    )
+    moved = [f for f in result.findings if f.verdict in (REGRESSED, SUSPECT, IMPROVED)]
+    if moved:
+        lines += ["", "| point | metric | verdict | change (> 0 better) [interval] | floor | reference → now |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
+        for f in sorted(moved, key=lambda f: SEVERITY.index(f.verdict)):
+            lines.append(f"| {f.label} | {f.metric} | **{f.verdict}** | {_pct(f.ratio)} | ±{f.floor:.0%} | "
+                         f"{f.reference:.4g} → {f.current:.4g} |" + (f" {f.note}" if f.note else ""))  # fmt: skip
+    missing = [result.labels[r] for r, v in result.points.items() if v == INSUFFICIENT]
+    if missing:
+        lines += ["", "No reference for: " + ", ".join(missing) + "."]
+    lines.append("")
+    lines.append("Change is oriented so that > 0 is better (lower latency, higher throughput and acceptance).")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,208 @@
+"""``python -m pipeline.gate <sweep name | parent run id>``: did this sweep run regress
+against its reference? Also ``pin <parent run id>`` and ``unpin <sweep name | run id>``.
+
+The decision is :mod:`pipeline.analysis.gate`'s; this module reads MLflow, records the
+verdicts (child tags ``gate.verdict``, metrics ``gate.<metric>.ratio/low/high``, parent tags
+``gate`` and ``gate.reference``, ``gate/summary.md`` and trend plots) and sets the exit code:
+0 pass or improved, 1 regression, 2 bad input, 3 insufficient data, 4 the tracking server
+does not answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from pipeline.analysis.gate import GATED, Floors, GateResult, PointRun, judge, markdown
+from pipeline.analysis.stats import Sample, StatsOptions
+from pipeline.config import GateConfig, TrackingConfig
+from pipeline.report import stored_server_spread
+from pipeline.tracking import (
+    CONFIRMATION_TAG,
+    ChildRun,
+    HistoryReader,
+    Store,
+    TrackingError,
+    TrackingUnreachable,
+    check_reachable,
+    resolve_store,
+)
+
+EXIT_PASS, EXIT_REGRESSED, EXIT_BAD_INPUT, EXIT_INSUFFICIENT, EXIT_INFRA = 0, 1, 2, 3, 4
+EXIT_CODES = {"pass": EXIT_PASS, "fail": EXIT_REGRESSED, "insufficient": EXIT_INSUFFICIENT}
+GATE_DIR = "gate"
+# Tags that name the hardware a point ran on; the platform string (kernel version) is left
+# out so that an OS update does not orphan a history.
+HARDWARE_KEYS = ("hardware.device", "hardware.cpu", "hardware.cpu_count", "hardware.gpu", "hardware.gpu_count")
+
+
+def fingerprint(tags: Mapping[str, str]) -> str:
+    """A point's key in the history: what it measures (its hash), on what, with which
+    weights. The engine version is not in it: a new version is what the gate watches for."""
+    hardware = ",".join(f"{k}={tags[k]}" for k in HARDWARE_KEYS if k in tags)
+    return f"{tags.get('point_hash', '')}|{hardware}|{tags.get('model.revision', '')}"
+
+
+def measured_points(children: Sequence[ChildRun]) -> list[ChildRun]:
+    """A sweep's finished points, confirmations left out."""
+    return [c for c in children
+            if c.tags.get("status") == "finished" and "point_hash" in c.tags and CONFIRMATION_TAG not in c.tags]  # fmt: skip
+
+
+def point_runs(reader: HistoryReader, parent_id: str, children: Sequence[ChildRun], work: Path) -> list[PointRun]:
+    started = reader.started_ms(parent_id)
+    out = []
+    for child in children:
+        sample = None
+        duration = child.metrics.get("duration", math.nan)
+        path = reader.download(child.run_id, "requests.csv", work / child.run_id)
+        if path is not None and math.isfinite(duration):
+            sample = Sample.from_requests(pd.read_csv(path), duration)
+        values = {m.column: child.metrics.get(m.column, math.nan) for m in GATED}
+        out.append(PointRun(child.run_id, parent_id, fingerprint(child.tags), child.name, values, sample, started))
+    return out
+
+
+@dataclass(frozen=True)
+class Reference:
+    runs: dict[str, list[PointRun]]  # fingerprint -> reference runs, newest first
+    spread_from: dict[str, list[PointRun]]  # fingerprint -> past runs that measure the spread
+    text: str
+    tag: str  # gate.reference on the parent: a run id, or "median:<ids>"
+
+
+def reference_for(reader: HistoryReader, parent_id: str, current: Sequence[PointRun], history: int,
+                  work: Path) -> Reference:  # fmt: skip
+    keys = {p.key for p in current}
+    past: dict[str, list[PointRun]] = {k: [] for k in keys}
+    used: list[str] = []
+    for run_id in reader.past_sweeps(parent_id)[: 4 * history]:
+        if all(len(v) >= history for v in past.values()):
+            break
+        wanted = [c for c in measured_points(reader.children(run_id))
+                  if fingerprint(c.tags) in keys and len(past[fingerprint(c.tags)]) < history]  # fmt: skip
+        if wanted:
+            used.append(run_id)
+        for point in point_runs(reader, run_id, wanted, work):
+            past[point.key].append(point)
+    pinned = reader.pinned(reader.experiment_of(parent_id))
+    if pinned and pinned != parent_id:
+        runs = point_runs(reader, pinned, measured_points(reader.children(pinned)), work)
+        by_key = {p.key: [p] for p in runs if p.key in keys}
+        return Reference(by_key, past, f"pinned sweep run {pinned}", pinned)
+    text = f"the per-point median of the last {history} runs with the same fingerprint ({len(used)} found)"
+    return Reference(past, past, text, "median:" + ",".join(used))
+
+
+def record(reader: HistoryReader, parent_id: str, result: GateResult, ref: Reference, current: Sequence[PointRun],
+           summary: str, out_dir: Path) -> list[Path]:  # fmt: skip
+    """Verdicts on the runs, the summary and one trend plot per point on the parent run."""
+    from pipeline.analysis import plots
+
+    for run_id, verdict in result.points.items():
+        reader.set_tags(run_id, {"gate.verdict": verdict})
+    for f in result.findings:
+        values = {"ratio": f.ratio.estimate, "low": f.ratio.low, "high": f.ratio.high}
+        reader.log_metrics(f.run_id, {f"gate.{f.metric}.{k}": v for k, v in values.items() if v is not None})
+    reader.set_tags(parent_id, {"gate": result.overall, "gate.reference": ref.tag[:5000]})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / "summary.md"]
+    paths[0].write_text(summary)
+    for i, point in enumerate(current, start=1):
+        past = list(reversed(ref.spread_from.get(point.key, [])))
+        series = {m: [(p.started_ms, p.values[m]) for p in [*past, point] if math.isfinite(p.values.get(m, math.nan))]
+                  for m in ("median_tpot_ms", "p99_tpot_ms", "output_throughput")}  # fmt: skip
+        reference = {f.metric: f.reference for f in result.findings if f.run_id == point.run_id}
+        if len(past) and reference:
+            path = out_dir / f"trend{i}.png"
+            path.write_bytes(plots.gate_trend(point.label, series, reference))
+            paths.append(path)
+    for path in paths:
+        reader.log_file(parent_id, path, GATE_DIR)
+    return paths
+
+
+def run(reader: HistoryReader, parent_id: str, config: GateConfig, opts: StatsOptions,
+        out_dir: Path) -> tuple[GateResult, str]:  # fmt: skip
+    """Judge a sweep run and record the result; returns it and its Markdown summary. Points
+    re-measured by a confirmation (children tagged ``gate.confirmation_of``) are judged
+    again, and a regression stands only if the re-measurement shows it too."""
+    from pipeline.analysis.gate import confirm
+
+    floors = Floors(config.floor_median, config.floor_p99, config.floor_acceptance_pp)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        children = reader.children(parent_id)
+        current = point_runs(reader, parent_id, measured_points(children), work)
+        ref = reference_for(reader, parent_id, current, config.history, work)
+        aa = stored_server_spread(reader)
+        result = judge(current, ref.runs, opts, floors, aa, spread_from=ref.spread_from)
+        remeasured = [c for c in children if CONFIRMATION_TAG in c.tags and c.tags.get("status") == "finished"]
+        if remeasured:
+            again = point_runs(reader, parent_id, remeasured, work)  # the same fingerprints as the originals
+            second = judge(again, ref.runs, opts, floors, aa, spread_from=ref.spread_from)
+            result = confirm(result, second, {c.tags[CONFIRMATION_TAG]: c.run_id for c in remeasured})
+    summary = markdown(result, reader.title(parent_id), ref.text)
+    record(reader, parent_id, result, ref, current, summary, out_dir / GATE_DIR)
+    return result, summary
+
+
+def _uri(given: str | None, project: Path) -> Store:
+    uri = given or os.environ.get("MLFLOW_TRACKING_URI")
+    return Store(uri, None) if uri else resolve_store(TrackingConfig(), project)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.gate", description=__doc__.splitlines()[0])
+    parser.add_argument("ref", nargs="+", help="sweep name or parent run id; or: pin <run id>; unpin <name | run id>")
+    parser.add_argument("--tracking-uri", help="the MLflow server (default: $MLFLOW_TRACKING_URI, else ./mlruns)")
+    parser.add_argument("--project", type=Path, default=Path.cwd(), help="folder holding mlruns/ (default: here)")
+    parser.add_argument("--history", type=int, default=GateConfig.history, help="past runs in the reference")
+    parser.add_argument("--out", type=Path, default=None, help="where to write gate/ (default: ./outputs/gate-<run>)")
+    args = parser.parse_args(argv)
+    action, refs = ("judge", args.ref) if args.ref[0] not in ("pin", "unpin") else (args.ref[0], args.ref[1:])
+    if len(refs) != 1:
+        parser.error(f"give exactly one sweep name or run id (got {len(refs)}): e.g. python -m pipeline.gate nightly")
+    if args.history < 1:
+        parser.error(f"--history={args.history} must be >= 1")
+    store = _uri(args.tracking_uri, args.project.resolve())
+    try:
+        check_reachable(store)
+        reader = HistoryReader(store.tracking_uri)
+        if action != "judge":
+            run_id = refs[0] if action == "pin" else reader.find_parent(refs[0])
+            reader.sweep_run(run_id)
+            reader.pin(run_id if action == "pin" else None, reader.experiment_of(run_id))
+            print(f"{action}ned: sweep run {run_id} " + ("is now the gate's reference" if action == "pin" else ""))
+            return EXIT_PASS
+        parent = reader.find_parent(refs[0])
+        reader.sweep_run(parent)
+        recorded = reader.params(parent)
+        opts = StatsOptions(**{k: cast(recorded[f"stats.{k}"]) for k, cast in
+                               (("confidence", float), ("resamples", int)) if f"stats.{k}" in recorded})  # fmt: skip
+        config = GateConfig(history=args.history)
+        result, summary = run(reader, parent, config, opts, args.out or Path("outputs") / f"gate-{parent[:8]}")
+    except TrackingUnreachable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_INFRA
+    except TrackingError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(summary)
+    if result.overall == "insufficient":
+        print("insufficient data: no earlier run of this sweep with the same fingerprint (point, hardware, model "
+              "revision) to compare with; run the sweep again, or pin a reference with "
+              "`python -m pipeline.gate pin <parent run id>`", file=sys.stderr)  # fmt: skip
+    return EXIT_CODES[result.overall]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,254 @@
+"""A real two-node Ray cluster and a real ``mlflow server`` on this machine, started the way
+users start them (``ray start``, ``mlflow server``), for the cluster tests and the gate's
+calibration benchmark.
+
+Two raylets on one machine are Ray's own way to test multi-node. Each node gets its own
+ports, and the whole cluster its own temp dir; it is stopped by its processes (those whose
+command line names that temp dir), never with ``ray stop``, which stops every Ray of the
+machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psutil
+
+BIN = Path(sys.executable).parent
+SLOT = "specsweep_slot"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def env() -> dict[str, str]:
+    """The environment of every Ray command: token auth on, this venv first on PATH (so a
+    job's ``python`` is this environment's), workers at normal priority, no proxies for loopback."""
+    return {
+        **os.environ,
+        "RAY_AUTH_MODE": "token",
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "NO_PROXY": "127.0.0.1,localhost",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        # Ray starts workers at niceness 15, and a server started from a task inherits it.
+        "RAY_worker_niceness": "0",
+    }
+
+
+@dataclass(frozen=True)
+class Cluster:
+    gcs: str  # host:port
+    dashboard: str  # http://127.0.0.1:port
+    temp_dir: Path
+    head_slots: float
+    worker_slots: float
+
+
+def _ray(*args: str) -> None:
+    done = subprocess.run([str(BIN / "ray"), *args], env=env(), capture_output=True, text=True, timeout=180)
+    if done.returncode:
+        raise RuntimeError(f"ray {' '.join(args)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+
+
+def _cluster_processes(temp_dir: Path) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if any(str(temp_dir) in part for part in proc.info["cmdline"] or ()):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def stop_cluster(temp_dir: Path) -> None:
+    procs = _cluster_processes(temp_dir)
+    for proc in procs:
+        try:
+            proc.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=15)
+    for proc in alive:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=10)
+
+
+@contextmanager
+def ray_cluster(head_slots: float = 1, worker_slots: float = 1) -> Iterator[Cluster]:
+    """Head and one joining node; each offers ``specsweep_slot`` as given (0: none)."""
+    # A short path: Ray's sockets live under it, and a Unix socket path has ~107 characters.
+    temp_dir = Path(tempfile.mkdtemp(prefix="ssray", dir="/tmp"))
+    port, dash = free_port(), free_port()
+    head_res = json.dumps({SLOT: head_slots} if head_slots else {})
+    worker_res = json.dumps({SLOT: worker_slots} if worker_slots else {})
+    # `ray start --head` with token auth needs a token and does not make one (ray.init does):
+    # on a fresh machine, create ~/.ray/auth_token first. Its output is the token: not shown.
+    made = subprocess.run([str(BIN / "ray"), "get-auth-token", "--generate"], env=env(), capture_output=True,
+                          timeout=120)  # fmt: skip
+    if made.returncode:
+        raise RuntimeError(f"ray get-auth-token --generate failed (exit {made.returncode})")
+    try:
+        _ray("start", "--head", f"--port={port}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
+             "--num-cpus=1", f"--resources={head_res}", f"--temp-dir={temp_dir}", "--disable-usage-stats",
+             "--object-store-memory=200000000", "--include-dashboard=true")  # fmt: skip
+        low = free_port() % 5000 + 20000
+        _ray("start", f"--address=127.0.0.1:{port}", "--num-cpus=1", f"--resources={worker_res}",
+             f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}",
+             f"--min-worker-port={low}", f"--max-worker-port={low + 999}", "--disable-usage-stats",
+             "--object-store-memory=200000000")  # fmt: skip
+        cluster = Cluster(f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}", temp_dir, head_slots, worker_slots)
+        _wait_nodes(cluster, 2)
+        yield cluster
+    finally:
+        stop_cluster(temp_dir)
+
+
+def _wait_nodes(cluster: Cluster, count: int, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            nodes = httpx.get(f"{cluster.dashboard}/nodes?view=summary", headers=auth_headers(), timeout=5).json()
+            alive = [n for n in nodes["data"]["summary"] if n.get("raylet", {}).get("state") == "ALIVE"]
+            if len(alive) >= count:
+                return
+        except (httpx.HTTPError, KeyError, ValueError):
+            pass
+        time.sleep(2)
+    raise RuntimeError(f"the Ray cluster at {cluster.gcs} did not reach {count} alive nodes in {timeout_s:g} s")
+
+
+def auth_headers() -> dict[str, str]:
+    token = (Path.home() / ".ray" / "auth_token").read_text().strip()
+    return {"Authorization": f"Bearer {token}"}
+
+
+@dataclass(frozen=True)
+class TrackingServer:
+    uri: str
+    root: Path
+    pid: int
+
+
+@contextmanager
+def mlflow_server(root: Path) -> Iterator[TrackingServer]:
+    """``mlflow server`` with a SQLite store and proxied artifacts, as the README starts it."""
+    root.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    log = (root / "server.log").open("w")
+    proc = subprocess.Popen(
+        [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
+         "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "artifacts"),
+         "--workers", "1"],
+        stdout=log, stderr=subprocess.STDOUT, env=env(), start_new_session=True,
+    )  # fmt: skip
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{uri}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"mlflow server did not start: {(root / 'server.log').read_text()[-2000:]}")
+            time.sleep(1)
+        yield TrackingServer(uri, root, proc.pid)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=20)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+def submit(cluster: Cluster, submission_id: str, working_dir: Path, entrypoint: list[str],
+           timeout_s: float = 1500) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    """``ray job submit``, waiting for the job; its own exit code is 0 or 1."""
+    return subprocess.run(
+        [str(BIN / "ray"), "job", "submit", "--address", cluster.dashboard, "--submission-id", submission_id,
+         "--working-dir", str(working_dir), "--", *entrypoint],
+        env=env(), capture_output=True, text=True, timeout=timeout_s,
+    )  # fmt: skip
+
+
+def job_details(cluster: Cluster, submission_id: str) -> dict:
+    return httpx.get(f"{cluster.dashboard}/api/jobs/{submission_id}", headers=auth_headers(), timeout=10).json()
+
+
+def engine_pids(ready: set[int]) -> list[int]:
+    """Every process of every vLLM server that has answered /health (``ready`` remembers
+    them): the API server and all it spawned (the engine core and the model worker, which
+    on the CPU runs the steps). Servers still starting are left alone."""
+    out = subprocess.run(["pgrep", "-f", "vllm.entrypoints.openai.api_server"], capture_output=True, text=True).stdout
+    pids = set()
+    for pid in (int(p) for p in out.split()):
+        try:
+            proc = psutil.Process(pid)
+            if pid not in ready:
+                args = proc.cmdline()
+                port = args[args.index("--port") + 1]
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code != 200:
+                    continue
+                ready.add(pid)
+            pids |= {pid, *(c.pid for c in proc.children(recursive=True))}
+        except (psutil.Error, ValueError, IndexError, httpx.HTTPError):
+            continue
+    return sorted(pids)
+
+
+@contextmanager
+def stutter(paused: float, period_s: float = 0.5) -> Iterator[None]:
+    """Pause every ready vLLM server for ``paused`` of each period (SIGSTOP, then SIGCONT):
+    a real slowdown of the real engine, of a known size (it serves about 1 / (1 - paused)
+    times slower), that no config value shows, so the point's fingerprint stays the same. Busy
+    processes beside the server were tried first: on this machine they slowed it by 0-18 %,
+    unpredictably."""
+    import threading
+
+    done = threading.Event()
+    ready: set[int] = set()
+
+    def signal_all(pids: list[int], sig: int) -> None:
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def loop() -> None:
+        while not done.is_set():
+            pids = engine_pids(ready)
+            signal_all(pids, signal.SIGSTOP)
+            done.wait(paused * period_s)
+            signal_all(pids, signal.SIGCONT)
+            done.wait((1 - paused) * period_s)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        signal_all(engine_pids(ready), signal.SIGCONT)

@@ -1,0 +1,126 @@
+"""Scheduled cluster runs, with real parts: a two-node Ray cluster started with ``ray start``
+(token auth on), a real ``mlflow server`` with proxied artifacts, sweeps submitted with
+``ray job submit``, and the regression gate on them.
+
+One cluster and one tracking server serve the module. The first nightly run spreads its two
+server groups over both nodes (``ray.resources_per_group``). Then three more, one server at a
+time (on 2 cores, two servers at once disturb each other far more than any night differs
+from the next), at 1 and 4 req/s, in their own experiment: the first has no history (exit 3),
+the second is unchanged (passes), the third runs with its engines paused 80 % of the time
+(a real slowdown: the gate fails it, naming a point).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests import cluster
+from tests.integration.conftest import vllm_server_pids
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+SMALL = [
+    "load.num_requests=8", "load.warmup_requests=1", "workload.max_tokens=16",
+    "engine.dtype=float32", "lossless.prompts=1", "lossless.max_tokens=8", "gate.confirm=false",
+]  # fmt: skip
+SPREAD = ["load.request_rate=1", f"+ray.resources_per_group.{cluster.SLOT}=1"]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[cluster.Cluster, cluster.TrackingServer]]:
+    root = tmp_path_factory.mktemp("mlflow-server")
+    with cluster.mlflow_server(root) as server, cluster.ray_cluster(head_slots=1, worker_slots=1) as ray_cluster:
+        yield ray_cluster, server
+    assert not cluster._cluster_processes(ray_cluster.temp_dir), "Ray processes outlived the cluster"
+
+
+def _submit(setup: tuple[cluster.Cluster, cluster.TrackingServer], name: str,
+            *extra: str) -> tuple[subprocess.CompletedProcess[str], dict]:  # fmt: skip
+    ray_cluster, server = setup
+    before = vllm_server_pids()
+    entry = ["python", "-m", "pipeline.sweep", "+sweep=nightly", f"tracking.uri={server.uri}", *SMALL, *extra]
+    proc = cluster.submit(ray_cluster, name, REPO, entry)
+    assert not vllm_server_pids() - before, "server processes outlived the job"
+    return proc, cluster.job_details(ray_cluster, name)
+
+
+def _parents(uri: str, name: str = "nightly") -> list:
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name(name)
+    assert experiment is not None
+    return client.search_runs([experiment.experiment_id], "tags.role = 'sweep'", order_by=["attributes.start_time ASC"])
+
+
+@pytest.fixture(scope="module")
+def first_night(setup: tuple[cluster.Cluster, cluster.TrackingServer]) -> tuple[subprocess.CompletedProcess[str], dict]:
+    return _submit(setup, f"nightly-test-1-{int(time.time())}", *SPREAD)
+
+
+def test_job_runs_groups_on_both_nodes_and_every_artifact_downloads_through_the_server(
+    setup: tuple[cluster.Cluster, cluster.TrackingServer], first_night: tuple[subprocess.CompletedProcess[str], dict],
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    _, server = setup
+    proc, details = first_night
+    log = proc.stdout[-6000:] + proc.stderr[-3000:]
+    # The first night has no history: "insufficient data", exit 3, never a silent pass.
+    assert details["driver_exit_code"] == 3, log
+    assert details["status"] == "FAILED" and proc.returncode == 1, log
+    assert "insufficient data" in proc.stdout.lower() or "insufficient" in proc.stdout, log
+    client = MlflowClient(server.uri)
+    (parent,) = _parents(server.uri)
+    assert parent.data.tags["gate"] == "insufficient"
+    children = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert len(children) == 2
+    nodes = {c.data.tags["node.ray_id"] for c in children}
+    assert len(nodes) == 2, f"both groups ran on one node: {nodes}"
+    for child in children:
+        assert child.data.metrics.get("server_niceness") == 0  # RAY_worker_niceness=0 on the nodes
+        assert child.info.artifact_uri.startswith("mlflow-artifacts:"), child.info.artifact_uri
+        for name in ("requests.csv", "server.log", "server_command.txt"):
+            path = Path(client.download_artifacts(child.info.run_id, name, str(tmp_path / child.info.run_id)))
+            assert path.stat().st_size > 0, name
+    for name in ("summary.csv", "report/report.html", "gate/summary.md"):
+        path = Path(client.download_artifacts(parent.info.run_id, name, str(tmp_path / "parent")))
+        assert path.stat().st_size > 0, name
+
+
+def test_gate_from_the_command_line_without_history_says_so(
+    setup: tuple[cluster.Cluster, cluster.TrackingServer], first_night: tuple[subprocess.CompletedProcess[str], dict],
+) -> None:  # fmt: skip
+    _, server = setup
+    proc = subprocess.run([sys.executable, "-m", "pipeline.gate", "nightly", "--tracking-uri", server.uri],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)  # fmt: skip
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "insufficient data" in proc.stderr
+
+
+def test_unchanged_night_passes_and_a_slow_night_fails_naming_the_point(
+    setup: tuple[cluster.Cluster, cluster.TrackingServer], first_night: tuple[subprocess.CompletedProcess[str], dict],
+) -> None:  # fmt: skip
+    _, server = setup
+    sequential = "sweep_name=nightly-seq"
+    proc, details = _submit(setup, f"nightly-seq-1-{int(time.time())}", sequential)
+    assert details["driver_exit_code"] == 3, proc.stdout[-6000:]
+    proc, details = _submit(setup, f"nightly-seq-2-{int(time.time())}", sequential)
+    assert details["driver_exit_code"] == 0 and details["status"] == "SUCCEEDED", proc.stdout[-6000:]
+    assert _parents(server.uri, "nightly-seq")[-1].data.tags["gate"] == "pass"
+    with cluster.stutter(paused=0.8):  # engine steps ~5x as long: far past the spread of 2 nights
+        proc, details = _submit(setup, f"nightly-seq-3-{int(time.time())}", sequential)
+    assert details["driver_exit_code"] == 1, proc.stdout[-6000:]
+    assert re.search(r"\| \S+-r\d+ \| \w+ \| \*\*regressed\*\*", proc.stdout), proc.stdout[-6000:]
+    parent = _parents(server.uri, "nightly-seq")[-1]
+    assert parent.data.tags["gate"] == "fail"
+    client = MlflowClient(server.uri)
+    children = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    assert any(c.data.tags.get("gate.verdict") == "regressed" for c in children)
+    assert any("gate.median_tpot_ms.ratio" in c.data.metrics for c in children)

@@ -1,0 +1,212 @@
+"""The regression gate: its statistics on synthetic nights with known answers, and its
+command line against a real MLflow store (SQLite in a temporary folder)."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipeline.analysis import stats
+from pipeline.analysis.gate import (
+    IMPROVED,
+    INSUFFICIENT,
+    PASS,
+    REGRESSED,
+    SUSPECT,
+    Floors,
+    PointRun,
+    confirm,
+    judge,
+    markdown,
+)
+from pipeline.analysis.stats import Sample, StatsOptions
+from pipeline.gate import fingerprint, main
+
+OPTS = StatsOptions(resamples=1000)
+
+
+def night(i: int, key: str, tpot: float, throughput: float = 50.0, acceptance: float | None = None,
+          sample: Sample | None = None) -> PointRun:  # fmt: skip
+    values = {"median_tpot_ms": tpot, "p99_tpot_ms": 1.5 * tpot, "median_ttft_ms": 100.0, "output_throughput": throughput}
+    if acceptance is not None:
+        values["spec_decode_acceptance_rate"] = acceptance
+    return PointRun(f"run{i}-{key}", f"parent{i}", key, f"{key}-r1", values, sample)
+
+
+def history(rng: np.random.Generator, nights: int = 5, noise: float = 0.03) -> dict[str, list[PointRun]]:
+    def jitter() -> float:
+        return math.exp(noise * rng.standard_normal())
+
+    return {
+        "base": [night(i, "base", 200 * jitter(), 50 * jitter()) for i in range(nights)],
+        "spec": [night(i, "spec", 120 * jitter(), 80 * jitter(), 40 + rng.standard_normal()) for i in range(nights)],
+    }
+
+
+def test_pooled_spread_known_answer() -> None:
+    # Each group's logs lie +-0.1 from their mean: 0.02 of squares each, one df each.
+    groups = [[math.exp(0.1), math.exp(-0.1)], [math.exp(1.1), math.exp(0.9)], [5.0]]
+    spread, df = stats.pooled_log_spread(groups)
+    assert df == 2
+    assert spread == pytest.approx(math.sqrt(0.04 / 2))
+    spread, df = stats.pooled_log_spread([[1.0], []])
+    assert df == 0 and math.isnan(spread)
+
+
+def test_against_history_is_a_prediction_interval() -> None:
+    rng = np.random.default_rng(0)
+    ratio = stats.against_history("median_tpot_ms", 220.0, [200.0] * 5, 0.05, 20, OPTS, False, rng)
+    assert ratio.estimate == pytest.approx(200 / 220)
+    assert ratio.low < ratio.estimate < ratio.high
+    # Half-width ~ t(20) * 0.05 * sqrt(1 + pi / 10) on the log scale.
+    half = (math.log(ratio.high) - math.log(ratio.low)) / 2
+    assert half == pytest.approx(2.086 * 0.05 * math.sqrt(1 + math.pi / 10), rel=0.15)
+    unmeasured = stats.against_history("median_tpot_ms", 220.0, [200.0], math.nan, 0, OPTS, False, rng)
+    assert not unmeasured.resolved and "not measured" in unmeasured.note
+
+
+def test_unchanged_night_passes_and_a_slower_one_regresses_on_the_right_metric() -> None:
+    rng = np.random.default_rng(1)
+    past = history(rng)
+    same = judge([night(9, "base", 201, 50), night(9, "spec", 119, 80.5, 40)], past, OPTS, Floors())
+    assert set(same.points.values()) == {PASS} and same.overall == "pass"
+    slower = judge([night(9, "base", 201, 50), night(9, "spec", 150, 64, 40)], past, OPTS, Floors())
+    assert slower.points == {"run9-base": PASS, "run9-spec": REGRESSED}
+    flagged = {f.metric for f in slower.findings if f.verdict == REGRESSED}
+    assert {"median_tpot_ms", "output_throughput"} <= flagged and "spec_decode_acceptance_rate" not in flagged
+    assert slower.overall == "fail" and slower.flagged() == ["run9-spec"]
+    text = markdown(slower, "nightly", "the median of the last 5 runs")
+    assert "| spec-r1 | median_tpot_ms | **regressed** |" in text
+    faster = judge([night(9, "base", 201, 50), night(9, "spec", 90, 105, 40)], past, OPTS, Floors())
+    assert faster.points["run9-spec"] == IMPROVED and faster.overall == "pass"
+
+
+def test_acceptance_floor_is_in_percentage_points() -> None:
+    rng = np.random.default_rng(2)
+    past = {"spec": [night(i, "spec", 120, 80, 40 + 0.2 * rng.standard_normal()) for i in range(5)]}
+    small = judge([night(9, "spec", 120, 80, 38.8)], past, OPTS, Floors(acceptance_pp=2.0))
+    big = judge([night(9, "spec", 120, 80, 36.0)], past, OPTS, Floors(acceptance_pp=2.0))
+
+    def verdict(result: object) -> str:
+        return next(f.verdict for f in result.findings if f.metric == "spec_decode_acceptance_rate")  # type: ignore[attr-defined]
+
+    assert verdict(small) == PASS  # 1.2 points down: inside the 2-point floor, however narrow the interval
+    assert verdict(big) == REGRESSED
+
+
+def test_no_history_is_insufficient_never_a_pass() -> None:
+    result = judge([night(9, "base", 200)], {}, OPTS, Floors())
+    assert result.points == {"run9-base": INSUFFICIENT} and result.overall == "insufficient"
+    assert "No reference for: base-r1" in markdown(result, "t", "r")
+
+
+def _sample(rng: np.random.Generator, tpot: float, n: int = 40) -> Sample:
+    tpots = tpot * np.exp(0.05 * rng.standard_normal(n)) / 1000
+    frame = pd.DataFrame({"index": np.arange(n), "ttft_s": 0.1, "tpot_s": tpots, "e2el_s": 0.1 + 30 * tpots,
+                          "output_tokens": 31, "num_chunks": 31, "error": None})  # fmt: skip
+    return Sample.from_requests(frame, 20.0)
+
+
+def test_one_past_run_without_a_measured_spread_can_only_be_suspect() -> None:
+    rng = np.random.default_rng(3)
+    past = {"base": [night(0, "base", 200, sample=_sample(rng, 200))]}
+    result = judge([night(9, "base", 260, sample=_sample(rng, 260))], past, OPTS, Floors())
+    assert result.points == {"run9-base": SUSPECT} and result.overall == "pass"
+    better = judge([night(9, "base", 150, sample=_sample(rng, 150))], past, OPTS, Floors())
+    assert better.points == {"run9-base": PASS}  # not "improved" on an interval without the spread
+    spread = stats.ServerSpread({"speedup_median_tpot": 0.03}, 20, "an A/A sweep")
+    with_aa = judge([night(9, "base", 260, sample=_sample(rng, 260))], past, OPTS, Floors(), aa=spread)
+    assert with_aa.points == {"run9-base": REGRESSED}
+
+
+def test_a_regression_stands_only_if_the_confirmation_shows_it_again() -> None:
+    rng = np.random.default_rng(4)
+    past = history(rng)
+    first = judge([night(9, "spec", 150, 64, 40)], past, OPTS, Floors())
+    assert first.points == {"run9-spec": REGRESSED}
+    gone = judge([PointRun("again", "parent9", "spec", "spec-r1", dict(past["spec"][0].values))], past, OPTS, Floors())
+    assert confirm(first, gone, {"run9-spec": "again"}).points == {"run9-spec": SUSPECT}
+    seen = judge([PointRun("again", "parent9", "spec", "spec-r1", night(0, "spec", 150, 64, 40).values)], past, OPTS,
+                 Floors())  # fmt: skip
+    assert confirm(first, seen, {"run9-spec": "again"}).points == {"run9-spec": REGRESSED}
+
+
+def test_false_alarms_and_power_on_simulated_nights() -> None:
+    """Nights with 2 % noise between them: unchanged ones almost never regress; a 15 %
+    slowdown is caught most of the time (it needs 5 % floor + ~2.3 sd of the prediction)."""
+    rng = np.random.default_rng(5)
+    false_alarms = detected = 0
+    trials = 60
+    for _ in range(trials):
+        past = history(rng, noise=0.02)
+        now = history(rng, nights=1, noise=0.02)
+        same = [now["base"][0], now["spec"][0]]
+        false_alarms += judge(same, past, OPTS, Floors()).overall == "fail"
+        spec = now["spec"][0]
+        slow = night(9, "spec", spec.values["median_tpot_ms"] * 1.15, spec.values["output_throughput"] / 1.15, 40)
+        detected += judge([now["base"][0], slow], past, OPTS, Floors()).points[slow.run_id] == REGRESSED
+    assert false_alarms <= 2
+    assert detected >= 0.7 * trials
+
+
+def test_fingerprint_keys_on_point_hardware_and_weights_not_engine_version() -> None:
+    tags = {"point_hash": "abc", "hardware.cpu": "EPYC", "hardware.device": "cpu", "model.revision": "r1",
+            "engine.version": "0.32.0", "hardware.platform": "Linux-6.1"}  # fmt: skip
+    assert fingerprint(tags) == fingerprint({**tags, "engine.version": "0.33.0", "hardware.platform": "Linux-6.2"})
+    assert fingerprint(tags) != fingerprint({**tags, "model.revision": "r2"})
+    assert fingerprint(tags) != fingerprint({**tags, "hardware.cpu": "Xeon"})
+
+
+# ---- The command line, on a real store ---------------------------------------------------------
+
+
+def _store(tmp_path: Path, nights: list[float]) -> tuple[str, list[str], str]:
+    """A local store holding one sweep run per value (median TPOT of its one point)."""
+    from pipeline.config import TrackingConfig
+    from pipeline.tracking import Tracker, prepare, resolve_store
+
+    store = resolve_store(TrackingConfig(), tmp_path)
+    tracker = Tracker(store, prepare(store, "nightly"))
+    parents, child = [], ""
+    for i, tpot in enumerate(nights):
+        parent = tracker.start_run(f"nightly {i}", {"role": "sweep", "sweep_name": "nightly"})
+        child = tracker.start_run("baseline-r1", {"role": "baseline", "point_hash": "h1", "status": "finished",
+                                                  "hardware.cpu": "cpu", "model.revision": "m"}, parent)  # fmt: skip
+        tracker.log_metrics(child, {"median_tpot_ms": tpot, "p99_tpot_ms": 1.4 * tpot, "median_ttft_ms": 90.0,
+                                    "output_throughput": 10_000 / tpot})  # fmt: skip
+        tracker.end_run(child)
+        tracker.end_run(parent)
+        parents.append(parent)
+    return store.tracking_uri, parents, child
+
+
+def test_gate_command_line_exit_codes_on_a_real_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    uri, parents, child = _store(tmp_path, [200.0])
+    out = ["--tracking-uri", uri, "--out", str(tmp_path / "out")]
+    assert main(["nightly", *out]) == 3  # no history: insufficient data, its own exit code
+    assert "insufficient data" in capsys.readouterr().err
+    uri, parents, child = _store(tmp_path, [201.0, 198.0, 203.0, 262.0])
+    assert main(["nightly", *out]) == 1  # the newest night is 30 % slower
+    assert "**regressed**" in capsys.readouterr().out
+    assert main([parents[2], *out]) == 0  # an unchanged night, by run id
+    assert main(["pin", child, *out]) == 2
+    assert "is one point of a sweep" in capsys.readouterr().err
+    assert main(["pin", "0123456789abcdef0123456789abcdef", *out]) == 2
+    assert "no run" in capsys.readouterr().err
+    assert main(["pin", parents[3], *out]) == 0  # the slow night as the reference
+    assert main([parents[2], *out]) == 0
+    assert "pinned sweep run " + parents[3] in capsys.readouterr().out
+    assert main(["unpin", "nightly", *out]) == 0
+
+
+def test_gate_on_an_unreachable_tracking_server_exits_4() -> None:
+    proc = subprocess.run([sys.executable, "-m", "pipeline.gate", "nightly", "--tracking-uri", "http://127.0.0.1:9"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 4, proc.stderr
+    assert "http://127.0.0.1:9 does not answer" in proc.stderr
