@@ -197,14 +197,15 @@ def _identity(plan: SweepPlan, targets: dict[int, Target]) -> tuple[str, str]:
     its engine versions, for gate.skip_if_done: each new engine version is measured once."""
     import hashlib
 
+    from pipeline.gate import HARDWARE_KEYS
     from pipeline.hardware import hardware_tags
     from pipeline.models import revision
 
     versions = sorted({server_spec(targets[g.index], g.server_job, Path("server.log"), port=0).engine_version
                        for g in plan.groups})  # fmt: skip
-    hardware = {
-        k: v for k, v in hardware_tags(any(t.on_gpu for t in targets.values())).items() if k != "hardware.platform"
-    }
+    # The same hardware keys as a point's fingerprint in the gate (the kernel string left out).
+    tags = hardware_tags(any(t.on_gpu for t in targets.values()))
+    hardware = {k: tags[k] for k in HARDWARE_KEYS if k in tags}
     revisions = sorted({revision(t.model_path) for t in targets.values()})
     parts = [*sorted(p.hash for p in plan.points), *revisions, *(f"{k}={v}" for k, v in sorted(hardware.items()))]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16], ",".join(versions)
