@@ -20,6 +20,9 @@ ENDPOINTS = ("chat", "completions", "generate")  # generate: SGLang's native str
 ENGINES = ("vllm", "sglang")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 PREFIX_CACHE_POLICIES = ("cold", "warm", "off")
+# grid: measure every point; predict: measure the baseline and the largest k, predict the
+# other k and confirm the best; capacity: the highest rate each server sustains under the SLO.
+SEARCH_MODES = ("grid", "predict", "capacity")
 # Flags that turn prefix caching off behind engine.prefix_cache's back.
 NO_PREFIX_CACHE_FLAGS = {"vllm": "--no-enable-prefix-caching", "sglang": "--disable-radix-cache"}
 
@@ -102,6 +105,10 @@ class SloConfig:
     ttft_ms: float | None = None
     tpot_ms: float | None = None
     e2el_ms: float | None = None
+    # search=capacity: a window meets the SLO when this percentile of each set metric is within
+    # its threshold and at least min_goodput of its requests meet every threshold.
+    percentile: float = 99.0
+    min_goodput: float = 0.99
 
 
 @dataclass(frozen=True)
@@ -142,6 +149,24 @@ class GateConfig:
     floor_median: float = 0.05  # practical floors: a ratio must be past these to count
     floor_p99: float = 0.10
     floor_acceptance_pp: float = 2.0  # percentage points of acceptance rate
+
+
+@dataclass(frozen=True)
+class PredictConfig:
+    """search=predict: how many predicted k values are measured to confirm the choice."""
+
+    # Each confirmed k costs one server start; candidates beyond the cap are reported, not measured.
+    max_confirm: int = 1
+
+
+@dataclass(frozen=True)
+class CapacityConfig:
+    """search=capacity: bracketing, then bisection on the request rate, on one server."""
+
+    start_rate: float = 1.0  # the first probe, requests per second
+    min_rate: float = 0.1  # below this the search gives up: "cannot meet this SLO at 0.1 req/s"
+    resolution: float = 0.1  # stop when the bracket's high / low - 1 is at most this
+    max_probes: int = 8  # windows per server at the most
 
 
 @dataclass(frozen=True)
@@ -198,6 +223,9 @@ class JobConfig:
     lossless: LosslessConfig = field(default_factory=LosslessConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     gate: GateConfig = field(default_factory=GateConfig)
+    search: str = "grid"  # grid | predict | capacity (see SEARCH_MODES)
+    predict: PredictConfig = field(default_factory=PredictConfig)
+    capacity: CapacityConfig = field(default_factory=CapacityConfig)
 
     def baseline(self) -> JobConfig:
         """The same point without speculation: what this job is compared against."""
@@ -370,3 +398,55 @@ def validate(job: JobConfig) -> None:
         value = getattr(job.slo, key)
         if value is not None and value <= 0:
             raise ConfigError(f"slo.{key}={value} must be > 0 or null")
+    if not 0 < job.slo.percentile <= 100:
+        raise ConfigError(f"slo.percentile={job.slo.percentile} must lie in (0, 100], e.g. 99 for p99")
+    if not 0 < job.slo.min_goodput <= 1:
+        raise ConfigError(f"slo.min_goodput={job.slo.min_goodput} must lie in (0, 1], e.g. 0.99")
+    _validate_search(job)
+
+
+def _validate_search(job: JobConfig) -> None:
+    """One job's search settings; what needs the whole grid (two k values) is checked by the planner."""
+    _choice("search", job.search, SEARCH_MODES)
+    if job.predict.max_confirm < 0:
+        raise ConfigError(f"predict.max_confirm={job.predict.max_confirm} must be >= 0 (0 measures no prediction)")
+    cap = job.capacity
+    if not (0 < cap.start_rate < math.inf):
+        raise ConfigError(f"capacity.start_rate={cap.start_rate} must be a positive, finite rate, e.g. 1")
+    if not 0 < cap.min_rate <= cap.start_rate:
+        raise ConfigError(f"capacity.min_rate={cap.min_rate} must lie in (0, capacity.start_rate={cap.start_rate}]")
+    if not 0 < cap.resolution < 1:
+        raise ConfigError(f"capacity.resolution={cap.resolution} must lie in (0, 1), e.g. 0.1 for 10 %")
+    if cap.max_probes < 2:
+        raise ConfigError(f"capacity.max_probes={cap.max_probes} must be >= 2 (a bracket needs two probes)")
+    if job.search == "capacity":
+        slo = job.slo
+        if slo.ttft_ms is None and slo.tpot_ms is None and slo.e2el_ms is None:
+            raise ConfigError(
+                "search=capacity needs an SLO to search under; set at least one of slo.ttft_ms, slo.tpot_ms, "
+                "slo.e2el_ms, e.g. slo.tpot_ms=50"
+            )
+        if job.repeats.count > 1 or job.aa:
+            raise ConfigError("search=capacity measures each server once; drop repeats.count and aa")
+        if job.gate.enabled:
+            raise ConfigError("search=capacity probes adaptive rates that no reference shares; set gate.enabled=false")
+    if job.search == "predict":
+        from pipeline.analysis.predict import VALIDATED_METHODS
+
+        if job.spec.method not in ("none", *VALIDATED_METHODS):
+            raise ConfigError(
+                f"search=predict is validated for spec.method in {', '.join(VALIDATED_METHODS)} only (chain drafters "
+                f"whose k-draft is the start of a longer one); spec.method={job.spec.method} needs search=grid"
+            )
+        if job.engine.name != "vllm":
+            raise ConfigError(
+                f"search=predict reads vLLM's per-position acceptance counters; engine={job.engine.name} needs "
+                "search=grid (SGLang's trees with topk > 1 break the prefix property it rests on)"
+            )
+        if job.workload.temperature > 0:
+            raise ConfigError(
+                f"search=predict is validated for greedy decoding only; workload.temperature="
+                f"{job.workload.temperature} needs search=grid or workload.temperature=0"
+            )
+        if job.aa:
+            raise ConfigError("search=predict compares speculative k values; aa=true needs search=grid")

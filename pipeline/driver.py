@@ -17,13 +17,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from pipeline import search_capacity, search_predict
 from pipeline.config import ConfigError, JobConfig, StatsConfig
 from pipeline.engines.sglang import RECORDED_VERSION, SglangInstall
 from pipeline.engines.vllm import EngineNotInstalled
 from pipeline.group import GroupOutcome, GroupTask, PointOutcome, run_group
 from pipeline.job import Target, resolve_target, server_spec
 from pipeline.models import ModelError
-from pipeline.plan import SWEEP_LEVEL, ServerGroup, ServerLine, SweepPlan, describe, estimate_s, plan_sweep
+from pipeline.plan import SWEEP_LEVEL, ServerGroup, ServerLine, SweepPlan, describe, estimate_s, plan_sweep, search_note
 from pipeline.redact import redact_args, redact_mapping
 
 EXIT_BAD_INPUT = 2
@@ -90,12 +91,18 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
         plan = plan_sweep(jobs)
         _check_sweep_level(jobs)
         first = jobs[0]
+        if first.search == "capacity":
+            plan = plan_sweep(search_capacity.seed_jobs(jobs))
+        if first.search == "predict":
+            search_predict.check_plan(plan)
         targets = {g.index: resolve_target(g.server_job, build=not first.dry_run) for g in plan.groups}
     except (ConfigError, EngineNotInstalled, ModelError) as exc:
         return _error(str(exc))
     on_gpu = any(t.on_gpu for t in targets.values())
     if first.dry_run:
-        print(describe(plan, [_server_line(targets[g.index], g.server_job) for g in plan.groups], on_gpu))
+        shown = search_predict.first_phase(plan) if first.search == "predict" else plan
+        print(describe(shown, [_server_line(targets[g.index], g.server_job) for g in shown.groups], on_gpu))
+        print(search_note(first))
         return 0
 
     store = tracking.resolve_store(first.tracking, project_root)
@@ -115,11 +122,16 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
             print(f"skipped: engine {identity[1]} already ran this sweep's fingerprint (sweep run {earlier}); "
                   f"gate.skip_if_done=false measures it again")  # fmt: skip
             return 0
-    done = {} if first.force else tracker.finished_points()
+    # A capacity search picks its rates as it goes: earlier probes are no point of this search.
+    done = {} if first.force or first.search == "capacity" else tracker.finished_points()
     todo = plan.without(done)
-    tasks = [
-        GroupTask(g, store, tracker.experiment_id, "", targets[g.index].engine_gpus(g.server_job)) for g in todo.groups
-    ]
+    capacity = first.search == "capacity"
+
+    def tasks_of(part: SweepPlan, parent_id: str) -> list[GroupTask]:
+        return [GroupTask(g, store, tracker.experiment_id, parent_id, targets[g.index].engine_gpus(g.server_job),
+                          capacity=capacity) for g in part.groups]  # fmt: skip
+
+    tasks = tasks_of(todo, "")
     try:
         executor.preflight(tasks)
     except Unreachable as exc:
@@ -129,21 +141,40 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
         return _error(str(exc))
 
     skipped = len(plan.points) - len(todo.points)
+    shown = search_predict.first_phase(plan).without(done) if first.search == "predict" else todo
     print(
-        f"plan: {len(todo.groups)} server(s), {len(todo.points)} point(s) to measure"
+        f"plan: {len(shown.groups)} server(s), {len(shown.points)} point(s) to measure"
         + (f", {skipped} already finished (force=true re-measures them)" if skipped else "")
-        + f"; estimated ~{estimate_s(todo, on_gpu) / 60:.1f} min (rough)\n"
-        f"MLflow: {store.tracking_uri} (experiment {experiment!r})"
+        + f"; estimated ~{estimate_s(shown, on_gpu) / 60:.1f} min (rough)\n"
+        + (f"{search_note(first)}\n" if first.search != "grid" else "")
+        + f"MLflow: {store.tracking_uri} (experiment {experiment!r})"
     )
     started = time.monotonic()
     name = f"{first.sweep_name} {time.strftime('%Y-%m-%d %H:%M:%S')}"  # one parent run per invocation
     parent = tracker.start_run(name, {"role": "sweep", "sweep_name": first.sweep_name, "fingerprint": identity[0],
                                       "engine.versions": identity[1]})  # fmt: skip
     # How the report decides, kept with the sweep: `python -m pipeline.report` decides the same way.
-    tracker.log_params(parent, {f"stats.{k}": v for k, v in dataclasses.asdict(first.stats).items()})
-    tasks = [dataclasses.replace(t, parent_run_id=parent) for t in tasks]
+    tracker.log_params(
+        parent,
+        {f"stats.{k}": v for k, v in dataclasses.asdict(first.stats).items()}
+        | {"search": first.search, **{f"slo.{k}": str(v) for k, v in dataclasses.asdict(first.slo).items()}},
+    )
+    predicted: search_predict.PredictRun | None = None
     try:
-        outcomes = executor.run(tasks)
+        if first.search == "predict":
+            from pipeline.report import stats_options
+
+            reader = tracking.SweepReader(store.tracking_uri)
+            resumed = {h: PointOutcome(h, f.run_id, f.metrics, resumed=True) for h, f in done.items()}
+            predicted = search_predict.run(
+                plan, lambda part: executor.run(tasks_of(part.without(done), parent)),
+                search_predict.download_samples(reader),
+                functools.partial(search_predict.log_predicted, tracker, parent),
+                stats_options(first.stats, reader), first.predict.max_confirm, resumed,
+            )  # fmt: skip
+            outcomes = predicted.outcomes
+        else:
+            outcomes = executor.run(tasks_of(todo, parent))
     except KeyboardInterrupt:
         tracker.end_run(parent, killed=True)
         print("interrupted: every server was stopped; finished points are in MLflow", file=sys.stderr)
@@ -152,10 +183,16 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
         tracker.end_run(parent, error=f"{type(exc).__name__}: {exc}")
         raise
 
+    if capacity:  # the points are the rates each server probed
+        plan = search_capacity.probed_plan(plan, outcomes)
     in_plan = {p.hash for p in plan.points}
     by_hash = {h: PointOutcome(h, f.run_id, f.metrics, resumed=True) for h, f in done.items() if h in in_plan}
+    if predicted is not None:
+        by_hash |= predicted.predicted
     for outcome in outcomes:
         by_hash.update({p.hash: p for p in outcome.points})
+    if predicted is not None:  # repeats beyond the first of a predicted point: neither measured nor predicted
+        plan = plan.without(p.hash for p in plan.points if p.hash not in by_hash)
     ratios = summary.comparisons(plan, by_hash)
     for point_hash, ratio in ratios.items():
         outcome = by_hash[point_hash]
@@ -165,6 +202,10 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
     out_dir = Path(first.output_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     frame.to_csv(out_dir / "summary.csv", index=False)
+    if predicted is not None:
+        (out_dir / search_predict.PREDICTIONS_CSV).parent.mkdir(parents=True, exist_ok=True)
+        predicted.table.to_csv(out_dir / search_predict.PREDICTIONS_CSV, index=False)
+        tracker.log_file(parent, out_dir / search_predict.PREDICTIONS_CSV, "predict")
     failed = int((frame["status"] == "failed").sum())
     tracker.log_file(parent, out_dir / "summary.csv")
     tracker.log_table(parent, frame, "summary_table.json")
@@ -174,6 +215,7 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
             "server_starts": sum(o.started for o in outcomes),
             "points": len(plan.points),
             "points_measured": sum(len(o.points) for o in outcomes),
+            "points_predicted": len(predicted.predicted) if predicted else 0,
             "points_resumed": skipped,
             "points_failed": failed,
             "lossless_probe_s": sum(o.probe_s for o in outcomes),

@@ -19,12 +19,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
-
 from pipeline.analysis.gate import GATED, Floors, GateResult, PointRun, judge, markdown
-from pipeline.analysis.stats import Sample, StatsOptions
+from pipeline.analysis.stats import StatsOptions
 from pipeline.config import GateConfig, TrackingConfig
-from pipeline.report import stored_server_spread
+from pipeline.report import stored_server_spread, window_sample
 from pipeline.tracking import (
     CONFIRMATION_TAG,
     ChildRun,
@@ -61,11 +59,7 @@ def point_runs(reader: HistoryReader, parent_id: str, children: Sequence[ChildRu
     started = reader.started_ms(parent_id)
     out = []
     for child in children:
-        sample = None
-        duration = child.metrics.get("duration", math.nan)
-        path = reader.download(child.run_id, "requests.csv", work / child.run_id)
-        if path is not None and math.isfinite(duration):
-            sample = Sample.from_requests(pd.read_csv(path), duration)
+        sample = window_sample(reader, child.run_id, child.metrics.get("duration", math.nan), work)
         values = {m.column: child.metrics.get(m.column, math.nan) for m in GATED}
         out.append(PointRun(child.run_id, parent_id, fingerprint(child.tags), child.name, values, sample, started))
     return out

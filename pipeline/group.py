@@ -17,6 +17,7 @@ from typing import Any
 
 import pandas as pd
 
+from pipeline import search_capacity
 from pipeline.acceptance import normalized
 from pipeline.client import ClientOptions
 from pipeline.config import JobConfig
@@ -42,6 +43,8 @@ class GroupTask:
     gpus: int  # what the group's server needs, for the launcher's resource request
     # A regression gate's re-measurement: point hash -> the run it confirms (tagged on its run).
     confirms: dict[str, str] = field(default_factory=dict)
+    # search=capacity: probe rates on this server from its one planned point (pipeline.search_capacity).
+    capacity: bool = False
 
     def save(self, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -67,6 +70,7 @@ class PointOutcome:
     metrics: dict[str, float] = field(default_factory=dict)  # summary + acceptance + prefix cache
     error: str | None = None
     resumed: bool = False  # measured by an earlier run of the sweep, not this one
+    predicted: bool = False  # search=predict's model, not a measurement (its run has no requests)
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,7 @@ class GroupOutcome:
     startup_s: float | None = None
     probe: tuple[ProbeOutput, ...] = ()
     probe_s: float = 0.0  # time spent on the lossless probe (a measurement of its own)
+    probed: tuple[Point, ...] = ()  # search=capacity: the points its probes measured, in order
 
     @staticmethod
     def failed(task: GroupTask, error: str) -> GroupOutcome:
@@ -138,13 +143,19 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
     secrets = secret_values(spec.command, {**os.environ, **spec.env})
     command = spec.redacted_command()
     (out_dir / "server_command.txt").write_text(command + "\n")
-    run_ids = {
-        p.hash: tracker.start_run(p.label, _tags(p, target, spec.engine_version, task.confirms.get(p.hash)),
-                                  task.parent_run_id)
-        for p in group.points
-    }  # fmt: skip
-    for p in group.points:
+    run_ids: dict[str, str] = {}
+    points: list[Point] = []  # every point given a run, in order (capacity probes are added as they run)
+
+    def open_run(p: Point) -> Point:
+        tags = _tags(p, target, spec.engine_version, task.confirms.get(p.hash))
+        run_ids[p.hash] = tracker.start_run(p.label, tags | ({"search": "capacity"} if task.capacity else {}),
+                                            task.parent_run_id)  # fmt: skip
         tracker.log_params(run_ids[p.hash], flatten_params(p.job))
+        points.append(p)
+        return p
+
+    for p in group.points:
+        open_run(p)
     results: dict[str, PointOutcome] = {}
     probe: tuple[ProbeOutput, ...] = ()
     probe_s = 0.0
@@ -156,27 +167,40 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
             if (server.niceness() or 0) > 0:
                 print(f"[{group.label}] warning: the server runs at niceness {server.niceness()} and yields the "
                       f"CPU to other processes; on a Ray cluster start its nodes with RAY_worker_niceness=0")  # fmt: skip
-            for i, point in enumerate(group.points):
-                results[point.hash] = _measure_point(point, server, tokenizer, tracker, run_ids, out_dir, first=i == 0)
+
+            def measure_one(point: Point, first: bool) -> PointOutcome:
+                results[point.hash] = _measure_point(point, server, tokenizer, tracker, run_ids, out_dir, first)
+                return results[point.hash]
+
+            if task.capacity:
+                def log_probe(p: Point, metrics: dict[str, float]) -> None:
+                    tracker.log_metrics(run_ids[p.hash], metrics)
+                    results[p.hash] = replace(results[p.hash], metrics={**results[p.hash].metrics, **metrics})
+
+                search_capacity.probe(group.points[0], open_run, measure_one, out_dir, log_probe)
+            else:
+                for i, point in enumerate(group.points):
+                    measure_one(point, first=i == 0)
             probe_started = time.monotonic()
             probe = lossless_probe(server.base_url, group.server_job, tokenizer)
             probe_s = time.monotonic() - probe_started
     except ServerError as exc:
         message = redact_text(str(exc), secrets)
         print(f"[{group.label}] FAILED: {message}")
-        for p in group.points:
+        for p in points:
             results.setdefault(p.hash, PointOutcome(p.hash, run_ids[p.hash], error=message))
     except BaseException:
         interrupted = True
         raise
     finally:
         _redact_log(spec.log_path, secrets)
-        for p in group.points:  # a point left without an outcome was cut short by an interrupt
+        for p in points:  # a point left without an outcome was cut short by an interrupt
             outcome = results.get(p.hash) or PointOutcome(p.hash, run_ids[p.hash], error="interrupted")
             _finish_run(tracker, outcome, out_dir, interrupted)
     startup = server.startup_s if server else None
-    points = tuple(results[p.hash] for p in group.points)
-    return GroupOutcome(group.index, points, started=True, startup_s=startup, probe=probe, probe_s=probe_s)
+    outcomes = tuple(results[p.hash] for p in points)
+    return GroupOutcome(group.index, outcomes, started=True, startup_s=startup, probe=probe, probe_s=probe_s,
+                        probed=tuple(points) if task.capacity else ())  # fmt: skip
 
 
 def lossless_probe(base_url: str, job: JobConfig, tokenizer: Any) -> tuple[ProbeOutput, ...]:

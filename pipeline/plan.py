@@ -19,12 +19,14 @@ from pipeline.config import ConfigError, JobConfig
 from pipeline.loadgen import schedule
 
 # Settings of the whole sweep: a grid may not vary them, and no point's identity includes them.
-SWEEP_LEVEL = ("tracking", "sweep_name", "dry_run", "force", "ray", "repeats", "lossless", "stats", "aa", "gate")
+SWEEP_LEVEL = ("tracking", "sweep_name", "dry_run", "force", "ray", "repeats", "lossless", "stats", "aa", "gate",
+               "search", "predict", "capacity")  # fmt: skip
 # Keys that say how or where a sweep runs, not what it measures (Hydra gives each job its own output_dir).
 _VOLATILE = ("output_dir", *SWEEP_LEVEL)
 # What a server's command line is made of; everything else (load, workload, SLOs) is per point.
 # replica tells an A/A twin from its original; repeat joins them with repeats.restart=true
 # (otherwise repeats share a server and vary only the prompts and arrivals).
+_SLO_DECISION = ("percentile", "min_goodput")
 _SERVER_KEYS = ("engine", "model", "spec", "seed", "replica")
 
 # Rough costs, measured with the embedded 135M model on 2 cores: eager CPU servers start in
@@ -48,6 +50,9 @@ def point_hash(job: JobConfig) -> str:
     point = dataclasses.asdict(job)
     for volatile in _VOLATILE:
         point.pop(volatile)
+    # How capacity decides (percentile, share of good requests) is not what a window measures.
+    for decision in _SLO_DECISION:
+        point["slo"].pop(decision)
     return _digest(point)
 
 
@@ -230,3 +235,15 @@ def describe(plan: SweepPlan, servers: Sequence[ServerLine], on_gpu: bool) -> st
         f"estimated time: ~{estimate_s(plan, on_gpu) / 60:.1f} min (rough: start-ups dominate on CPU)",
     ]
     return "\n".join(lines)
+
+
+def search_note(first: JobConfig) -> str:
+    """What a search other than the grid does beyond the plan printed for it."""
+    if first.search == "predict":
+        return (f"search=predict: the baseline and the largest k of each method are measured first; then at most "
+                f"{first.predict.max_confirm} more server(s) per method confirm the predicted best k")  # fmt: skip
+    if first.search == "capacity":
+        c = first.capacity
+        return (f"search=capacity: each server probes from {c.start_rate:g} req/s (bracketing, then bisection to "
+                f"{c.resolution:.0%}), at most {c.max_probes} windows per server")  # fmt: skip
+    return ""

@@ -23,10 +23,11 @@ import numpy as np
 import pandas as pd
 
 from pipeline.acceptance import alpha_from_length
-from pipeline.analysis import advisor, model, quality, stats, verdicts
+from pipeline.analysis import advisor, model, quality, search_report, stats, verdicts
 from pipeline.analysis.report import ReportData, conditions, markdown, page
+from pipeline.analysis.search_report import PREDICTIONS_CSV
 from pipeline.analysis.stats import Sample, StatsError, StatsOptions
-from pipeline.config import TrackingConfig
+from pipeline.config import StatsConfig, TrackingConfig
 from pipeline.tracking import SweepReader, TrackingError, resolve_store
 
 REPORT_DIR = "report"
@@ -51,7 +52,8 @@ def load_frame(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def analyse(title: str, frame: pd.DataFrame, probes: list[dict], length_tests: list,
-            samples: Mapping[str, Sample] | None = None, opts: StatsOptions | None = None) -> ReportData:  # fmt: skip
+            samples: Mapping[str, Sample] | None = None, opts: StatsOptions | None = None,
+            target: search_report.SloTarget | None = None, predictions: pd.DataFrame | None = None) -> ReportData:  # fmt: skip
     """Everything the report says, from the sweep table and each window's requests
     (``samples``: run id -> its requests; without them no ratio gets an interval)."""
     frame = load_frame(frame)
@@ -97,8 +99,13 @@ def analyse(title: str, frame: pd.DataFrame, probes: list[dict], length_tests: l
     lossless = _lossless(probes)
     if not probes:
         gaps.append("losslessness: no probe outputs in this sweep run (lossless.prompts=0, or all points resumed)")
+    curves = search_report.capacity(frame, samples, target, opts) if target is not None else []
+    sections = search_report.capacity_lines(curves, target, opts) if target is not None else []
+    sections += search_report.predict_lines(predictions if predictions is not None else pd.DataFrame())
+    lead = search_report.capacity_headline(curves, target) if target is not None else ""
     return ReportData(title, frame, points, crossings, fits, advice, schedules, lossless, length_tests, gaps,
-                      conditions(frame), comparisons, _window_levels(frame, samples, opts))  # fmt: skip
+                      conditions(frame), comparisons, _window_levels(frame, samples, opts), lead, sections,
+                      curves, predictions)  # fmt: skip
 
 
 def _window_levels(frame: pd.DataFrame, samples: Mapping[str, Sample], opts: StatsOptions) -> pd.DataFrame:
@@ -168,7 +175,11 @@ def build(reader: SweepReader, parent_id: str, out_dir: Path | None = None,
         samples = {run: Sample.from_requests(table, duration) for run, (table, duration) in requests.items()}
         tests = _length_tests(frame, {run: table for run, (table, _) in requests.items()})
         opts = _with_server_spread(reader, parent_id, frame, opts or StatsOptions())
-        data = analyse(title, frame, probes, tests, samples, opts)
+        table = reader.download(parent_id, PREDICTIONS_CSV, work)
+        predictions = pd.read_csv(table) if table is not None else None
+        data = analyse(
+            title, frame, probes, tests, samples, opts, search_report.slo_target(reader.params(parent_id)), predictions
+        )
         since, trends = _since_reference(reader, parent_id, work)
     figures = {
         name: png
@@ -179,6 +190,8 @@ def build(reader: SweepReader, parent_id: str, out_dir: Path | None = None,
             ("TTFT against request rate", plots.ttft_vs_rate(data.frame)),
             ("Acceptance against k", plots.acceptance_vs_k(data.points)),
             ("Median-TPOT speedup over k x request rate", plots.speedup_heatmap(data.points)),
+            ("Capacity under the SLO", plots.capacity_curve(data.capacity)),
+            ("Median TPOT against k: measured and predicted", plots.k_curve(data.predictions)),
         )
         if png is not None
     } | trends
@@ -232,6 +245,21 @@ def stored_server_spread(reader: SweepReader) -> stats.ServerSpread | None:
     _, metrics, title = found
     sd = {k.removeprefix(AA_PREFIX): v for k, v in metrics.items() if k.startswith(AA_PREFIX)}
     return stats.ServerSpread(sd, int(metrics[AA_COUNT]), title)
+
+
+def window_sample(reader: SweepReader, run_id: str, duration: float, work: Path) -> Sample | None:
+    """A window's requests as the statistics core resamples them, from its run's requests.csv
+    (the workers that measured it may be on other nodes); None where the run has none."""
+    path = reader.download(run_id, "requests.csv", work / run_id) if run_id else None
+    if path is None or not math.isfinite(duration):
+        return None
+    return Sample.from_requests(pd.read_csv(path), duration)
+
+
+def stats_options(stats: StatsConfig, reader: SweepReader) -> StatsOptions:
+    """The sweep's decision settings, with the store's newest A/A spread between fresh servers."""
+    return StatsOptions(confidence=stats.confidence, floor=stats.floor, resamples=stats.resamples,
+                        server_spread=stored_server_spread(reader))  # fmt: skip
 
 
 def _requests(reader: SweepReader, frame: pd.DataFrame, work: Path) -> dict[str, tuple[pd.DataFrame, float]]:

@@ -20,7 +20,7 @@ def comparisons(plan: SweepPlan, outcomes: Mapping[str, PointOutcome]) -> dict[s
         if point.baseline_hash is None:
             continue
         spec, base = outcomes.get(point.hash), outcomes.get(point.baseline_hash)
-        if spec and base and spec.error is None and base.error is None:
+        if spec and base and spec.error is None and base.error is None and not spec.predicted:
             found[point.hash] = compare(base.metrics, spec.metrics)
     return found
 
@@ -30,6 +30,8 @@ def status(outcome: PointOutcome | None) -> str:
         return "not run"
     if outcome.error is not None:
         return "failed"
+    if outcome.predicted:
+        return "predicted"
     return "resumed" if outcome.resumed else "finished"
 
 

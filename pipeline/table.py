@@ -19,7 +19,7 @@ COLUMNS = (
     ("TPOT speedup", "speedup_median_tpot", 2),
     ("throughput ratio", "output_throughput_ratio", 2),
 )
-STATUS_STYLE = {"finished": "green", "resumed": "cyan", "failed": "red", "not run": "yellow"}
+STATUS_STYLE = {"finished": "green", "resumed": "cyan", "failed": "red", "not run": "yellow", "predicted": "magenta"}
 
 
 def _fmt(value: object, digits: int) -> str:
@@ -35,7 +35,7 @@ def render(summary: pd.DataFrame, title: str, console: Console | None = None) ->
     for name in ("point", "status", *(c[0] for c in COLUMNS)):
         table.add_column(name, justify="left" if name in ("point", "status") else "right")
     for row in summary.to_dict("records"):
-        style = STATUS_STYLE.get(str(row["status"]), "")
+        style = STATUS_STYLE.get(str(row["status"]), "default")
         cells = [_fmt(row.get(key), digits) for _, key, digits in COLUMNS]
         table.add_row(str(row["point"]), f"[{style}]{row['status']}[/{style}]", *cells)
     console.print(table)

@@ -158,3 +158,53 @@ def gate_trend(label: str, series: dict[str, list[tuple[float, float]]], referen
     ax.axhline(0, color="grey", linestyle="--", linewidth=1)
     fig.autofmt_xdate()
     return _chart(fig, ax, "sweep run", "change from the reference (%)", f"Since the reference: {label}")
+
+
+def capacity_curve(curves: list) -> bytes | None:
+    """search=capacity: each server's probes, the SLO metric's percentile against the rate
+    (filled: met, cross: missed), and where each search put the boundary (dotted)."""
+    if not curves:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for curve in curves:
+        rates = [r for r, _, _ in curve.probes]
+        values = [v for _, v, _ in curve.probes]
+        (line,) = ax.plot(rates, values, label=f"{curve.label}: {curve.boundary.text}", alpha=0.6,
+                          **({"color": "black", "linestyle": "--"} if curve.role == "baseline" else {}))  # fmt: skip
+        for rate, value, met in curve.probes:
+            ax.plot([rate], [value], marker="o" if met else "x", color=line.get_color(), markersize=7)
+        if curve.boundary.estimate is not None:
+            ax.axvline(curve.boundary.estimate, color=line.get_color(), linestyle=":", linewidth=1)
+    ax.set_xscale("log")
+    return _chart(fig, ax, "request rate (req/s, log scale)", "the SLO metric at its percentile (ms)",
+                  "Capacity under the SLO: probes (o met, x missed) and boundaries")  # fmt: skip
+
+
+def k_curve(table: pd.DataFrame | None) -> bytes | None:
+    """search=predict: median TPOT against k per rate; measured points filled, predicted
+    points hollow, each with its interval."""
+    if table is None or table.empty:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for (curve, rate), group in table.groupby(["curve", "request_rate"], sort=True):
+        group = group.sort_values("k")
+        seen = group.dropna(subset=["measured_tpot_ms"]) if "measured_tpot_ms" in group else group.iloc[0:0]
+        # The newest prediction of each k: with the confirmations as anchors where it has one.
+        guess = pd.DataFrame({"k": group["k"]})
+        for part in ("", "_low", "_high"):
+            final = group[f"final_tpot_ms{part}"] if f"final_tpot_ms{part}" in group else None
+            first = group[f"predicted_tpot_ms{part}"] if f"predicted_tpot_ms{part}" in group else math.nan
+            guess[f"tpot{part}"] = final.fillna(first) if final is not None else first
+        guess = guess.dropna(subset=["tpot"])
+        column = "tpot"
+        bars = ax.errorbar(seen["k"], seen["measured_tpot_ms"], marker="o", capsize=3, linestyle="none",
+                           yerr=[seen["measured_tpot_ms"] - seen["measured_tpot_ms_low"],
+                                 seen["measured_tpot_ms_high"] - seen["measured_tpot_ms"]],
+                           label=f"{curve} @ {rate:g}/s measured")  # fmt: skip
+        colour = bars[0].get_color()
+        if not guess.empty:
+            ax.errorbar(guess["k"] + 0.06, guess[column], marker="o", markerfacecolor="none", capsize=3, color=colour,
+                        linestyle="none", yerr=[guess[column] - guess[f"{column}_low"],
+                                                guess[f"{column}_high"] - guess[column]],
+                        label=f"{curve} @ {rate:g}/s predicted")  # fmt: skip
+    return _chart(fig, ax, "k (draft tokens per step)", "median TPOT (ms)", "Median TPOT against k (hollow: predicted)")

@@ -46,6 +46,10 @@ class ReportData:
     conditions: list[str] = field(default_factory=list)  # how the windows were measured
     comparisons: Comparisons | None = None
     levels: pd.DataFrame | None = None  # each point's own median TPOT with its interval
+    lead: str = ""  # search=capacity's answer, which comes before everything else
+    sections: list[str] = field(default_factory=list)  # the searches' own sections, as Markdown lines
+    capacity: list = field(default_factory=list)  # search=capacity's curves (search_report.CapacityCurve)
+    predictions: pd.DataFrame | None = None  # search=predict's table
 
 
 PREFIX_POLICY_TEXT = {
@@ -241,11 +245,12 @@ def _aa_headline(data: ReportData, counts: dict[str, int]) -> str:
 
 
 def markdown(data: ReportData) -> str:
-    lines = [f"# {data.title}", "", f"**{headline(data)}**", "", method_statement(data), ""]
+    lead = [f"**{data.lead}**", ""] if data.lead else []
+    lines = [f"# {data.title}", "", *lead, f"**{headline(data)}**", "", method_statement(data), ""]
     lines += [f"- {c}" for c in data.conditions] + ["", "## What to look for", ""]
     lines += ["| configuration | metric | baseline | speculation | ratio | verdict |", "|---|---|---|---|---|---|"]
     lines += ["| " + " | ".join(row) + " |" for row in look_table(data)]
-    lines += ["", "## Where speculation stops paying", ""]
+    lines += ["", *data.sections, "## Where speculation stops paying", ""]
     lines += [f"- {c.engine} {c.method} k={c.k}: {c.text}" for c in data.crossings] or ["- not computed: no pairs"]
     lines += ["", "## Predicted against measured speedup (Leviathan et al.)", ""]
     for fit in data.fits:
@@ -291,11 +296,13 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def page(data: ReportData, figures: dict[str, bytes]) -> str:
-    parts = [f"<h1>{html.escape(data.title)}</h1>", f'<p class="headline">{html.escape(headline(data))}</p>',
+    lead = f'<p class="headline">{html.escape(data.lead)}</p>' if data.lead else ""
+    parts = [f"<h1>{html.escape(data.title)}</h1>{lead}", f'<p class="headline">{html.escape(headline(data))}</p>',
              f"<p>{html.escape(method_statement(data))}</p>",
              "<ul>" + "".join(f"<li>{html.escape(c)}</li>" for c in data.conditions) + "</ul>",
              "<h2>What to look for</h2>",
              _table(["configuration", "metric", "baseline", "speculation", "ratio", "verdict"], look_table(data)),
+             *([f"<pre>{html.escape(chr(10).join(data.sections))}</pre>"] if data.sections else []),
              "<h2>Where speculation stops paying</h2><ul>"]  # fmt: skip
     parts += [f"<li>{html.escape(f'{c.engine} {c.method} k={c.k}: {c.text}')}</li>" for c in data.crossings]
     parts.append("</ul>")

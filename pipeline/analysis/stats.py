@@ -206,7 +206,7 @@ def _pooled_quantile(groups: Sequence[np.ndarray], percentile: float) -> Callabl
     return statistic
 
 
-def _request_replicates(log_statistic: Callable[[np.ndarray], np.ndarray], n: int, opts: StatsOptions,
+def request_replicates(log_statistic: Callable[[np.ndarray], np.ndarray], n: int, opts: StatsOptions,
                         rng: np.random.Generator) -> np.ndarray:  # fmt: skip
     """The bootstrap distribution of ``log_statistic`` over resamples of n request positions."""
     with warnings.catch_warnings():
@@ -309,7 +309,7 @@ def _paired_ratio(metric: str, base: Sequence[Sample], spec: Sequence[Sample], o
                 return sign * (np.log(b_stat(pos)) - np.log(s_stat(pos)))
 
         estimates.append(float(log_ratio(np.arange(len(b_rows)))))
-        replicates.append(_request_replicates(log_ratio, len(b_rows), opts, rng))
+        replicates.append(request_replicates(log_ratio, len(b_rows), opts, rng))
     centre, combined = _combine_runs(estimates, replicates, opts, rng)
     return _interval(metric, centre, combined, opts, runs, int(np.median(sizes)))
 
@@ -349,7 +349,7 @@ def window_interval(field_name: str, percentile: float, windows: Sequence[Sample
                 return np.log(stat(pos))
 
         estimates.append(float(log_stat(np.arange(len(rows)))))
-        replicates.append(_request_replicates(log_stat, len(rows), opts, rng))
+        replicates.append(request_replicates(log_stat, len(rows), opts, rng))
     centre, combined = _combine_runs(estimates, replicates, opts, rng)
     return _interval(field_name, centre, combined, opts, len(windows), int(windows[0].size))
 
@@ -374,7 +374,7 @@ def acceptance_length_interval(windows: Sequence[Sample], counter_length: float 
             return np.log(tokens[pos].sum(axis=-1) / steps[pos].sum(axis=-1))
 
         estimates.append(float(log_length(np.arange(len(rows)))))
-        replicates.append(_request_replicates(log_length, len(rows), opts, rng))
+        replicates.append(request_replicates(log_length, len(rows), opts, rng))
     centre, combined = _combine_runs(estimates, replicates, opts, rng)
     if counter_length is not None and math.isfinite(counter_length) and counter_length > 0:
         combined = combined - centre + math.log(counter_length)

@@ -84,6 +84,11 @@ def test_multirun_dry_run_plans_one_server_per_k_and_one_baseline(tmp_path: Path
         (["spec.k=3,0"], "spec.k=0 is not valid"),  # one bad point refuses the whole sweep
         (["sweep_name=a,b"], "sweep_name is a setting of the whole sweep"),
         (["tracking.uri=http://127.0.0.1:9"], "does not answer"),
+        (["search=predict"], "search=predict needs at least 2 values of spec.k per method"),
+        (["search=predict", "spec=eagle3", "spec.k=2,3"], "validated for spec.method in ngram, draft only"),
+        (["search=capacity"], "search=capacity needs an SLO to search under"),
+        (["search=capacity", "slo.tpot_ms=50", "load.request_rate=1,2"], "searches the request rate itself"),
+        (["search=bisect"], "search='bisect' is not valid"),
     ],
 )
 def test_multirun_bad_input_fails_before_any_server_starts(tmp_path: Path, overrides: list[str], message: str) -> None:

@@ -1,0 +1,241 @@
+"""The two searches' orchestration on synthetic windows: which points each phase measures,
+what the predictor feeds the model, the capacity probe loop, and the report's sections."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipeline import search_capacity, search_predict
+from pipeline.analysis import search_report
+from pipeline.analysis.capacity import SloTarget
+from pipeline.analysis.search_report import slo_target
+from pipeline.analysis.stats import Sample, StatsOptions
+from pipeline.config import CapacityConfig, ConfigError, JobConfig, LoadConfig, SloConfig, SpecConfig, validate
+from pipeline.group import GroupOutcome, PointOutcome
+from pipeline.plan import Point, SweepPlan, plan_sweep, point_hash
+
+OPTS = StatsOptions(resamples=400)
+
+
+def grid(ks: tuple[int, ...], rates: tuple[float, ...], method: str = "ngram") -> SweepPlan:
+    jobs = [dataclasses.replace(JobConfig(), search="predict", spec=SpecConfig(method=method, k=k),
+                                load=LoadConfig(request_rate=r)) for k in ks for r in rates]  # fmt: skip
+    return plan_sweep(jobs)
+
+
+def test_first_phase_measures_the_baseline_and_the_largest_k_at_every_rate() -> None:
+    plan = grid((1, 2, 3), (1.0, 4.0))
+    first = search_predict.first_phase(plan)
+    assert len(plan.groups) == 4 and len(first.groups) == 2
+    assert sorted((p.role, p.job.spec.k, p.job.load.request_rate) for p in first.points) == [
+        ("baseline", 0, 1.0), ("baseline", 0, 4.0), ("speculative", 3, 1.0), ("speculative", 3, 4.0)]  # fmt: skip
+
+
+def test_a_curve_with_one_k_is_refused() -> None:
+    with pytest.raises(ConfigError, match="at least 2 values of spec.k"):
+        search_predict.check_plan(grid((3,), (1.0,)))
+    search_predict.check_plan(grid((2, 3), (1.0,)))
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"spec": SpecConfig(method="suffix", k=3)}, "validated for spec.method in ngram, draft"),
+        ({"workload": dataclasses.replace(JobConfig().workload, temperature=0.7)}, "greedy decoding only"),
+        ({"predict": dataclasses.replace(JobConfig().predict, max_confirm=-1)}, "predict.max_confirm=-1"),
+    ],
+)
+def test_predict_settings_are_checked(changes: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        validate(dataclasses.replace(JobConfig(), search="predict", **changes))
+
+
+@pytest.mark.parametrize(
+    ("capacity", "slo", "message"),
+    [
+        (CapacityConfig(), SloConfig(), "needs an SLO"),
+        (CapacityConfig(start_rate=0), SloConfig(tpot_ms=50), "capacity.start_rate=0"),
+        (CapacityConfig(resolution=1.5), SloConfig(tpot_ms=50), "capacity.resolution=1.5"),
+        (CapacityConfig(max_probes=1), SloConfig(tpot_ms=50), "capacity.max_probes=1"),
+        (CapacityConfig(), SloConfig(tpot_ms=50, percentile=0), "slo.percentile=0"),
+    ],
+)
+def test_capacity_settings_are_checked(capacity: CapacityConfig, slo: SloConfig, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        validate(dataclasses.replace(JobConfig(), search="capacity", capacity=capacity, slo=slo))
+
+
+def test_slo_decision_settings_are_not_part_of_a_point() -> None:
+    job = JobConfig()
+    assert point_hash(job) == point_hash(dataclasses.replace(job, slo=SloConfig(percentile=90, min_goodput=0.5)))
+    assert point_hash(job) != point_hash(dataclasses.replace(job, slo=SloConfig(tpot_ms=50)))
+
+
+# ---- The predictor on synthetic windows with a known engine ---------------------------------
+
+PROFILE = (0.8, 0.6, 0.45, 0.3)  # unconditional per-position acceptance at k_max = 4
+
+
+def true_tpot(k: int, rate: float) -> float:
+    step = 0.040 * (1 + 0.1 * rate) + 0.004 * k  # linear in the verified tokens
+    return step / (1 + sum(PROFILE[:k]))
+
+
+def window(tpot: float, length: float, seed: int, n: int = 40) -> Sample:
+    rng = np.random.default_rng(seed)
+    values = tpot * np.exp(rng.normal(0, 0.05, n))
+    tokens = np.full(n, 65.0)
+    steps = np.round(64 / length) * np.ones(n)
+    return Sample(index=np.arange(n), values={"tpot": values, "ttft": values * 3, "e2el": values * 64},
+                  itl=tuple(np.full(3, v) for v in values), output_tokens=tokens, chunks=steps + 1,
+                  duration_s=10.0)  # fmt: skip
+
+
+def measured_outcomes(plan: SweepPlan, ks: set[int]) -> tuple[dict[str, PointOutcome], dict[str, Sample]]:
+    outcomes, samples = {}, {}
+    for i, p in enumerate(plan.points):
+        k, rate = p.job.spec.k, p.job.load.request_rate
+        if k and k not in ks:
+            continue
+        length = 1 + sum(PROFILE[:k])
+        metrics = {"duration": 10.0, "acceptance_length": length} if k else {"duration": 10.0}
+        if k == 4:
+            metrics |= {f"spec_decode_acceptance_rate_pos_{j}": v for j, v in enumerate(PROFILE)}
+        run = f"run{i}"
+        outcomes[p.hash] = PointOutcome(p.hash, run, metrics)
+        samples[run] = window(true_tpot(k, rate), length, seed=i)
+    return outcomes, samples
+
+
+def test_predictor_predicts_every_unmeasured_k_and_proposes_the_best_for_confirmation() -> None:
+    plan = grid((1, 2, 3, 4), (1.0, 8.0))
+    outcomes, samples = measured_outcomes(plan, {4})
+    predictor = search_predict.Predictor(plan, OPTS, lambda found: [samples.get(str(o.run_id)) for o in found])
+    (setting, points), = search_predict.curves(plan).items()  # fmt: skip
+    result = predictor.curve(setting, points, outcomes, None, cap=1)
+    assert sorted(result.final) == [(k, r) for k in (1, 2, 3) for r in (1.0, 8.0)]
+    for (k, rate), prediction in result.final.items():
+        truth = true_tpot(k, rate)
+        assert abs(prediction.tpot_s - truth) / truth < 0.05  # the synthetic engine follows the model
+        assert prediction.length == pytest.approx(1 + sum(PROFILE[:k]), rel=0.02)
+    assert len(result.confirm) == 1 and set(result.measured) == {(4, 1.0), (4, 8.0)}
+    confirm = search_predict.confirmation_plan(plan, [result])
+    (k,) = result.confirm
+    assert {(p.job.spec.k, p.job.load.request_rate) for p in confirm.points} == {(k, r) for r in result.confirm[k]}
+    table = search_report.predictions_table([result])
+    assert set(table["k"]) == {1, 2, 3, 4} and table["chosen"].sum() == 2  # one best k per rate
+
+
+def test_confirmations_become_anchors_and_the_table_sets_prediction_against_measurement() -> None:
+    plan = grid((1, 2, 3, 4), (2.0,))
+    outcomes, samples = measured_outcomes(plan, {2, 4})
+    first_outcomes = {h: o for h, o in outcomes.items() if not any(p.hash == h and p.job.spec.k == 2
+                                                                     for p in plan.points)}  # fmt: skip
+    predictor = search_predict.Predictor(plan, OPTS, lambda found: [samples.get(str(o.run_id)) for o in found])
+    (setting, points), = search_predict.curves(plan).items()  # fmt: skip
+    first = predictor.curve(setting, points, first_outcomes, None, cap=2)
+    final = predictor.curve(setting, points, outcomes, first.first, cap=2)
+    assert (2, 2.0) in first.final and (2, 2.0) not in final.final  # measured now, no longer predicted
+    assert final.final[(1, 2.0)].anchored
+    row = search_report.predictions_table([final]).set_index("k").loc[2]
+    assert row["confirmed"] and row["predicted"] and math.isfinite(row["tpot_error"]) and row["tpot_error"] < 0.1
+    lines = "\n".join(search_report.predict_lines(search_report.predictions_table([final])))
+    assert "Prediction error over 1 confirmed point(s)" in lines and "| 2 | 2 |" in lines
+
+
+# ---- Capacity: the probe loop and the report ----------------------------------------------------
+
+
+def capacity_sample(rate: float, scale: float, n: int = 30, seed: int = 0, noise: float = 0.03) -> Sample:
+    """TPOT 40 ms x rate / scale per request (times noise): p99 passes 50 ms near 1.25 x scale."""
+    rng = np.random.default_rng(seed)
+    tpot = 0.040 * (rate / scale) * np.exp(rng.normal(0, noise, n))
+    return Sample(index=np.arange(n), values={"tpot": tpot, "ttft": tpot, "e2el": tpot * 10},
+                  itl=tuple(np.full(2, v) for v in tpot), output_tokens=np.full(n, 10.0), chunks=np.full(n, 10.0),
+                  duration_s=10.0)  # fmt: skip
+
+
+def write_requests(folder: Path, sample: Sample) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = {"index": sample.index, "error": [None] * sample.size, "output_tokens": sample.output_tokens,
+            "num_chunks": sample.chunks, "scheduled_s": np.zeros(sample.size),
+            **{f"{m}_s": sample.values[m] for m in ("ttft", "tpot", "e2el")}}  # fmt: skip
+    pd.DataFrame(rows).to_csv(folder / "requests.csv", index=False)
+
+
+def test_probe_loop_brackets_then_bisects_to_the_resolution(tmp_path: Path) -> None:
+    job = dataclasses.replace(JobConfig(), search="capacity", slo=SloConfig(tpot_ms=50),
+                              capacity=CapacityConfig(start_rate=1.0, resolution=0.1, max_probes=10))  # fmt: skip
+    seed = Point("baseline", job, point_hash(job))
+    opened, logged = [seed], []
+
+    def measure(point: Point, first: bool) -> PointOutcome:
+        write_requests(tmp_path / point.label, capacity_sample(point.job.load.request_rate, 3.0, noise=0.0))
+        return PointOutcome(point.hash, "r", {"duration": 10.0})
+
+    history = search_capacity.probe(seed, lambda p: opened.append(p) or p, measure, tmp_path,
+                                    lambda p, m: logged.append(m))  # fmt: skip
+    rates = [r for r, _ in history]
+    assert rates[:3] == [1.0, 2.0, 4.0]  # doubles until the SLO is missed
+    passed = max(r for r, ok in history if ok)
+    missed = min(r for r, ok in history if not ok)
+    assert passed <= 3.0 * 50 / 40 <= missed and missed / passed - 1 <= 0.1  # the true boundary: 3.75 req/s
+    assert len(opened) == len(history) and [m["slo_passed"] for m in logged] == [float(ok) for _, ok in history]
+
+
+def test_a_rate_grid_is_refused_and_the_probed_plan_replaces_the_planned_points() -> None:
+    jobs = [dataclasses.replace(JobConfig(), search="capacity", load=LoadConfig(request_rate=r)) for r in (1, 2)]
+    with pytest.raises(ConfigError, match="searches the request rate itself"):
+        search_capacity.seed_jobs(jobs)
+    plan = plan_sweep(search_capacity.seed_jobs(jobs[:1]))
+    probed = tuple(search_capacity.at_rate(plan.groups[0].points[0], r) for r in (1.0, 2.0))
+    outcome = GroupOutcome(plan.groups[0].index, (), probed=probed)
+    assert [p.job.load.request_rate for p in search_capacity.probed_plan(plan, [outcome]).points[:2]] == [1.0, 2.0]
+
+
+def test_report_capacity_headline_gives_each_boundary_and_the_ratio_with_intervals() -> None:
+    rows, samples = [], {}
+    # True boundaries 2.2 and 3.0 req/s; noise-free windows, so every resample makes the same call.
+    for server, (role, method, k, boundary) in enumerate(
+        [("baseline", "none", 0, 2.2), ("speculative", "ngram", 3, 3.0)]
+    ):
+        for j, rate in enumerate((1.0, 2.0, 4.0, 2.83, 2.38, 3.36)):
+            run = f"s{server}p{j}"
+            samples[run] = capacity_sample(rate, boundary / 1.25, noise=0.0)
+            rows.append({"run_id": run, "server": server, "role": role, "engine": "vllm", "method": method, "k": k,
+                         "request_rate": rate, "status": "finished", "capacity_probe": j + 1,
+                         "point_hash": f"{role}{rate}", "baseline_hash": f"baseline{rate}" if k else ""})  # fmt: skip
+    target = SloTarget(tpot_s=0.05)
+    curves = search_report.capacity(pd.DataFrame(rows), samples, target, OPTS)
+    assert [c.label for c in curves] == ["vllm baseline", "vllm ngram k=3"]
+    base, spec = curves
+    assert base.boundary.estimate == 2.0 and spec.boundary.estimate == 2.83
+    assert (base.boundary.low, base.boundary.high) == (2.0, 2.38)  # a pass and the next miss
+    assert spec.ratio is not None and spec.ratio.low <= 3.0 / 2.2 <= spec.ratio.high
+    headline = search_report.capacity_headline(curves, target)
+    assert headline.startswith("Max sustainable req/s under the SLO (p99 TPOT <= 50 ms") and "baseline 2" in headline
+
+
+def test_slo_target_comes_back_from_the_parent_runs_params() -> None:
+    assert slo_target({"slo.ttft_ms": "None", "slo.tpot_ms": "None", "slo.e2el_ms": "None"}) is None
+    target = slo_target({"slo.tpot_ms": "50.0", "slo.percentile": "90.0", "slo.min_goodput": "0.95"})
+    assert target == SloTarget(tpot_s=0.05, percentile=90.0, min_goodput=0.95)
+
+
+def test_the_final_table_shows_a_predicted_point() -> None:
+    import io
+
+    from rich.console import Console
+
+    from pipeline import table
+
+    out = io.StringIO()
+    frame = pd.DataFrame([{"point": "ngram-k2-r1", "status": "predicted", "median_tpot_ms": 80.0, "error": ""}])
+    table.render(frame, "sweep", Console(file=out, width=160))
+    assert "predicted" in out.getvalue() and "80.0" in out.getvalue()
