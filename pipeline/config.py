@@ -47,11 +47,19 @@ class EngineConfig:
     # off runs the server without prefix caching.
     prefix_cache: str = "cold"
     startup_timeout_s: float = 600.0
+    # A server that dies or hangs during a window fails that point; restart it for the rest.
+    restart_on_crash: bool = True
     cpu_kvcache_gib: int = 2
     # Interpreter of the environment the engine is installed in (default: this one).
     python: str | None = None
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    # Variables the server gets from this process's environment, by name: how secrets (an HF
+    # token, an API key) reach it without being written into a config, an output or MLflow.
+    env_from: list[str] = field(default_factory=list)
+    # engine.host other than loopback must be asked for: the server then runs without vLLM's
+    # dev mode (its endpoints can reset caches and more), so prefix-cache resets are skipped.
+    allow_remote: bool = False
 
 
 @dataclass(frozen=True)
@@ -83,6 +91,13 @@ class LoadConfig:
     request_timeout_s: float = 300.0
     # Client processes sharing the schedule, for rates one process cannot send on time.
     client_workers: int = 1
+    # Stop a window early: once min 10 requests finished, more than this share of them failed
+    # (the point fails, saying why); null runs every window to its end.
+    max_error_rate: float | None = None
+    # Seconds from a window's start after which its unfinished requests are abandoned and the
+    # point fails as a hung server (restarted with engine.restart_on_crash); null: no deadline
+    # beyond each request's own load.request_timeout_s.
+    window_timeout_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -321,6 +336,7 @@ def validate(job: JobConfig) -> None:
             f"engine.prefix_cache={engine.prefix_cache} needs prefix caching, but engine.extra_args turns it "
             f"off ({no_cache_flag}); remove the flag and set engine.prefix_cache=off"
         )
+    _validate_exposure(engine)
     if workload.endpoint == "generate" and engine.name != "sglang":
         raise ConfigError("workload.endpoint=generate is SGLang's native API; with engine=vllm use chat or completions")
     if spec.method != "none" and spec.k < 1:
@@ -356,6 +372,10 @@ def validate(job: JobConfig) -> None:
             f"load.max_concurrency={load.max_concurrency} with load.client_workers={load.client_workers}: a "
             f"concurrency cap needs one client process; set load.client_workers=1 (a capped load rarely needs more)"
         )
+    if load.max_error_rate is not None and not 0 <= load.max_error_rate < 1:
+        raise ConfigError(f"load.max_error_rate={load.max_error_rate} must lie in [0, 1), e.g. 0.5, or null")
+    if load.window_timeout_s is not None and not load.window_timeout_s > 0:
+        raise ConfigError(f"load.window_timeout_s={load.window_timeout_s} must be a positive number of seconds or null")
     if load.warmup_requests < 0:
         raise ConfigError(f"load.warmup_requests={load.warmup_requests} must be >= 0")
     if load.request_timeout_s <= 0:
@@ -403,6 +423,46 @@ def validate(job: JobConfig) -> None:
     if not 0 < job.slo.min_goodput <= 1:
         raise ConfigError(f"slo.min_goodput={job.slo.min_goodput} must lie in (0, 1], e.g. 0.99")
     _validate_search(job)
+
+
+def is_loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _validate_exposure(engine: EngineConfig) -> None:
+    """Nothing reachable from other hosts, and no secret in a config, unless asked for."""
+    from pipeline.redact import SECRET_FLAGS, is_secret_name
+
+    if not is_loopback(engine.host) and not engine.allow_remote:
+        raise ConfigError(
+            f"engine.host={engine.host} makes the server reachable from other machines; bind 127.0.0.1, or set "
+            f"engine.allow_remote=true to mean it (vLLM then runs without its dev-mode endpoints, and the "
+            f"prefix-cache resets they serve are skipped)"
+        )
+    for name, value in engine.env.items():
+        if is_secret_name(name) and value:
+            raise ConfigError(
+                f"engine.env.{name} puts a secret into the config, which outputs and logs would keep; export "
+                f"{name} in the environment and pass engine.env_from=[{name}] instead"
+            )
+    flags = [a for a in engine.extra_args if a.split("=", 1)[0] in SECRET_FLAGS]
+    if flags:
+        raise ConfigError(
+            f"engine.extra_args holds {flags[0].split('=', 1)[0]} with its value, which outputs and logs would "
+            f"keep; vLLM reads VLLM_API_KEY from its environment: export it and pass engine.env_from=[VLLM_API_KEY]"
+        )
+    import os
+
+    for name in engine.env_from:
+        if not name.isidentifier():
+            raise ConfigError(f"engine.env_from entry {name!r} is not a variable name; e.g. engine.env_from=[HF_TOKEN]")
+        if name not in os.environ:
+            raise ConfigError(f"engine.env_from names {name}, which this environment does not set; export {name}=...")
 
 
 def _validate_search(job: JobConfig) -> None:

@@ -18,14 +18,17 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pipeline import search_capacity, search_predict
+from pipeline.analysis.search_report import PREDICTIONS_CSV
 from pipeline.config import ConfigError, JobConfig, StatsConfig
 from pipeline.engines.sglang import RECORDED_VERSION, SglangInstall
 from pipeline.engines.vllm import EngineNotInstalled
 from pipeline.group import GroupOutcome, GroupTask, PointOutcome, run_group
 from pipeline.job import Target, resolve_target, server_spec
+from pipeline.journal import JOURNAL_NAME, JournaledTracker
 from pipeline.models import ModelError
 from pipeline.plan import SWEEP_LEVEL, ServerGroup, ServerLine, SweepPlan, describe, estimate_s, plan_sweep, search_note
 from pipeline.redact import redact_args, redact_mapping
+from pipeline.workloads import load_items
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILED_POINT = 3
@@ -76,7 +79,8 @@ def _server_line(target: Target, job: JobConfig) -> ServerLine:
         where = "installed, but its parser does not import here" if install.installed else "not installed here"
         version += f" ({where}: flags as recorded for SGLang {RECORDED_VERSION})"
     label = "SGLang" if job.engine.name == "sglang" else "vLLM"
-    return ServerLine(label, version, tuple(args), redact_mapping(spec.env))
+    inherited = {name: "<from the environment>" for name in spec.env_from}
+    return ServerLine(label, version, tuple(args), redact_mapping(spec.env) | inherited)
 
 
 def _error(message: str) -> int:
@@ -95,6 +99,9 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
             plan = plan_sweep(search_capacity.seed_jobs(jobs))
         if first.search == "predict":
             search_predict.check_plan(plan)
+        for workload in {repr(j.workload): j.workload for j in jobs}.values():
+            if workload.name != "random":  # a missing or malformed file is refused here, not in a worker
+                load_items(workload, 1, 0, None)
         targets = {g.index: resolve_target(g.server_job, build=not first.dry_run) for g in plan.groups}
     except (ConfigError, EngineNotInstalled, ModelError) as exc:
         return _error(str(exc))
@@ -109,7 +116,8 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
     experiment = first.tracking.experiment or first.sweep_name
     try:
         tracking.check_reachable(store)
-        tracker = tracking.Tracker(store, tracking.prepare(store, experiment))
+        out_dir = Path(first.output_dir).resolve()
+        tracker = JournaledTracker(tracking.Tracker(store, tracking.prepare(store, experiment)), out_dir / JOURNAL_NAME)
     except tracking.TrackingUnreachable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_INFRA
@@ -199,13 +207,12 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
         if not outcome.resumed and outcome.run_id:
             tracker.log_metrics(outcome.run_id, ratio.as_metrics())
     frame = summary.frame(plan, by_hash, ratios)
-    out_dir = Path(first.output_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     frame.to_csv(out_dir / "summary.csv", index=False)
     if predicted is not None:
-        (out_dir / search_predict.PREDICTIONS_CSV).parent.mkdir(parents=True, exist_ok=True)
-        predicted.table.to_csv(out_dir / search_predict.PREDICTIONS_CSV, index=False)
-        tracker.log_file(parent, out_dir / search_predict.PREDICTIONS_CSV, "predict")
+        (out_dir / PREDICTIONS_CSV).parent.mkdir(parents=True, exist_ok=True)
+        predicted.table.to_csv(out_dir / PREDICTIONS_CSV, index=False)
+        tracker.log_file(parent, out_dir / PREDICTIONS_CSV, "predict")
     failed = int((frame["status"] == "failed").sum())
     tracker.log_file(parent, out_dir / "summary.csv")
     tracker.log_table(parent, frame, "summary_table.json")
@@ -213,6 +220,7 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
         parent,
         {
             "server_starts": sum(o.started for o in outcomes),
+            "server_restarts": sum(o.restarts for o in outcomes),
             "points": len(plan.points),
             "points_measured": sum(len(o.points) for o in outcomes),
             "points_predicted": len(predicted.predicted) if predicted else 0,
@@ -226,12 +234,34 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
     tracker.end_run(parent)  # the sweep ran to its end; failed points are marked in their own runs
     table.render(frame, f"sweep {first.sweep_name!r}: {len(plan.points)} points on {first.model.id}")
     print(f"summary: {out_dir / 'summary.csv'}; MLflow parent run {parent}")
+    synced = _synced(out_dir)
+    if synced is None:
+        return EXIT_INFRA  # every measurement is on disk; MLflow gets it from `python -m pipeline.sync`
+    parent = synced.get(parent, parent)  # a parent run started while MLflow was down has its real id now
     code = 0
     if first.gate.enabled:
         confirm_task = functools.partial(_confirm_task, store, tracker.experiment_id, parent, targets)
         code = _gate(first, store.tracking_uri, parent, plan, by_hash, executor, confirm_task, out_dir)
     _report(store.tracking_uri, parent, out_dir, first.stats)
     return EXIT_FAILED_POINT if failed else code
+
+
+def _synced(out_dir: Path) -> dict[str, str] | None:
+    """Make the MLflow writes that failed during the sweep (its groups' and its own); say so if
+    some still fail. The report and the gate read MLflow, so they wait for it."""
+    from pipeline.journal import journals, placeholders, replay
+    from pipeline.sync import make_tracker
+
+    found = journals(out_dir)
+    if not found:
+        return {}
+    made, left = replay(found, make_tracker)
+    if left:
+        print(f"MLflow: {left} write(s) could not be made and are kept in {len(found)} journal(s) under {out_dir}; "
+              f"once the tracking server answers: python -m pipeline.sync {out_dir}", file=sys.stderr)  # fmt: skip
+        return None
+    print(f"MLflow: {made} write(s) that failed during the sweep were made at its end")
+    return placeholders(found)
 
 
 def _identity(plan: SweepPlan, targets: dict[int, Target]) -> tuple[str, str]:

@@ -8,6 +8,7 @@ this function.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import time
@@ -21,11 +22,12 @@ from pipeline import search_capacity
 from pipeline.acceptance import normalized
 from pipeline.client import ClientOptions
 from pipeline.config import JobConfig
-from pipeline.engines.base import EngineServer, ServerError
+from pipeline.engines.base import EngineServer, ServerError, log_tail
 from pipeline.hardware import hardware_tags, where_am_i
 from pipeline.job import Target, point_requests, resolve_target, server_spec
-from pipeline.loadgen import run_window
-from pipeline.measure import Measurement, MeasurementError, measure
+from pipeline.journal import JOURNAL_NAME, JournaledTracker
+from pipeline.loadgen import Window, run_window
+from pipeline.measure import WINDOW_STOPPED, Measurement, MeasurementError, measure
 from pipeline.models import load_tokenizer, revision
 from pipeline.plan import Point, ServerGroup
 from pipeline.redact import redact_text, secret_values
@@ -92,6 +94,7 @@ class GroupOutcome:
     probe: tuple[ProbeOutput, ...] = ()
     probe_s: float = 0.0  # time spent on the lossless probe (a measurement of its own)
     probed: tuple[Point, ...] = ()  # search=capacity: the points its probes measured, in order
+    restarts: int = 0  # the server was restarted this often after dying or hanging mid-window
 
     @staticmethod
     def failed(task: GroupTask, error: str) -> GroupOutcome:
@@ -131,8 +134,9 @@ def _metrics(measurement: Measurement, k: int, startup_s: float | None) -> dict[
 
 
 def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
-    group, tracker = task.group, Tracker(task.store, task.experiment_id)
+    group = task.group
     out_dir = out_dir / group.label
+    tracker = JournaledTracker(Tracker(task.store, task.experiment_id), out_dir / JOURNAL_NAME)
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
         target = resolve_target(group.server_job)
@@ -140,7 +144,8 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
     except Exception as exc:  # noqa: BLE001 - reported per point, like a failed start
         return GroupOutcome.failed(task, f"{type(exc).__name__}: {exc}")
     spec = server_spec(target, group.server_job, out_dir / "server.log")
-    secrets = secret_values(spec.command, {**os.environ, **spec.env})
+    secrets = secret_values(spec.command, {**os.environ, **spec.env}) + [os.environ.get(n, "") for n in spec.env_from]
+    secrets = [s for s in secrets if s]
     command = spec.redacted_command()
     (out_dir / "server_command.txt").write_text(command + "\n")
     run_ids: dict[str, str] = {}
@@ -161,6 +166,7 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
     probe_s = 0.0
     server: EngineServer | None = None
     interrupted = False
+    restarts = 0
     try:
         with EngineServer(spec) as server:
             print(f"[{group.label}] server ready in {server.startup_s:.1f} s at {server.base_url}")
@@ -173,14 +179,14 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
                 return results[point.hash]
 
             if task.capacity:
+
                 def log_probe(p: Point, metrics: dict[str, float]) -> None:
                     tracker.log_metrics(run_ids[p.hash], metrics)
                     results[p.hash] = replace(results[p.hash], metrics={**results[p.hash].metrics, **metrics})
 
                 search_capacity.probe(group.points[0], open_run, measure_one, out_dir, log_probe)
             else:
-                for i, point in enumerate(group.points):
-                    measure_one(point, first=i == 0)
+                restarts = _measure_all(group, server, measure_one, tracker, run_ids, results)
             probe_started = time.monotonic()
             probe = lossless_probe(server.base_url, group.server_job, tokenizer)
             probe_s = time.monotonic() - probe_started
@@ -200,7 +206,51 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
     startup = server.startup_s if server else None
     outcomes = tuple(results[p.hash] for p in points)
     return GroupOutcome(group.index, outcomes, started=True, startup_s=startup, probe=probe, probe_s=probe_s,
-                        probed=tuple(points) if task.capacity else ())  # fmt: skip
+                        probed=tuple(points) if task.capacity else (), restarts=restarts)  # fmt: skip
+
+
+def _measure_all(group: ServerGroup, server: EngineServer, measure_one: Any, tracker: JournaledTracker,
+                 run_ids: dict[str, str], results: dict[str, PointOutcome]) -> int:  # fmt: skip
+    """Each point in turn. A server that dies or hangs during a window fails that point, with
+    its log tail; it is then restarted for the rest (engine.restart_on_crash), or the rest fail.
+    Returns the number of restarts."""
+    restarts, fresh = 0, True
+    for i, point in enumerate(group.points):
+        if restarts:
+            tracker.set_tags(run_ids[point.hash], {"server.restarts_before": str(restarts)})
+        outcome = measure_one(point, first=fresh)
+        fresh = False
+        fault = _server_fault(server, outcome)
+        if fault is None:
+            continue
+        tail = log_tail(server.spec.log_path)
+        results[point.hash] = replace(outcome, error=f"{outcome.error or 'measured'}; {fault}\n"
+                                                     f"--- last lines of the server log ---\n{tail}")  # fmt: skip
+        tracker.set_tags(run_ids[point.hash], {"server.fault": fault})
+        rest = group.points[i + 1 :]
+        if not rest:
+            break
+        if not point.job.engine.restart_on_crash:
+            for later in rest:
+                results[later.hash] = PointOutcome(later.hash, run_ids[later.hash], error=(
+                    f"not measured: {fault} at {point.label}, and engine.restart_on_crash=false"))  # fmt: skip
+            break
+        print(f"[{group.label}] {fault}; restarting it for the {len(rest)} point(s) left")
+        server.restart()
+        restarts, fresh = restarts + 1, True
+    return restarts
+
+
+def _server_fault(server: EngineServer, outcome: PointOutcome) -> str | None:
+    """What went wrong with the server itself during a point's window, if anything did."""
+    if not server.alive():
+        return f"the server died during the window (exit code {server.returncode})"
+    if outcome.error and outcome.error.startswith(WINDOW_STOPPED) and "deadline" in outcome.error:
+        return "the server stopped answering (load.window_timeout_s passed)"
+    # An engine core that died can leave the API server up for a moment, answering with errors.
+    if (outcome.error or outcome.metrics.get("failed", 0) > 0) and not server.healthy():
+        return "the server failed its health check after the window"
+    return None
 
 
 def lossless_probe(base_url: str, job: JobConfig, tokenizer: Any) -> tuple[ProbeOutput, ...]:
@@ -227,7 +277,7 @@ def _measure_point(
     point: Point,
     server: EngineServer,
     tokenizer: Any,
-    tracker: Tracker,
+    tracker: JournaledTracker,
     run_ids: dict[str, str],
     out_dir: Path,
     first: bool,
@@ -247,10 +297,12 @@ def _measure_point(
     except Exception as exc:  # noqa: BLE001 - one point's failure is data; the next point still runs
         message = str(exc) if isinstance(exc, MeasurementError) else f"{type(exc).__name__}: {exc}"
         print(f"[{point.label}] FAILED: {message}")
+        window = exc.window if isinstance(exc, MeasurementError) else None
+        if window is not None:  # a window stopped early: what it recorded is kept
+            tracker.log_file(run_id, _write_requests(out_dir / point.label, window))
+            tracker.set_tags(run_id, {"window.stopped": message})
         return PointOutcome(point.hash, run_id, error=message)
-    point_dir = out_dir / point.label
-    point_dir.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame([r.as_row() for r in measurement.window.records]).to_csv(point_dir / "requests.csv", index=False)
+    point_dir = _write_requests(out_dir / point.label, measurement.window).parent
     metrics = _metrics(measurement, point.job.spec.k, server.startup_s if first else None)
     rss = server.rss_mib()
     if rss is not None:
@@ -258,8 +310,11 @@ def _measure_point(
     nice = server.niceness()
     if nice is not None:
         metrics["server_niceness"] = float(nice)
+    # On disk first: whatever happens to MLflow, the measurement is in the sweep's outputs.
+    (point_dir / "summary.json").write_text(json.dumps(metrics, indent=2, default=str))
+    (point_dir / "config.json").write_text(json.dumps(flatten_params(point.job), indent=2))
     tracker.log_metrics(run_id, metrics)
-    tracker.log_json(run_id, metrics, "summary.json")
+    tracker.log_file(run_id, point_dir / "summary.json")
     tracker.log_file(run_id, point_dir / "requests.csv")
     source = "sglang-per-request" if measurement.sglang and measurement.sglang.window_length else None
     tags = {"acceptance.source": source or measurement.acceptance.source}
@@ -271,7 +326,13 @@ def _measure_point(
     return PointOutcome(point.hash, run_id, metrics)
 
 
-def _finish_run(tracker: Tracker, outcome: PointOutcome, out_dir: Path, interrupted: bool) -> None:
+def _write_requests(folder: Path, window: Window) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame([r.as_row() for r in window.records]).to_csv(folder / "requests.csv", index=False)
+    return folder / "requests.csv"
+
+
+def _finish_run(tracker: JournaledTracker, outcome: PointOutcome, out_dir: Path, interrupted: bool) -> None:
     assert outcome.run_id is not None
     tracker.log_file(outcome.run_id, out_dir / "server_command.txt")
     tracker.log_file(outcome.run_id, out_dir / "server.log")

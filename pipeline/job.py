@@ -95,4 +95,5 @@ def server_spec(target: Target, job: JobConfig, log_path: Path, port: int | None
         log_path=log_path,
         startup_timeout_s=job.engine.startup_timeout_s,
         env=launch.env,
+        env_from=tuple(job.engine.env_from),
     )

@@ -80,6 +80,30 @@ class Window:
     # SIGINT handler, and thousands of records took ~0.15 s to format.
     records: tuple[RequestRecord, ...] = field(repr=False)
     duration_s: float = 0.0  # from the window start to the last response's end
+    stopped: str | None = None  # why the window was cut short (a StopRule), if it was
+
+
+@dataclass(frozen=True)
+class StopRule:
+    """When a window stops before its last request ends, as GuideLLM's constraints stop a
+    benchmark: a window deadline (a server that hangs), or too many errors (a server that
+    fails), instead of spending the window's full length on nothing."""
+
+    deadline_s: float | None = None  # from the window start
+    max_error_rate: float | None = None  # errors / finished requests, once min_requests finished
+    min_requests: int = 10
+
+    def check(self, finished: int, errors: int) -> str | None:
+        if self.max_error_rate is not None and finished >= self.min_requests:
+            if errors / finished > self.max_error_rate:
+                return (f"{errors} of the first {finished} requests failed, more than "
+                        f"load.max_error_rate={self.max_error_rate:g}")  # fmt: skip
+        return None
+
+
+def _unfinished(req: Request, due: float, reason: str) -> RequestRecord:
+    return RequestRecord(index=req.index, category=req.category, scheduled_s=due, sent_s=due,
+                         error=f"not finished: the window stopped ({reason})")  # fmt: skip
 
 
 async def _run(
@@ -89,8 +113,13 @@ async def _run(
     on_done: Callable[[RequestRecord], None],
     start_at: Callable[[], float] = clock,
     max_concurrency: int | None = None,
+    stop: StopRule | None = None,
 ) -> Window:
     """``start_at`` returns the window's time origin once the client is ready to send."""
+    stop = stop or StopRule()
+    counts = [0, 0]  # finished, errors
+    stopped = asyncio.Event()
+    reason: list[str] = []
     slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     # No pool limit: an open-loop client must never queue requests behind its own sockets.
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None)
@@ -111,11 +140,27 @@ async def _run(
                 async with slots:
                     record = await send(client, req, opts, due, start, queued_s=clock() - queued_from)
             on_done(record)
+            counts[0] += 1
+            counts[1] += 0 if record.ok else 1
+            if not reason and (why := stop.check(*counts)):
+                reason.append(why)
+                stopped.set()
             return record
 
-        records = await asyncio.gather(*(one(r, d) for r, d in zip(requests, offsets, strict=True)))
+        tasks = [asyncio.ensure_future(one(r, d)) for r, d in zip(requests, offsets, strict=True)]
+        everything = asyncio.ensure_future(asyncio.wait(tasks))
+        halt = asyncio.ensure_future(stopped.wait())
+        await asyncio.wait([everything, halt], timeout=stop.deadline_s, return_when=asyncio.FIRST_COMPLETED)
+        if not everything.done() and not reason:
+            reason.append(f"the window deadline of {stop.deadline_s:g} s passed with "
+                          f"{sum(not t.done() for t in tasks)} request(s) unfinished")  # fmt: skip
+        for task in (*tasks, everything, halt):
+            task.cancel()
+        await asyncio.gather(*tasks, everything, halt, return_exceptions=True)
         duration = clock() - start
-    return Window(records=tuple(records), duration_s=duration)
+        records = [t.result() if t.done() and not t.cancelled() else _unfinished(r, d, reason[0])
+                   for t, r, d in zip(tasks, requests, offsets, strict=True)]  # fmt: skip
+    return Window(records=tuple(records), duration_s=duration, stopped=reason[0] if reason else None)
 
 
 async def _prime(client: aiohttp.ClientSession, opts: ClientOptions) -> None:
@@ -172,10 +217,13 @@ def run_window(
     *,
     max_concurrency: int | None = None,
     workers: int = 1,
+    stop: StopRule | None = None,
 ) -> Window:
-    """Run one measured window to completion; every request ends within its timeout."""
+    """Run one measured window to its end, or until ``stop`` cuts it short; every request
+    ends within its timeout."""
     if workers <= 1:
-        return _event_loop_run(_run(requests, offsets, opts, on_done, max_concurrency=max_concurrency))
+        return _event_loop_run(_run(requests, offsets, opts, on_done, max_concurrency=max_concurrency, stop=stop))
+    stop = stop or StopRule()
     if max_concurrency is not None:
         # Per-worker caps are not one global cap (config validation says so to users).
         raise ValueError("max_concurrency needs a single client worker")
@@ -191,6 +239,7 @@ def run_window(
     ]
     for proc in procs:
         proc.start()
+    reason: str | None = None
     try:
         _await_ready(ready, procs)
         t0 = clock() + 0.05
@@ -198,9 +247,12 @@ def run_window(
             go.put(t0)
         records: list[RequestRecord] = []
         finished = 0
-        while finished < len(procs):
+        while finished < len(procs) and reason is None:
+            if stop.deadline_s is not None and clock() - t0 > stop.deadline_s:
+                reason = f"the window deadline of {stop.deadline_s:g} s passed"
+                break
             try:
-                item = out.get(timeout=1.0)
+                item = out.get(timeout=0.2)
             except queue.Empty:
                 if not any(p.is_alive() for p in procs):
                     raise RuntimeError("a load-generator worker died; see its output above") from None
@@ -210,10 +262,19 @@ def run_window(
             else:
                 records.append(item)
                 on_done(item)
+                reason = stop.check(len(records), sum(not r.ok for r in records))
         duration = clock() - t0
+        if reason is not None:  # the workers are stopped below; what they had not finished is marked
+            seen = {r.index for r in records}
+            records += [
+                _unfinished(r, d, reason) for r, d in zip(requests, offsets, strict=True) if r.index not in seen
+            ]
     finally:
+        if reason is not None:
+            for proc in procs:
+                proc.kill()
         for proc in procs:
             proc.join(timeout=10)
             if proc.is_alive():
                 proc.kill()
-    return Window(records=tuple(sorted(records, key=lambda r: r.index)), duration_s=duration)
+    return Window(records=tuple(sorted(records, key=lambda r: r.index)), duration_s=duration, stopped=reason)

@@ -26,13 +26,20 @@ from pipeline.acceptance import (
 )
 from pipeline.client import ClientOptions, RequestRecord
 from pipeline.config import JobConfig, LoadConfig
-from pipeline.loadgen import Window, run_window
+from pipeline.loadgen import StopRule, Window, run_window
 from pipeline.metrics import summarize
 from pipeline.workloads import Request
 
 
 class MeasurementError(RuntimeError):
-    pass
+    """A window that cannot be measured; ``window`` holds what it recorded, if it ran."""
+
+    def __init__(self, message: str, window: Window | None = None) -> None:
+        super().__init__(message)
+        self.window = window
+
+
+WINDOW_STOPPED = "window stopped early: "
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,13 @@ def reset_prefix_cache(base_url: str, engine: str = "vllm") -> None:
         raise MeasurementError(f"POST {path} answered {response.status_code}; {hint}, or set engine.prefix_cache=off")
 
 
+def resets_cache(job: JobConfig) -> bool:
+    """Whether each window empties the prefix cache first: vLLM's reset needs its dev mode,
+    which a server other hosts can reach runs without (engine.allow_remote)."""
+    engine = job.engine
+    return engine.prefix_cache != "off" and not (engine.allow_remote and engine.name == "vllm")
+
+
 def fill_prefix_cache(requests: Sequence[Request], opts: ClientOptions) -> None:
     """Send the window's prompts once, unmeasured. One output token each is enough: a
     later request reuses the cached blocks of its prompt, never of an earlier answer."""
@@ -101,9 +115,11 @@ def _progress_run(
             elapsed = max(time.perf_counter() - started, 1e-9)
             progress.update(task, advance=1, errors=errors, tps=tokens / elapsed)
 
+        stop = StopRule(deadline_s=load.window_timeout_s, max_error_rate=load.max_error_rate)
         return run_window(
-            requests, offsets, opts, on_done, max_concurrency=load.max_concurrency, workers=load.client_workers
-        )
+            requests, offsets, opts, on_done, max_concurrency=load.max_concurrency, workers=load.client_workers,
+            stop=stop,
+        )  # fmt: skip
 
 
 def measure(
@@ -128,12 +144,14 @@ def measure(
         record = run_window([request], [0.0], opts).records[0]
         if not record.ok:
             raise MeasurementError(f"warm-up request failed, so the server cannot be measured: {record.error}")
-    if job.engine.prefix_cache != "off":
+    if resets_cache(job):
         reset_prefix_cache(base_url, job.engine.name)
     if job.engine.prefix_cache == "warm":
         fill_prefix_cache(requests, opts)
     before = scrape(base_url)
     window = _progress_run(label, requests, offsets, opts, job.load)
+    if window.stopped:
+        raise MeasurementError(WINDOW_STOPPED + window.stopped, window)
     after = scrape(base_url)
     sglang = None
     if job.engine.name == "sglang":

@@ -26,7 +26,9 @@ _VOLATILE = ("output_dir", *SWEEP_LEVEL)
 # What a server's command line is made of; everything else (load, workload, SLOs) is per point.
 # replica tells an A/A twin from its original; repeat joins them with repeats.restart=true
 # (otherwise repeats share a server and vary only the prompts and arrivals).
-_SLO_DECISION = ("percentile", "min_goodput")
+_NOT_MEASURED = (("slo", "percentile"), ("slo", "min_goodput"), ("load", "max_error_rate"),
+                 ("load", "window_timeout_s"), ("engine", "restart_on_crash"))  # fmt: skip
+_NEWER = (("engine", "allow_remote", False), ("engine", "env_from", []))
 _SERVER_KEYS = ("engine", "model", "spec", "seed", "replica")
 
 # Rough costs, measured with the embedded 135M model on 2 cores: eager CPU servers start in
@@ -50,9 +52,13 @@ def point_hash(job: JobConfig) -> str:
     point = dataclasses.asdict(job)
     for volatile in _VOLATILE:
         point.pop(volatile)
-    # How capacity decides (percentile, share of good requests) is not what a window measures.
-    for decision in _SLO_DECISION:
-        point["slo"].pop(decision)
+    # How capacity decides (percentile, share of good requests), and when a window is given up
+    # on, are not what a window measures.
+    for group, key in _NOT_MEASURED:
+        point[group].pop(key)
+    for group, key, default in _NEWER:  # at their defaults, a point hashes as it did before they existed
+        if point[group][key] == default:
+            point[group].pop(key)
     return _digest(point)
 
 

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 import pandas as pd
 
 from pipeline.group import PointOutcome
+from pipeline.measure import resets_cache
 from pipeline.metrics import Comparison, compare
 from pipeline.plan import SweepPlan, point_key, setting_key
 
@@ -53,7 +54,8 @@ def frame(plan: SweepPlan, outcomes: Mapping[str, PointOutcome], ratios: Mapping
                 "repeat": job.repeat,
                 "dtype": job.engine.dtype,
                 "temperature": job.workload.temperature,
-                "prefix_cache": job.engine.prefix_cache,
+                "prefix_cache": job.engine.prefix_cache if resets_cache(job) or job.engine.prefix_cache == "off"
+                else f"{job.engine.prefix_cache}, not emptied first (engine.allow_remote=true: no dev-mode reset)",
                 "baseline_hash": point.baseline_hash or "",
                 "status": status(outcome),
                 "error": (outcome.error or "") if outcome else "",

@@ -65,6 +65,10 @@ def main(cfg: Any) -> Any:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
+    if job.ray.address:
+        print(f"error: ray.address={job.ray.address} joins a cluster for a sweep's server groups, but a single run "
+              "measures in this process; add -m to run it through the Ray launcher", file=sys.stderr)  # fmt: skip
+        sys.exit(EXIT_BAD_INPUT)
     # A single run is a sweep of one point and its baseline, run in this process.
     from pipeline.driver import InProcess, run_sweep
 

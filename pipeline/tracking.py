@@ -27,6 +27,10 @@ from pipeline.redact import MASK, is_secret_name, shell_line
 
 # A progress bar per downloaded artifact buries the report's and the gate's output.
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+# MLflow retries a write to an unreachable server for minutes by default; a sweep journals the
+# write instead (pipeline/journal.py) and keeps measuring, so a few seconds of retries do.
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
 
 DB_NAME = "mlflow.db"
 # On a point the regression gate re-measured: the run id it confirms. Such runs are not the
@@ -50,14 +54,31 @@ def resolve_store(tracking: TrackingConfig, project_root: Path) -> Store:
 
 def prepare(store: Store, experiment: str) -> str:
     """Create the store (migrations run here, once) and the experiment; return its id."""
-    if store.tracking_uri.startswith("sqlite:///"):
-        Path(store.tracking_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    if not store.tracking_uri.startswith("sqlite:///"):
+        return _prepare(store, experiment)
+    from filelock import FileLock
+
+    database = Path(store.tracking_uri.removeprefix("sqlite:///"))
+    database.parent.mkdir(parents=True, exist_ok=True)
+    # Two sweeps started together on a new store would both run MLflow's first migration and
+    # one would fail on the other's tables: the first creates the store, the second waits.
+    with FileLock(str(database) + ".lock", timeout=300):
+        return _prepare(store, experiment)
+
+
+def _prepare(store: Store, experiment: str) -> str:
     mlflow.set_tracking_uri(store.tracking_uri)
     client = MlflowClient(store.tracking_uri)
     found = client.get_experiment_by_name(experiment)
     if found is not None:
         return found.experiment_id
-    return client.create_experiment(experiment, artifact_location=store.artifact_root)
+    try:
+        return client.create_experiment(experiment, artifact_location=store.artifact_root)
+    except mlflow.exceptions.MlflowException:  # created meanwhile by a sweep on a tracking server
+        found = client.get_experiment_by_name(experiment)
+        if found is None:
+            raise
+        return found.experiment_id
 
 
 def flatten_params(job: JobConfig) -> dict[str, str]:

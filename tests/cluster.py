@@ -149,11 +149,12 @@ class TrackingServer:
 
 
 @contextmanager
-def mlflow_server(root: Path) -> Iterator[TrackingServer]:
-    """``mlflow server`` with a SQLite store and proxied artifacts, as the README starts it."""
+def mlflow_server(root: Path, port: int | None = None) -> Iterator[TrackingServer]:
+    """``mlflow server`` with a SQLite store and proxied artifacts, as the README starts it
+    (``port``: the same one again, to restart a server that a test stopped)."""
     root.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    log = (root / "server.log").open("w")
+    port = port or free_port()
+    log = (root / "server.log").open("a")
     proc = subprocess.Popen(
         [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
          "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "artifacts"),

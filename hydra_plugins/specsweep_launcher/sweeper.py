@@ -61,8 +61,6 @@ class SpecsweepSweeper(BasicSweeper):
         overrides = OverridesParser.create(config_loader=loader).parse_overrides(self._parse_config() + arguments)
         grid = self.split_arguments(overrides, None)[0]
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         try:
             jobs = []
             for point in grid:
@@ -73,6 +71,8 @@ class SpecsweepSweeper(BasicSweeper):
         except ConfigError as exc:
             print(f"error: {exc}", file=sys.stderr)
             sys.exit(EXIT_BAD_INPUT)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")  # a refused config is never written
         code = run_sweep(jobs, HydraLaunch(self.launcher, sweep_dir), Path.cwd())
         if code:
             sys.exit(code)

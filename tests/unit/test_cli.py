@@ -16,25 +16,6 @@ def _sweep(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("overrides", "message"),
-    [
-        (["spec.method=lookahead"], "choose one of: none, ngram, draft"),
-        (["spec.k=0"], "spec.k=0 is not valid"),
-        (["spec=draft", "spec.draft_model=null"], "needs spec.draft_model"),
-        (["load.request_rate=0"], "load.request_rate=0"),
-        (["model.id=/no/such/model"], "model path /no/such/model does not exist"),
-        (["spec=draft", "spec.draft_model=./missing-draft"], "does not exist"),
-        (["engine.python=/no/such/python"], "engine.python=/no/such/python does not exist"),
-    ],
-)
-def test_bad_input_exits_2_without_starting_a_server(tmp_path: Path, overrides: list[str], message: str) -> None:
-    proc = _sweep(tmp_path, *overrides)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert message in proc.stderr
-    assert not (tmp_path / "out" / "01-baseline").exists()  # no server was started
-
-
 def test_misspelled_key_is_refused_by_hydra(tmp_path: Path) -> None:
     proc = _sweep(tmp_path, "spec.kk=3")
     assert proc.returncode != 0 and "spec.kk" in proc.stderr
@@ -44,16 +25,16 @@ def test_dry_run_prints_exact_commands_and_starts_nothing(tmp_path: Path) -> Non
     cache = tmp_path / "cache"
     proc = subprocess.run(
         [sys.executable, "-m", "pipeline.sweep", f"hydra.run.dir={tmp_path}/out", "dry_run=true",
-         "spec.k=5", "+engine.env.HF_TOKEN=hf_secret_value"],
+         "spec.k=5", "engine.env_from=[HF_TOKEN]"],
         cwd=tmp_path, capture_output=True, text=True, timeout=120,
-        env={**__import__("os").environ, "SPECSWEEP_CACHE": str(cache)},
+        env={**__import__("os").environ, "SPECSWEEP_CACHE": str(cache), "HF_TOKEN": "hf_secret_value"},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     assert "server 1/2 baseline" in out and "server 2/2 speculative (ngram k=5)" in out
     assert '"num_speculative_tokens":5' in out and "--port <free port>" in out
     assert "vllm.entrypoints.openai.api_server" in out and "estimated time" in out
-    assert "hf_secret_value" not in out and "HF_TOKEN=***" in out
+    assert "hf_secret_value" not in out and "HF_TOKEN=<from the environment>" in out
     assert not (cache / "models").exists()  # no model was built
     assert not (tmp_path / "out" / "01-baseline").exists() and not (tmp_path / "mlruns").exists()
 
@@ -80,18 +61,10 @@ def test_multirun_dry_run_plans_one_server_per_k_and_one_baseline(tmp_path: Path
     [
         (["spec.k=3,five"], "spec.k"),  # a sweep value of the wrong type: Hydra names the key
         (["spec.kk=3,5"], "spec.kk"),  # a key that does not exist
-        (["load.request_rate=range(4,1)"], "expands to no jobs"),  # an empty grid
-        (["spec.k=3,0"], "spec.k=0 is not valid"),  # one bad point refuses the whole sweep
-        (["sweep_name=a,b"], "sweep_name is a setting of the whole sweep"),
-        (["tracking.uri=http://127.0.0.1:9"], "does not answer"),
-        (["search=predict"], "search=predict needs at least 2 values of spec.k per method"),
-        (["search=predict", "spec=eagle3", "spec.k=2,3"], "validated for spec.method in ngram, draft only"),
-        (["search=capacity"], "search=capacity needs an SLO to search under"),
-        (["search=capacity", "slo.tpot_ms=50", "load.request_rate=1,2"], "searches the request rate itself"),
-        (["search=bisect"], "search='bisect' is not valid"),
+        (["tracking.uri=http://127.0.0.1:9"], "does not answer"),  # infrastructure (exit 4), not input
     ],
 )
-def test_multirun_bad_input_fails_before_any_server_starts(tmp_path: Path, overrides: list[str], message: str) -> None:
+def test_multirun_refusals_outside_the_input_table(tmp_path: Path, overrides: list[str], message: str) -> None:
     proc = _multirun(tmp_path, "spec.k=3", *overrides)
     assert proc.returncode != 0, proc.stdout[-2000:]
     assert message in proc.stderr, proc.stderr[-3000:]

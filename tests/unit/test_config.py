@@ -148,3 +148,28 @@ def test_concurrency_cap_with_several_client_workers_is_refused() -> None:
     job = dataclasses.replace(JobConfig(), load=LoadConfig(max_concurrency=4, client_workers=2))
     with pytest.raises(ConfigError, match="load.client_workers=1"):
         validate(job)
+
+
+def test_a_server_other_hosts_can_reach_must_be_asked_for_and_then_skips_the_dev_mode_reset() -> None:
+    import dataclasses
+
+    from pipeline.config import EngineConfig, JobConfig, is_loopback, validate
+    from pipeline.measure import resets_cache
+
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
+    assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3") and not is_loopback("node-7")
+    exposed = dataclasses.replace(JobConfig(), engine=EngineConfig(host="0.0.0.0"))
+    with pytest.raises(ConfigError, match="engine.allow_remote=true"):
+        validate(exposed)
+    allowed = dataclasses.replace(exposed, engine=EngineConfig(host="0.0.0.0", allow_remote=True))
+    validate(allowed)
+    assert resets_cache(JobConfig()) and not resets_cache(allowed)
+
+
+def test_new_settings_at_their_defaults_leave_every_point_hash_as_it_was() -> None:
+    # Resume and the regression gate's history key on point hashes: the settings added for
+    # faults and searches must not orphan every stored run.
+    from pipeline.config import JobConfig
+    from pipeline.plan import point_hash
+
+    assert point_hash(JobConfig()) == "04402450571add93"

@@ -131,3 +131,82 @@ def test_niceness_is_the_servers_own(tmp_path: Path) -> None:
     with EngineServer(niced, poll_s=0.05) as server:
         assert server.niceness() == os.getpriority(os.PRIO_PROCESS, 0) + 7
     assert server.niceness() is None
+
+
+# The parent that starts the server, SIGKILLed by the test: nothing may outlive it.
+PARENT = textwrap.dedent(
+    """
+    import json, sys, time
+    from pathlib import Path
+    from pipeline.engines.base import EngineServer, ServerSpec
+    spec = ServerSpec(**{**json.loads(sys.argv[1]), "log_path": Path(sys.argv[2])})
+    with EngineServer(spec, poll_s=0.05, grace_s=2) as server:
+        print(server.pid, flush=True)
+        time.sleep(600)
+    """
+)
+
+
+def test_sigkill_of_the_parent_stops_the_server_and_its_children(tmp_path: Path) -> None:
+    import json
+    import signal
+    import subprocess
+
+    child_file = tmp_path / "child.pid"
+    spec = _spec(tmp_path, ["0", str(child_file)])
+    fields = {k: v for k, v in spec.__dict__.items() if k != "log_path"}
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, json.dumps(fields), str(spec.log_path)],
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert parent.stdout is not None
+    watchdog = int(parent.stdout.readline())  # the server is ready
+    grandchild = int(child_file.read_text())
+    assert _alive(watchdog) and _alive(grandchild)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    assert _wait_gone(grandchild, 15) and _wait_gone(watchdog, 15)
+
+
+def test_watchdog_passes_on_the_servers_exit_code(tmp_path: Path) -> None:
+    import subprocess
+
+    command = [sys.executable, "-m", "pipeline.engines.watchdog", "--parent", str(os.getpid()), "--",
+               sys.executable, "-c", "import sys; sys.exit(3)"]  # fmt: skip
+    assert subprocess.run(command, timeout=30).returncode == 3
+
+
+PORT_TAKER = textwrap.dedent(
+    """
+    import http.server, sys
+    port = int(sys.argv[sys.argv.index("--port") + 1])
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200); self.end_headers()
+        def log_message(self, *a): pass
+    http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()  # OSError: [Errno 98] Address already in use
+    """
+)
+
+
+def test_a_port_taken_before_the_server_binds_it_is_retried_on_a_new_port(tmp_path: Path) -> None:
+    import socket
+
+    script = tmp_path / "taker.py"
+    script.write_text(PORT_TAKER)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        spec = ServerSpec("fake", "0", (sys.executable, str(script), "--port", str(taken)), "127.0.0.1", taken,
+                          tmp_path / "server.log", 30.0)  # fmt: skip
+        with EngineServer(spec, poll_s=0.05) as server:
+            assert server.spec.port != taken and server.base_url.endswith(f":{server.spec.port}")
+        assert "Address already in use" in spec.log_path.read_text()
+
+
+def test_other_start_failures_are_not_retried(tmp_path: Path) -> None:
+    spec = ServerSpec("fake", "0", (sys.executable, "-c", "import sys; print('bad flag'); sys.exit(2)", "--port", "1"),
+                      "127.0.0.1", 1, tmp_path / "server.log", 30.0)  # fmt: skip
+    with pytest.raises(ServerError, match="exited with code 2"):
+        with EngineServer(spec, poll_s=0.05):
+            pass
+    assert spec.log_path.read_text().count("bad flag") == 1  # one start only

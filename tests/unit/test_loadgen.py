@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from pipeline.client import ClientOptions, RequestRecord
-from pipeline.loadgen import arrival_offsets, arrivals_within, run_window
+from pipeline.loadgen import StopRule, arrival_offsets, arrivals_within, run_window
 from pipeline.metrics import client_health
 from pipeline.workloads import Request
 from tests.fakes import FakeServer, chat_script
@@ -87,3 +87,40 @@ def test_client_health_reports_lateness_and_achieved_rate() -> None:
     assert health["send_lateness_p50_ms"] == pytest.approx(2.0)
     assert health["send_lateness_max_ms"] == pytest.approx(12.0)
     assert health["send_lateness_p50_ms"] <= health["send_lateness_p99_ms"] <= health["send_lateness_max_ms"]
+
+
+# ---- windows that stop early --------------------------------------------------------------
+
+
+def test_a_window_with_too_many_errors_stops_after_the_minimum_and_says_why() -> None:
+    from tests.fakes import Script
+
+    failing = Script(status=500)
+    offsets = [i * 0.02 for i in range(40)]
+    with FakeServer(lambda body: failing) as url:
+        window = run_window(_requests(40), offsets, ClientOptions(base_url=url, model="m"),
+                            stop=StopRule(max_error_rate=0.5, min_requests=10))  # fmt: skip
+    assert window.stopped is not None and "load.max_error_rate=0.5" in window.stopped
+    assert len(window.records) == 40  # every request has a record: answered, or marked not finished
+    unfinished = [r for r in window.records if r.error and r.error.startswith("not finished")]
+    assert unfinished and window.duration_s < 40 * 0.02  # it did not wait for the schedule's end
+
+
+def test_errors_under_the_rate_let_the_window_run_to_its_end() -> None:
+    from tests.fakes import Script
+
+    good = chat_script(["a"], 1)
+    with FakeServer(lambda body: Script(status=500) if body["messages"][0]["content"] == "p3" else good) as url:
+        window = run_window(_requests(20), [0.0] * 20, ClientOptions(base_url=url, model="m"),
+                            stop=StopRule(max_error_rate=0.5))  # fmt: skip
+    assert window.stopped is None and sum(not r.ok for r in window.records) == 1
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_hung_server_ends_the_window_at_its_deadline(workers: int) -> None:
+    hang = chat_script(["a"], 1, first_s=30.0)
+    with FakeServer(lambda body: hang) as url:
+        window = run_window(_requests(4), [0.0] * 4, ClientOptions(base_url=url, model="m"), workers=workers,
+                            stop=StopRule(deadline_s=1.0))  # fmt: skip
+    assert window.stopped is not None and "deadline of 1 s" in window.stopped
+    assert [r.index for r in window.records] == [0, 1, 2, 3] and not any(r.ok for r in window.records)

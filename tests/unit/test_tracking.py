@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 
 import mlflow
@@ -92,3 +93,24 @@ def test_sweep_reader_finds_the_newest_sweep_run_of_an_experiment(tmp_path: Path
     with pytest.raises(TrackingError, match="neither an experiment"):
         reader.find_parent("no-such-sweep")
     assert reader.download(new, "summary.csv", tmp_path / "d") is None
+
+
+def test_two_sweeps_creating_one_new_store_at_once_both_succeed(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    # Each process waits for the same moment, then creates the store and its own experiment.
+    script = (
+        "import sys, time; from pathlib import Path\n"
+        "from pipeline.config import TrackingConfig\n"
+        "from pipeline.tracking import prepare, resolve_store\n"
+        "store = resolve_store(TrackingConfig(), Path(sys.argv[1]))\n"
+        "time.sleep(max(0.0, float(sys.argv[2]) - time.time()))\n"
+        "print(prepare(store, sys.argv[3]))\n"
+    )
+    start = str(time.time() + 3)
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(tmp_path), start, name], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for name in ("sweep-a", "sweep-b")]  # fmt: skip
+    results = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in results]
+    assert len({out.strip() for out, _ in results}) == 2  # two experiments in one store

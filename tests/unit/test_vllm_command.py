@@ -167,7 +167,8 @@ def test_cpu_machine_with_cuda_build_is_refused() -> None:
         vllm.validate_engine(EngineConfig(), _install(dist="vllm"), on_gpu=False)
 
 
-def test_dev_mode_reset_refused_off_loopback() -> None:
-    with pytest.raises(ConfigError, match="engine.host=0.0.0.0"):
-        vllm.validate_engine(EngineConfig(host="0.0.0.0"), _install(), on_gpu=False)
-    vllm.validate_engine(EngineConfig(host="0.0.0.0", prefix_cache="off"), _install(), on_gpu=False)
+def test_a_server_other_hosts_can_reach_runs_without_dev_mode() -> None:
+    # engine.host off loopback needs engine.allow_remote (pipeline.config); dev mode is then off.
+    plan = _launch(SpecConfig(method="none", k=0), host="0.0.0.0", allow_remote=True)
+    assert "VLLM_SERVER_DEV_MODE" not in plan.env
+    assert plan.command[plan.command.index("--host") + 1] == "0.0.0.0"

@@ -1,0 +1,123 @@
+"""A server's watchdog: the server never outlives the process that started it.
+
+    python -m pipeline.engines.watchdog --parent PID [--grace S] -- COMMAND...
+
+:class:`~pipeline.engines.base.EngineServer` starts this in a new session instead of the server
+itself; the watchdog is the group's leader, and it starts COMMAND (the server) in its own group.
+When the parent dies, by SIGKILL too, the kernel sends the watchdog SIGTERM
+(``PR_SET_PDEATHSIG``, set on itself here, so that no ``preexec_fn`` runs in a forking parent
+with threads), and a once-a-second check of ``getppid()`` catches the rest (a parent thread that
+exits, a kernel without the call). Either way the watchdog signals the whole group: SIGTERM, then
+SIGKILL after ``--grace`` seconds, and exits. A server that exits by itself ends the watchdog with
+the server's exit code, after whatever the server left in the group is stopped.
+
+Why a process and not ``setpriv --pdeathsig``: it works wherever Python does (no util-linux
+version needed), it catches what a death signal misses, and it cleans up the server's children
+(vLLM's engine core and workers), which a death signal on the server alone would orphan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the getppid() check below still holds
+        pass
+
+
+def _stop_group(grace_s: float, server: subprocess.Popen[bytes] | None) -> None:
+    """SIGTERM every other process of our group, then SIGKILL what is left after the grace."""
+    pgid = os.getpgrp()
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the group's SIGTERM reaches us too
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and _others(pgid):
+        if server is not None:
+            server.poll()  # reap the server so that it leaves the table
+        time.sleep(0.1)
+    if _others(pgid):
+        for pid in _others(pgid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def live_members(pgid: int) -> list[int]:
+    """Processes of the group that still run (zombies excluded: they have exited)."""
+    members = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            # /proc/PID/stat: "pid (comm) state ppid pgrp ..."; comm may hold spaces.
+            with open(f"/proc/{entry.name}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry.name))
+    return members
+
+
+def _others(pgid: int) -> list[int]:
+    return [pid for pid in live_members(pgid) if pid != os.getpid()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.engines.watchdog", description=__doc__.splitlines()[0])
+    parser.add_argument("--parent", type=int, required=True, help="the pid whose death stops the server")
+    parser.add_argument("--grace", type=float, default=20.0, help="seconds between SIGTERM and SIGKILL")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no server command after --")
+    if os.getpgrp() != os.getpid():
+        os.setsid()  # the group it stops must be its own, never its parent's
+    _die_with_parent()
+    if os.getppid() != args.parent:  # the parent died before the death signal was armed
+        return 1
+    stopping = False
+
+    def on_term(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle, through stop()
+    try:
+        server = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+    except OSError as exc:
+        print(f"watchdog: cannot start {command[0]}: {exc}", file=sys.stderr, flush=True)
+        return 127
+    while not stopping:
+        try:
+            code = server.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            if os.getppid() != args.parent:
+                break  # the parent is gone and no death signal came
+            continue
+        _stop_group(args.grace, None)  # the server's children (engine core, workers) too
+        return code
+    _stop_group(args.grace, server)
+    return 128 + signal.SIGTERM
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""Nothing measured is lost when MLflow fails: writes that cannot be made are journaled.
+
+A :class:`JournaledTracker` stands in for :class:`~pipeline.tracking.Tracker`. Each write goes to
+MLflow; the first that fails (the tracking server went away, or errors) starts a journal, a JSON
+line per write, in the sweep's output folder, and from then on every write of that tracker is
+journaled in order, so that a run is never ended before its metrics arrive. A run started while
+MLflow is down gets a placeholder id, and the writes that name it are journaled with it.
+
+:func:`replay` makes the journaled writes once MLflow answers again: at the end of the sweep,
+and from ``python -m pipeline.sync <outputs dir>``. Each journal keeps, beside it, how far it was
+replayed and which real run each placeholder became, so replaying twice makes nothing twice.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+JOURNAL_NAME = "mlflow-journal.jsonl"
+PLACEHOLDER = "pending-"
+WRITES = ("start_run", "end_run", "log_params", "log_metrics", "set_tags", "log_text", "log_json", "log_file",
+          "log_table")  # fmt: skip
+
+
+class JournaledTracker:
+    def __init__(self, tracker: Any, path: Path) -> None:
+        self.tracker = tracker
+        self.path = path
+        self.journaled = 0  # writes in the journal, not in MLflow
+
+    def __getattr__(self, name: str) -> Any:
+        if name in WRITES:
+            return lambda *args: self._write(name, args)
+        return getattr(self.tracker, name)  # reads (finished_points, experiment_id, store) go straight through
+
+    def _write(self, op: str, args: tuple[Any, ...]) -> Any:
+        if not self.journaled:
+            try:
+                return getattr(self.tracker, op)(*args)
+            except Exception as exc:  # noqa: BLE001 - the measurement is safe on disk; MLflow gets it later
+                print(f"MLflow: {op} failed ({type(exc).__name__}: {str(exc)[:300]}); this and every later write "
+                      f"go to {self.path} (the sweep retries them at its end; `python -m pipeline.sync` later)",
+                      file=sys.stderr)  # fmt: skip
+        result = PLACEHOLDER + uuid.uuid4().hex if op == "start_run" else None
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not self.path.exists():
+            header = {"tracking_uri": self.tracker.store.tracking_uri, "experiment_id": self.tracker.experiment_id,
+                      "artifact_root": self.tracker.store.artifact_root}  # fmt: skip
+            self.path.write_text(json.dumps(header) + "\n")
+        with self.path.open("a") as fh:
+            fh.write(json.dumps({"op": op, "args": _encode(op, args), "result": result}, default=str) + "\n")
+        self.journaled += 1
+        return result
+
+
+def _encode(op: str, args: tuple[Any, ...]) -> list[Any]:
+    values = list(args)
+    if op == "log_file":  # the file must still be there to replay: name it absolutely
+        values[1] = str(Path(values[1]).resolve())
+    if op == "log_table":
+        values[1] = values[1].to_dict(orient="split")
+    return values
+
+
+def _decode(op: str, args: list[Any]) -> list[Any]:
+    if op == "log_file":
+        args[1] = Path(args[1])
+    if op == "log_table":
+        args[1] = pd.DataFrame(**args[1])
+    return args
+
+
+def journals(folder: Path) -> list[Path]:
+    """The journals under a sweep's outputs; a driver's (the sweep folder's own) after its groups'."""
+    found = sorted(folder.rglob(JOURNAL_NAME))
+    return sorted(found, key=lambda p: len(p.relative_to(folder).parts), reverse=True)
+
+
+def _progress(path: Path) -> dict[str, Any]:
+    done = path.with_suffix(".synced.json")
+    return json.loads(done.read_text()) if done.is_file() else {"done": 0, "ids": {}}
+
+
+def placeholders(paths: Iterable[Path]) -> dict[str, str]:
+    """Placeholder run id -> the run it became, over the journals' replays so far."""
+    ids: dict[str, str] = {}
+    for path in paths:
+        ids.update(_progress(path)["ids"])
+    return ids
+
+
+def replay(paths: Iterable[Path], make_tracker: Any) -> tuple[int, int]:
+    """Make every journaled write not made yet; returns (writes made, writes left). Stops at the
+    first write that fails again, keeping the progress made."""
+    paths = list(paths)
+    ids = placeholders(paths)  # placeholders of one journal can be named in another (a driver's in a worker's)
+    made = left = 0
+    for path in paths:
+        lines = path.read_text().splitlines()
+        header, entries = json.loads(lines[0]), [json.loads(line) for line in lines[1:] if line.strip()]
+        progress = _progress(path)
+        tracker = make_tracker(header)
+        for i, entry in enumerate(entries[progress["done"] :], start=progress["done"]):
+            args = [_real(a, ids) for a in _decode(entry["op"], entry["args"])]
+            try:
+                result = getattr(tracker, entry["op"])(*args)
+            except Exception as exc:  # noqa: BLE001 - still down: keep what was done, say what is left
+                print(f"MLflow: replaying {path} stopped at write {i + 1} of {len(entries)} ({type(exc).__name__}: "
+                      f"{str(exc)[:200]})", file=sys.stderr)  # fmt: skip
+                left += len(entries) - i
+                break
+            if entry["result"]:
+                ids[entry["result"]] = result
+                progress["ids"][entry["result"]] = result
+            progress["done"] = i + 1
+            path.with_suffix(".synced.json").write_text(json.dumps(progress))
+            made += 1
+        else:
+            continue
+        for later in paths[paths.index(path) + 1 :]:
+            left += max(0, len(later.read_text().splitlines()) - 1 - _progress(later)["done"])
+        break
+    return made, left
+
+
+def _real(value: Any, ids: Mapping[str, str]) -> Any:
+    if isinstance(value, str) and value.startswith(PLACEHOLDER):
+        return ids.get(value, value)
+    if isinstance(value, dict):
+        return {k: _real(v, ids) for k, v in value.items()}
+    return value

@@ -1,0 +1,46 @@
+"""``python -m pipeline.sync <outputs dir>``: make the MLflow writes a sweep could not make.
+
+A sweep whose tracking server went away (or errored) goes on measuring and journals every write
+it could not make (pipeline/journal.py); it retries them at its end. What is still left, this
+command makes once the server is back. Running it again makes nothing twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from pipeline.journal import journals, replay
+
+EXIT_LEFT = 4  # the tracking server still does not take the writes
+
+
+def make_tracker(header: dict[str, Any], tracking_uri: str | None = None) -> Any:
+    from pipeline.tracking import Store, Tracker
+
+    return Tracker(Store(tracking_uri or header["tracking_uri"], header.get("artifact_root")), header["experiment_id"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.sync", description=__doc__.splitlines()[0])
+    parser.add_argument("outputs", type=Path, help="a sweep's output folder, or a folder of them (e.g. outputs/)")
+    parser.add_argument("--tracking-uri", help="where to write instead of the store each journal names")
+    args = parser.parse_args(argv)
+    if not args.outputs.is_dir():
+        print(f"error: {args.outputs} is not a folder; give a sweep's output folder, e.g. outputs/default",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    found = journals(args.outputs)
+    if not found:
+        print(f"nothing to sync: no {args.outputs}/**/mlflow-journal.jsonl")
+        return 0
+    made, left = replay(found, lambda header: make_tracker(header, args.tracking_uri))
+    print(f"synced {made} MLflow write(s) from {len(found)} journal(s)"
+          + (f"; {left} still left: is the tracking server up? run this again" if left else ""))  # fmt: skip
+    return EXIT_LEFT if left else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

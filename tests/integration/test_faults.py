@@ -1,0 +1,175 @@
+"""Faults a real engine can be put through on demand: what a cluster does to a sweep.
+
+SIGKILL cannot be caught, so no ``finally`` stops the server: the watchdog between the job and
+its server (pipeline/engines/watchdog.py) must.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import vllm_server_pids
+
+pytestmark = pytest.mark.integration
+
+SMALL = ["engine.dtype=float32", "load.num_requests=40", "load.request_rate=1", "load.warmup_requests=1",
+         "workload.max_tokens=32", "lossless.prompts=0"]  # fmt: skip
+
+
+def _start_until_serving(args: list[str], cwd: Path) -> tuple[subprocess.Popen[str], list[str]]:
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.sweep", *args], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    assert proc.stdout is not None
+    seen: list[str] = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "server ready" in line:
+            return proc, seen
+    raise AssertionError("the server never became ready:\n" + "".join(seen[-30:]))
+
+
+def _gone_within(pids: set[int], seconds: float) -> set[int]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        left = pids & vllm_server_pids()
+        if not left:
+            return set()
+        time.sleep(0.5)
+    return pids & vllm_server_pids()
+
+
+def test_sigkill_of_the_driver_stops_its_server(tmp_path: Path) -> None:
+    before = vllm_server_pids()
+    proc, _ = _start_until_serving([f"hydra.run.dir={tmp_path}/out", "spec=none", "sweep_name=kill9", *SMALL], tmp_path)
+    serving = vllm_server_pids() - before
+    assert serving, "expected the server's processes (API server, engine core) to run"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    left = _gone_within(serving, 60)
+    assert not left, f"server processes outlived a SIGKILLed driver: {sorted(left)}"
+
+
+def test_sigkill_of_the_ray_worker_stops_its_server(tmp_path: Path) -> None:
+    before = vllm_server_pids()
+    proc, seen = _start_until_serving(["-m", f"hydra.sweep.dir={tmp_path}/multi", "spec=none", "sweep_name=kill9ray",
+                                       *SMALL], tmp_path)  # fmt: skip
+    try:
+        worker = next(int(m.group(1)) for line in seen if (m := re.search(r"_job_in_worker pid=(\d+)", line)))
+        serving = vllm_server_pids() - before
+        assert serving
+        subprocess.run(["kill", "-9", str(worker)], check=True)
+        left = _gone_within(serving, 60)
+        assert not left, f"server processes outlived their SIGKILLed Ray worker: {sorted(left)}"
+    finally:
+        proc.send_signal(signal.SIGTERM)  # Ray retries the lost task; this test is done with it
+        proc.communicate(timeout=180)
+    assert not vllm_server_pids() - before, "a server outlived the sweep"
+
+
+def _engine_cores(before: set[int]) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", "VLLM::EngineCore"], capture_output=True, text=True).stdout
+    return sorted(int(p) for p in out.split() if int(p) not in before)
+
+
+def _fault_sweep(tmp_path: Path, name: str, fault: signal.Signals, *extra: str) -> tuple[str, list]:
+    """A baseline server with two rates; ``fault`` hits its engine core during the first window."""
+    from mlflow.tracking import MlflowClient
+
+    before = vllm_server_pids()
+    args = ["-m", f"hydra.sweep.dir={tmp_path}/multi", "hydra/launcher=basic", "spec=none", f"sweep_name={name}",
+            "load.request_rate=1,2", "load.num_requests=16",
+            *[a for a in SMALL if not a.startswith(("load.request_rate", "load.num_requests"))], *extra]  # fmt: skip
+    proc, seen = _start_until_serving(args, tmp_path)
+    cores = _engine_cores(before)
+    assert cores, "no engine core process found"
+    time.sleep(6)  # the warm-up request, then a few seconds into the first window (16 s long)
+    for pid in cores:
+        subprocess.run(["kill", f"-{fault.name.removeprefix('SIG')}", str(pid)], check=True)
+    out, _ = proc.communicate(timeout=600)
+    assert not vllm_server_pids() - before, "a server outlived the sweep"
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    experiment = client.get_experiment_by_name(name)
+    assert experiment is not None
+    return "".join(seen) + out + f"\nexit code {proc.returncode}", client.search_runs([experiment.experiment_id])
+
+
+def test_an_engine_killed_mid_window_fails_that_point_and_is_restarted_for_the_next(tmp_path: Path) -> None:
+    log, runs = _fault_sweep(tmp_path, "crash", signal.SIGKILL)
+    assert log.endswith("exit code 3"), log[-3000:]  # a failed point
+    (parent,) = [r for r in runs if r.data.tags.get("role") == "sweep"]
+    points = {r.info.run_name: r for r in runs if r.data.tags.get("role") == "baseline"}
+    assert parent.data.metrics["server_restarts"] == 1
+    crashed, after = points["baseline-r1"], points["baseline-r2"]
+    assert crashed.info.status == "FAILED" and "server.fault" in crashed.data.tags
+    assert "--- last lines of the server log ---" in crashed.data.tags["error"]
+    assert after.info.status == "FINISHED" and after.data.tags["server.restarts_before"] == "1"
+    assert after.data.metrics["completed"] > 0
+
+
+def test_an_engine_that_hangs_mid_window_hits_the_window_deadline_and_is_restarted(tmp_path: Path) -> None:
+    log, runs = _fault_sweep(tmp_path, "hang", signal.SIGSTOP, "load.window_timeout_s=25")
+    assert log.endswith("exit code 3"), log[-3000:]
+    points = {r.info.run_name: r for r in runs if r.data.tags.get("role") == "baseline"}
+    hung = points["baseline-r1"]
+    assert hung.info.status == "FAILED" and "stopped answering" in hung.data.tags["server.fault"]
+    assert "the window deadline of 25 s passed" in hung.data.tags["window.stopped"]
+    assert points["baseline-r2"].info.status == "FINISHED"
+
+
+def test_a_tracking_server_gone_mid_sweep_loses_no_measurement(tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from tests.cluster import free_port, mlflow_server
+
+    before = vllm_server_pids()
+    root, port = tmp_path / "mlflow", free_port()
+    first = mlflow_server(root, port)
+    server = first.__enter__()
+    args = ["-m", f"hydra.sweep.dir={tmp_path}/multi", "hydra/launcher=basic", "spec.k=3", f"tracking.uri={server.uri}",
+            "sweep_name=outage", "load.num_requests=8", "load.request_rate=2",
+            *[a for a in SMALL if not a.startswith(("load.request_rate", "load.num_requests"))]]  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.sweep", *args], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    assert proc.stdout is not None
+    seen = []
+    try:
+        for line in proc.stdout:  # the baseline is measured and recorded; then the server goes away
+            seen.append(line)
+            if "ngram-k3] server ready" in line:
+                break
+    finally:
+        first.__exit__(None, None, None)
+    out = "".join(seen) + proc.communicate(timeout=600)[0]
+    assert proc.returncode == 4, out[-3000:]  # infrastructure: the measurements are kept, MLflow lacks some
+    assert "python -m pipeline.sync" in out and not vllm_server_pids() - before
+    assert list((tmp_path / "multi").rglob("ngram-k3-r2/requests.csv"))  # on disk whatever MLflow did
+
+    with mlflow_server(root, port) as again:
+        sync = [sys.executable, "-m", "pipeline.sync", str(tmp_path / "multi")]
+        done = subprocess.run(sync, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        client = MlflowClient(again.uri)
+        experiment = client.get_experiment_by_name("outage")
+        assert experiment is not None
+        runs = client.search_runs([experiment.experiment_id])
+        children = {r.info.run_name: r for r in runs if r.data.tags.get("role") != "sweep"}
+        assert sorted(children) == ["baseline-r2", "ngram-k3-r2"]  # each point once
+        for run in children.values():
+            assert run.info.status == "FINISHED" and run.data.metrics["completed"] == 8
+            assert "requests.csv" in {a.path for a in client.list_artifacts(run.info.run_id)}
+        assert children["ngram-k3-r2"].data.metrics["speedup_median_tpot"] > 0  # the driver's own writes too
+        (parent,) = [r for r in runs if r.data.tags.get("role") == "sweep"]
+        assert parent.info.status == "FINISHED"
+        again_sync = subprocess.run(sync, capture_output=True, text=True, timeout=300)
+        assert again_sync.returncode == 0 and len(client.search_runs([experiment.experiment_id])) == len(runs)
+        report = subprocess.run([sys.executable, "-m", "pipeline.report", parent.info.run_id, "--tracking-uri",
+                                 again.uri, "--out", str(tmp_path / "report")], capture_output=True, text=True,
+                                timeout=300)  # fmt: skip
+        assert report.returncode == 0, report.stderr[-2000:]

@@ -1,0 +1,125 @@
+"""Every input refusal in one table: each exits 2 before any server starts, naming the fix.
+
+The cases run as the real entry point (``python -m pipeline.sweep``, with ``-m`` where the case is
+a sweep's), two at a time on the machine's two cores, once for the module; each case is then a test
+of its own. A refused secret ("sentinel") must be written nowhere.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+# (id, multirun?, overrides, what the message must say). {tmp} is the case's own folder.
+CASES: list[tuple[str, bool, list[str], str]] = [
+    # the method and its settings
+    ("unknown-method", False, ["spec.method=lookahead"], "choose one of: none, ngram, draft"),
+    ("k-zero", False, ["spec.k=0"], "spec.k=0 is not valid"),
+    ("draft-without-model", False, ["spec=draft", "spec.draft_model=null"], "needs spec.draft_model"),
+    ("ngram-with-draft-model", False, ["spec.draft_model=/m"], "takes no spec.draft_model"),
+    ("aa-with-speculation", False, ["aa=true"], "aa=true compares two servers without speculation"),
+    # models
+    ("missing-model", False, ["model.id=/no/such/model"], "model path /no/such/model does not exist"),
+    ("missing-draft", False, ["spec=draft", "spec.draft_model=./missing-draft"], "does not exist"),
+    # engine options
+    ("missing-python", False, ["engine.python=/no/such/python"], "engine.python=/no/such/python does not exist"),
+    ("dtype", False, ["engine.dtype=int8"], "engine.dtype='int8' is not valid"),
+    ("device", False, ["engine.device=tpu"], "engine.device='tpu' is not valid"),
+    ("prefix-cache", False, ["engine.prefix_cache=lukewarm"], "engine.prefix_cache='lukewarm' is not valid"),
+    ("no-cache-flag", False, ["engine.extra_args=[--no-enable-prefix-caching]"], "set engine.prefix_cache=off"),
+    ("context-too-short", False, ["engine.max_model_len=16"], "leaves no room for workload.max_tokens"),
+    ("generate-on-vllm", False, ["workload.endpoint=generate"], "with engine=vllm use chat or completions"),
+    ("exposed-host", False, ["engine.host=0.0.0.0"], "set engine.allow_remote=true to mean it"),
+    ("secret-in-env", False, ["+engine.env.HF_TOKEN=hf_sentinel"], "pass engine.env_from=[HF_TOKEN] instead"),
+    ("secret-in-args", False, ["engine.extra_args=[--api-key,sk-sentinel]"], "engine.env_from=[VLLM_API_KEY]"),
+    ("env-from-unset", False, ["engine.env_from=[NOT_SET_ANYWHERE_42]"], "export NOT_SET_ANYWHERE_42="),
+    # load
+    ("rate-zero", False, ["load.request_rate=0"], "load.request_rate=0"),
+    ("burstiness", False, ["load.burstiness=0"], "load.burstiness=0.0 must be a positive number"),
+    ("no-requests", False, ["load.num_requests=0"], "load.num_requests=0 must be >= 1"),
+    ("duration", False, ["load.duration_s=-1"], "load.duration_s=-1.0 must be a positive number"),
+    ("concurrency", False, ["load.max_concurrency=0"], "load.max_concurrency=0 must be >= 1"),
+    ("cap-with-workers", False, ["load.max_concurrency=4", "load.client_workers=2"], "set load.client_workers=1"),
+    ("error-rate", False, ["load.max_error_rate=1.5"], "load.max_error_rate=1.5 must lie in [0, 1)"),
+    ("window-timeout", False, ["load.window_timeout_s=0"], "load.window_timeout_s=0.0 must be a positive number"),
+    # workloads and their files
+    ("max-tokens", False, ["workload.max_tokens=0"], "workload.max_tokens=0 must be >= 1"),
+    (
+        "workload-file-missing",
+        False,
+        ["workload=jsonl", "workload.path=/no/such/file"],
+        "workload.path=/no/such/file is not a file",
+    ),  # fmt: skip
+    ("workload-file-malformed", False, ["workload=jsonl", "workload.path={tmp}/bad.jsonl"], "not valid JSON"),
+    ("workload-without-path", False, ["workload=jsonl", "workload.path=null"], "set workload.path=/path/to/file"),
+    # decisions
+    ("confidence", False, ["stats.confidence=1.5"], "stats.confidence=1.5 must lie in (0.5, 1)"),
+    ("repeats", False, ["repeats.count=0"], "repeats.count=0 must be >= 1"),
+    ("slo", False, ["slo.tpot_ms=-5"], "slo.tpot_ms=-5.0 must be > 0 or null"),
+    ("gate-history", False, ["gate.history=0"], "gate.history=0 must be >= 1"),
+    # Ray and tracking
+    ("ray-on-a-single-run", False, ["ray.address=127.0.0.1:6379"], "add -m to run it through the Ray launcher"),
+    ("ray-timeout", False, ["ray.connect_timeout_s=0"], "ray.connect_timeout_s=0.0 must be > 0"),
+    ("ray-resources", False, ["+ray.resources_per_group.GPU=-1"], "must be a positive number"),
+    ("file-store", False, ["tracking.uri=file:///tmp/specsweep-file-store"], "tracking.uri=file:"),
+    # sweeps (-m)
+    ("empty-grid", True, ["load.request_rate=range(4,1)"], "expands to no jobs"),
+    ("one-bad-point", True, ["spec.k=3,0"], "spec.k=0 is not valid"),
+    ("swept-sweep-setting", True, ["sweep_name=a,b"], "sweep_name is a setting of the whole sweep"),
+    ("search-unknown", True, ["search=bisect"], "search='bisect' is not valid"),
+    ("predict-one-k", True, ["search=predict"], "search=predict needs at least 2 values of spec.k per method"),
+    ("predict-method", True, ["search=predict", "spec=eagle3", "spec.k=2,3"], "validated for spec.method in ngram"),
+    ("predict-sampling", True, ["search=predict", "spec.k=2,3", "workload.temperature=0.7"], "greedy decoding only"),
+    ("capacity-no-slo", True, ["search=capacity"], "search=capacity needs an SLO to search under"),
+    (
+        "capacity-rate-grid",
+        True,
+        ["search=capacity", "slo.tpot_ms=50", "load.request_rate=1,2"],
+        "searches the request rate itself",
+    ),  # fmt: skip
+    (
+        "capacity-probes",
+        True,
+        ["search=capacity", "slo.tpot_ms=50", "capacity.max_probes=1"],
+        "capacity.max_probes=1 must be >= 2",
+    ),  # fmt: skip
+]
+
+
+def _run(case: tuple[str, bool, list[str], str], root: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
+    name, multirun, overrides, _ = case
+    folder = root / name
+    folder.mkdir()
+    (folder / "bad.jsonl").write_text('{"prompt": "a"}\n{"prompt": \n')
+    args = [o.replace("{tmp}", str(folder)) for o in overrides]
+    where = [f"hydra.sweep.dir={folder}/multi", "-m"] if multirun else [f"hydra.run.dir={folder}/out"]
+    command = [sys.executable, "-m", "pipeline.sweep", *where, *args]
+    return subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=180), folder
+
+
+@pytest.fixture(scope="module")
+def refusals(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[subprocess.CompletedProcess[str], Path]]:
+    root = tmp_path_factory.mktemp("bad-input")
+    with ThreadPoolExecutor(max_workers=2) as pool:  # two cores: two entry points at a time
+        return dict(zip([c[0] for c in CASES], pool.map(lambda c: _run(c, root), CASES), strict=True))
+
+
+def test_the_table_covers_every_kind_of_input() -> None:
+    assert len(CASES) >= 30 and len({c[0] for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_exits_2_before_any_server_starts_naming_the_fix(
+    case: tuple[str, bool, list[str], str], refusals: dict[str, tuple[subprocess.CompletedProcess[str], Path]]
+) -> None:
+    proc, folder = refusals[case[0]]
+    assert proc.returncode == 2, proc.stdout[-1500:] + proc.stderr[-1500:]
+    assert case[3] in proc.stderr, proc.stderr[-1500:]
+    assert "Traceback" not in proc.stderr
+    assert not list(folder.rglob("server.log")) and not list(folder.rglob("groups"))  # nothing was launched
+    leaked = [f for f in folder.rglob("*") if f.is_file() and f.name != "bad.jsonl" and b"sentinel" in f.read_bytes()]
+    assert not leaked and "sentinel" not in proc.stdout + proc.stderr

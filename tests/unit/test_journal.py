@@ -1,0 +1,97 @@
+"""Writes MLflow could not take are journaled in order and made later, once, on a real store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from mlflow.tracking import MlflowClient
+
+from pipeline import sync
+from pipeline.config import TrackingConfig
+from pipeline.journal import JOURNAL_NAME, JournaledTracker, journals, replay
+from pipeline.tracking import Tracker, prepare, resolve_store
+
+
+class Flaky:
+    """A real tracker that fails every write while ``down``, as an unreachable server does."""
+
+    def __init__(self, tracker: Tracker) -> None:
+        self.tracker, self.down = tracker, False
+        self.store, self.experiment_id = tracker.store, tracker.experiment_id
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        method = getattr(self.tracker, name)
+
+        def call(*args):  # type: ignore[no-untyped-def]
+            if self.down:
+                raise ConnectionError("Connection refused")
+            return method(*args)
+
+        return call
+
+
+def _store(tmp_path: Path) -> tuple[Tracker, MlflowClient]:
+    store = resolve_store(TrackingConfig(), tmp_path)
+    tracker = Tracker(store, prepare(store, "journal"))
+    return tracker, MlflowClient(store.tracking_uri)
+
+
+def test_writes_after_an_outage_are_journaled_in_order_and_replayed_once(tmp_path: Path) -> None:
+    real, client = _store(tmp_path)
+    flaky = Flaky(real)
+    journal = tmp_path / "out" / "01-baseline" / JOURNAL_NAME
+    tracker = JournaledTracker(flaky, journal)
+    parent = tracker.start_run("sweep", {"role": "sweep"})  # MLflow is up: a real run
+    flaky.down = True  # the server goes away mid-sweep
+    child = tracker.start_run("baseline-r1", {"role": "baseline"}, parent)
+    assert child.startswith("pending-") and journal.is_file()
+    tracker.log_metrics(child, {"median_tpot_ms": 41.0})
+    (tmp_path / "requests.csv").write_text("index,ttft_s\n0,0.1\n")
+    tracker.log_file(child, tmp_path / "requests.csv")
+    tracker.log_table(parent, pd.DataFrame({"point": ["baseline-r1"]}), "summary_table.json")
+    tracker.end_run(child)
+    flaky.down = False  # back; the journaled writes still go to the journal, in order
+    tracker.set_tags(child, {"status": "finished"})
+    assert tracker.journaled == 6
+    assert len(client.search_runs([real.experiment_id])) == 1  # only the parent so far
+
+    made, left = replay(journals(tmp_path / "out"), sync.make_tracker)
+    assert (made, left) == (6, 0)
+    runs = {r.info.run_name: r for r in client.search_runs([real.experiment_id])}
+    done = runs["baseline-r1"]
+    assert done.data.tags["mlflow.parentRunId"] == parent and done.data.tags["status"] == "finished"
+    assert done.data.metrics["median_tpot_ms"] == 41.0 and done.info.status == "FINISHED"
+    assert {a.path for a in client.list_artifacts(done.info.run_id)} == {"requests.csv"}
+    assert sync.main([str(tmp_path / "out")]) == 0  # again: nothing made twice
+    assert len(client.search_runs([real.experiment_id])) == 2
+
+
+def test_a_replay_that_fails_again_keeps_its_progress(tmp_path: Path) -> None:
+    real, client = _store(tmp_path)
+    flaky = Flaky(real)
+    flaky.down = True
+    tracker = JournaledTracker(flaky, tmp_path / "out" / JOURNAL_NAME)
+    run = tracker.start_run("baseline-r1", {})
+    tracker.log_metrics(run, {"completed": 6.0})
+    calls = {"n": 0}
+
+    class FailsSecond:
+        def __init__(self, inner: Tracker) -> None:
+            self.inner = inner
+
+        def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise ConnectionError("down again")
+            return getattr(self.inner, name)
+
+    assert replay(journals(tmp_path / "out"), lambda h: FailsSecond(sync.make_tracker(h))) == (1, 1)
+    assert replay(journals(tmp_path / "out"), sync.make_tracker) == (1, 0)  # the rest, not the first again
+    (only,) = client.search_runs([real.experiment_id])
+    assert only.data.metrics["completed"] == 6.0
+
+
+def test_sync_refuses_a_folder_that_does_not_exist(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    assert sync.main([str(tmp_path / "missing")]) == 2
+    assert "is not a folder" in capsys.readouterr().err
