@@ -15,28 +15,13 @@
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pandas as pd
+import sweep_runs
 from mlflow.tracking import MlflowClient
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def sweep(project: Path, name: str, args: list[str]) -> tuple[float, Path]:
-    cmd = [sys.executable, "-m", "pipeline.sweep", "-m", "--config-dir", str(REPO / "conf"), f"sweep_name={name}",
-           *args]  # fmt: skip
-    started = time.monotonic()
-    proc = subprocess.run(cmd, cwd=project, capture_output=True, text=True)
-    wall = time.monotonic() - started
-    (project / f"{name}.log").write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        raise SystemExit(f"{name} exited with {proc.returncode}; see {project / f'{name}.log'}")
-    return wall, sorted((project / "outputs" / name).glob("*"))[-1]
 
 
 def samples(client: MlflowClient, frame: pd.DataFrame) -> dict:
@@ -64,7 +49,7 @@ def main() -> int:
     common = ["load.warmup_requests=1", "workload.max_tokens=32", "engine.dtype=float32", "lossless.prompts=0",
               "spec.k=3", f"slo.tpot_ms={args.tpot_ms}", *args.overrides]  # fmt: skip
     client = MlflowClient(f"sqlite:///{project}/mlruns/mlflow.db")
-    wall, out = sweep(project, "capacity", ["search=capacity", f"load.duration_s={args.duration}", *common])
+    wall, out = sweep_runs.run(project, "capacity", ["search=capacity", f"load.duration_s={args.duration}", *common])
     frame = pd.read_csv(out / "summary.csv")
     target = SloTarget(tpot_s=args.tpot_ms / 1000)
     curves = search_report.capacity(frame, samples(client, frame), target, StatsOptions())
@@ -86,7 +71,7 @@ def main() -> int:
     if not rates:
         print("no bracketed boundary to check")
         return 0
-    check_wall, check_out = sweep(project, "check", [f"load.request_rate={','.join(f'{r:g}' for r in rates)}",
+    check_wall, check_out = sweep_runs.run(project, "check", [f"load.request_rate={','.join(f'{r:g}' for r in rates)}",
                                                      f"load.duration_s={args.check_duration}", *common])  # fmt: skip
     checked = pd.read_csv(check_out / "summary.csv")
     windows = samples(client, checked)

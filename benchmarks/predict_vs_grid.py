@@ -20,31 +20,16 @@ from __future__ import annotations
 
 import argparse
 import math
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import sweep_runs
 from mlflow.tracking import MlflowClient
 
-REPO = Path(__file__).resolve().parents[1]
 METHOD_SPEC = {"ngram": "spec=ngram", "draft": "spec=draft"}
-
-
-def sweep(project: Path, name: str, args: list[str]) -> tuple[float, int, Path]:
-    cmd = [sys.executable, "-m", "pipeline.sweep", "-m", "--config-dir", str(REPO / "conf"), f"sweep_name={name}",
-           "force=true", *args]  # fmt: skip
-    started = time.monotonic()
-    proc = subprocess.run(cmd, cwd=project, capture_output=True, text=True)
-    wall = time.monotonic() - started
-    (project / f"{name}.log").write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        raise SystemExit(f"{name} exited with {proc.returncode}; see {project / f'{name}.log'}")
-    (out,) = sorted((project / "outputs" / name).glob("*"))[-1:]
-    return wall, proc.returncode, out
 
 
 def grid_table(client: MlflowClient, project: Path, name: str) -> pd.DataFrame:
@@ -117,10 +102,10 @@ def main() -> int:
         for kind in order:
             name = f"{kind}-{method}"
             extra = ["search=predict"] if kind == "predict" else []
-            results[kind] = sweep(project, name, [METHOD_SPEC[method], *common, *extra])
+            results[kind] = sweep_runs.run(project, name, ["force=true", METHOD_SPEC[method], *common, *extra])
             print(f"{method}: {kind} done in {results[kind][0]:.0f} s", flush=True)
         grid = grid_table(client, project, f"grid-{method}")
-        predictions = pd.read_csv(results["predict"][2] / "predict" / "predictions.csv")
+        predictions = pd.read_csv(results["predict"][1] / "predict" / "predictions.csv")
         found = compare(method, grid, predictions)
         g_wall, p_wall = results["grid"][0], results["predict"][0]
         print(f"\n== {method} (k={args.ks}, rates {args.rates}, {args.requests} requests per window; order: "

@@ -36,13 +36,13 @@ class JournaledTracker:
 
     def __getattr__(self, name: str) -> Any:
         if name in WRITES:
-            return lambda *args: self._write(name, args)
+            return lambda *args, **kwargs: self._write(name, args, kwargs)
         return getattr(self.tracker, name)  # reads (finished_points, experiment_id, store) go straight through
 
-    def _write(self, op: str, args: tuple[Any, ...]) -> Any:
+    def _write(self, op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if not self.journaled:
             try:
-                return getattr(self.tracker, op)(*args)
+                return getattr(self.tracker, op)(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - the measurement is safe on disk; MLflow gets it later
                 print(f"MLflow: {op} failed ({type(exc).__name__}: {str(exc)[:300]}); this and every later write "
                       f"go to {self.path} (the sweep retries them at its end; `python -m pipeline.sync` later)",
@@ -54,7 +54,8 @@ class JournaledTracker:
                       "artifact_root": self.tracker.store.artifact_root}  # fmt: skip
             self.path.write_text(json.dumps(header) + "\n")
         with self.path.open("a") as fh:
-            fh.write(json.dumps({"op": op, "args": _encode(op, args), "result": result}, default=str) + "\n")
+            entry = {"op": op, "args": _encode(op, args), "kwargs": kwargs, "result": result}
+            fh.write(json.dumps(entry, default=str) + "\n")
         self.journaled += 1
         return result
 
@@ -109,7 +110,7 @@ def replay(paths: Iterable[Path], make_tracker: Any) -> tuple[int, int]:
         for i, entry in enumerate(entries[progress["done"] :], start=progress["done"]):
             args = [_real(a, ids) for a in _decode(entry["op"], entry["args"])]
             try:
-                result = getattr(tracker, entry["op"])(*args)
+                result = getattr(tracker, entry["op"])(*args, **_real(entry.get("kwargs", {}), ids))
             except Exception as exc:  # noqa: BLE001 - still down: keep what was done, say what is left
                 print(f"MLflow: replaying {path} stopped at write {i + 1} of {len(entries)} ({type(exc).__name__}: "
                       f"{str(exc)[:200]})", file=sys.stderr)  # fmt: skip

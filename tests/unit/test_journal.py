@@ -23,10 +23,10 @@ class Flaky:
     def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
         method = getattr(self.tracker, name)
 
-        def call(*args):  # type: ignore[no-untyped-def]
+        def call(*args, **kwargs):  # type: ignore[no-untyped-def]
             if self.down:
                 raise ConnectionError("Connection refused")
-            return method(*args)
+            return method(*args, **kwargs)
 
         return call
 
@@ -43,6 +43,7 @@ def test_writes_after_an_outage_are_journaled_in_order_and_replayed_once(tmp_pat
     journal = tmp_path / "out" / "01-baseline" / JOURNAL_NAME
     tracker = JournaledTracker(flaky, journal)
     parent = tracker.start_run("sweep", {"role": "sweep"})  # MLflow is up: a real run
+    tracker.end_run(tracker.start_run("earlier", {}), error="a failed point", killed=False)  # straight through
     flaky.down = True  # the server goes away mid-sweep
     child = tracker.start_run("baseline-r1", {"role": "baseline"}, parent)
     assert child.startswith("pending-") and journal.is_file()
@@ -50,11 +51,12 @@ def test_writes_after_an_outage_are_journaled_in_order_and_replayed_once(tmp_pat
     (tmp_path / "requests.csv").write_text("index,ttft_s\n0,0.1\n")
     tracker.log_file(child, tmp_path / "requests.csv")
     tracker.log_table(parent, pd.DataFrame({"point": ["baseline-r1"]}), "summary_table.json")
-    tracker.end_run(child)
+    tracker.end_run(child, error=None, killed=False)  # keywords, as the group and the driver pass them
     flaky.down = False  # back; the journaled writes still go to the journal, in order
     tracker.set_tags(child, {"status": "finished"})
     assert tracker.journaled == 6
-    assert len(client.search_runs([real.experiment_id])) == 1  # only the parent so far
+    runs = {r.info.run_name: r.info.status for r in client.search_runs([real.experiment_id])}
+    assert runs == {"sweep": "RUNNING", "earlier": "FAILED"}  # "earlier" went straight through
 
     made, left = replay(journals(tmp_path / "out"), sync.make_tracker)
     assert (made, left) == (6, 0)
@@ -64,7 +66,8 @@ def test_writes_after_an_outage_are_journaled_in_order_and_replayed_once(tmp_pat
     assert done.data.metrics["median_tpot_ms"] == 41.0 and done.info.status == "FINISHED"
     assert {a.path for a in client.list_artifacts(done.info.run_id)} == {"requests.csv"}
     assert sync.main([str(tmp_path / "out")]) == 0  # again: nothing made twice
-    assert len(client.search_runs([real.experiment_id])) == 2
+    assert len(client.search_runs([real.experiment_id])) == 3
+    assert {r.info.run_name: r.info.status for r in client.search_runs([real.experiment_id])}["earlier"] == "FAILED"
 
 
 def test_a_replay_that_fails_again_keeps_its_progress(tmp_path: Path) -> None:
