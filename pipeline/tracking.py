@@ -68,8 +68,15 @@ def prepare(store: Store, experiment: str) -> str:
 
 def _prepare(store: Store, experiment: str) -> str:
     mlflow.set_tracking_uri(store.tracking_uri)
-    client = MlflowClient(store.tracking_uri)
-    found = client.get_experiment_by_name(experiment)
+    try:
+        client = MlflowClient(store.tracking_uri)
+        found = client.get_experiment_by_name(experiment)
+    except mlflow.exceptions.MlflowException as exc:  # a store MLflow refuses (its file store), or a refusing server
+        reason = str(exc).split(". ")[0]
+        raise TrackingError(
+            f"tracking.uri={store.tracking_uri} cannot be used ({reason}); give a sqlite:///path/to/mlflow.db "
+            f"database or an `mlflow server` address, or drop tracking.uri for the project's own store"
+        ) from exc
     if found is not None:
         return found.experiment_id
     try:

@@ -65,7 +65,7 @@ CASES: list[tuple[str, bool, list[str], str]] = [
     ("ray-on-a-single-run", False, ["ray.address=127.0.0.1:6379"], "add -m to run it through the Ray launcher"),
     ("ray-timeout", False, ["ray.connect_timeout_s=0"], "ray.connect_timeout_s=0.0 must be > 0"),
     ("ray-resources", False, ["+ray.resources_per_group.GPU=-1"], "must be a positive number"),
-    ("file-store", False, ["tracking.uri=file:///tmp/specsweep-file-store"], "tracking.uri=file:"),
+    ("file-store", False, ["tracking.uri=file:///tmp/specsweep-file-store"], "give a sqlite:///path/to/mlflow.db"),
     # sweeps (-m)
     ("empty-grid", True, ["load.request_rate=range(4,1)"], "expands to no jobs"),
     ("one-bad-point", True, ["spec.k=3,0"], "spec.k=0 is not valid"),
@@ -96,7 +96,7 @@ def _run(case: tuple[str, bool, list[str], str], root: Path) -> tuple[subprocess
     folder.mkdir()
     (folder / "bad.jsonl").write_text('{"prompt": "a"}\n{"prompt": \n')
     args = [o.replace("{tmp}", str(folder)) for o in overrides]
-    where = [f"hydra.sweep.dir={folder}/multi", "-m"] if multirun else [f"hydra.run.dir={folder}/out"]
+    where = ["-m", f"hydra.sweep.dir={folder}/multi"] if multirun else [f"hydra.run.dir={folder}/out"]
     command = [sys.executable, "-m", "pipeline.sweep", *where, *args]
     return subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=180), folder
 

@@ -102,7 +102,10 @@ def test_a_ray_job_driver_runs_from_a_copy_of_its_package(tmp_path, monkeypatch:
     (package / "conf").mkdir(parents=True)
     (package / "conf" / "config.yaml").write_text("x: 1\n")
     monkeypatch.chdir(package)
-    monkeypatch.delenv(sweep.STABLE_COPY_ENV, raising=False)
+    # setenv, then delenv: monkeypatch then records the variable's absence and restores it (a
+    # delenv of an absent variable records nothing, and the copy's path would outlive the test).
+    monkeypatch.setenv(sweep.STABLE_COPY_ENV, "")
+    monkeypatch.delenv(sweep.STABLE_COPY_ENV)
     execs: list[list[str]] = []
     monkeypatch.setattr(sweep.os, "execv", lambda exe, argv: execs.append(argv))
     monkeypatch.setattr(sweep.sys, "argv", ["sweep.py", "+sweep=nightly"])
@@ -113,4 +116,3 @@ def test_a_ray_job_driver_runs_from_a_copy_of_its_package(tmp_path, monkeypatch:
     assert execs and execs[0][1:] == ["-m", "pipeline.sweep", "+sweep=nightly"]
     sweep.run_from_a_stable_copy()  # once only: the re-executed driver stays in its copy
     assert len(execs) == 1
-    monkeypatch.delenv(sweep.STABLE_COPY_ENV)
