@@ -78,11 +78,6 @@ class Measured:
         return float(np.mean(values)) if values else None
 
 
-def _reps(ratio_reps: np.ndarray, size: int) -> np.ndarray:
-    # Dropped non-finite replicates leave arrays of slightly different lengths; the model pairs them by index.
-    return ratio_reps[:size]
-
-
 def model_window(measured: Measured, k: int, opts: StatsOptions, seed: int) -> predict.Window | None:
     """The model's view of a measured point: median TPOT and (speculative) L, each with replicates.
 
@@ -98,9 +93,10 @@ def model_window(measured: Measured, k: int, opts: StatsOptions, seed: int) -> p
     length = acceptance_length_interval(measured.windows, counter, opts, np.random.default_rng([opts.seed, 31, seed]))
     if not length.resolved or length.estimate is None:
         return None
+    # Dropped non-finite replicates can leave the two arrays a little apart; the model pairs them by index.
     size = min(len(tpot.log_replicates), len(length.log_replicates))
-    return predict.Window(k, tpot.estimate, _reps(tpot.log_replicates, size), length.estimate,
-                          _reps(length.log_replicates, size))  # fmt: skip
+    return predict.Window(k, tpot.estimate, tpot.log_replicates[:size], length.estimate,
+                          length.log_replicates[:size])  # fmt: skip
 
 
 def _trim(*windows: predict.Window) -> list[predict.Window]:
