@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-$(DEVICE)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 BROWSER_STAMP := $(VENV)/.browser
 
-.PHONY: install install-browser run test test-unit lint clean tracking-server ray-head nightly gate
+.PHONY: install install-browser run test test-unit lint clean tracking-server tracking-server-auth ray-head nightly gate
 
 install: $(STAMP)
 
@@ -44,6 +44,18 @@ MLFLOW_DIR ?= $(abspath mlflow-server)
 tracking-server: install
 	mkdir -p $(MLFLOW_DIR)
 	$(VENV)/bin/mlflow server --host $(MLFLOW_HOST) --port $(MLFLOW_PORT) \
+		--backend-store-uri sqlite:///$(MLFLOW_DIR)/mlflow.db --artifacts-destination $(MLFLOW_DIR)/artifacts
+
+# The same server for other machines: MLflow's basic-auth app in front of it. Its first start
+# needs the admin's password in the environment (MLFLOW_AUTH_ADMIN_PASSWORD); users and
+# clients then sign in with MLFLOW_TRACKING_USERNAME/PASSWORD. MLFLOW_HOST=<private address>.
+tracking-server-auth: install
+	mkdir -p $(MLFLOW_DIR)
+	# The key that signs its forms' CSRF tokens: made once, readable by this user only.
+	test -s $(MLFLOW_DIR)/flask_secret_key || (umask 077 && $(PY) -c 'import secrets; print(secrets.token_hex(32))' > $(MLFLOW_DIR)/flask_secret_key)
+	cd $(MLFLOW_DIR) && MLFLOW_AUTH_CONFIG_PATH=$(abspath deploy/mlflow/basic_auth.ini) \
+		MLFLOW_FLASK_SERVER_SECRET_KEY=$$(cat $(MLFLOW_DIR)/flask_secret_key) \
+		$(abspath $(VENV))/bin/mlflow server --app-name basic-auth --host $(MLFLOW_HOST) --port $(MLFLOW_PORT) \
 		--backend-store-uri sqlite:///$(MLFLOW_DIR)/mlflow.db --artifacts-destination $(MLFLOW_DIR)/artifacts
 
 # A Ray head on this machine, token authentication on, dashboard on loopback. Its jobs run

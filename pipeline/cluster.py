@@ -64,8 +64,10 @@ def check_store(tracking_uri: str, alive_nodes: int) -> None:
     if alive_nodes > 1 and not tracking_uri.startswith(("http://", "https://", "databricks")):
         raise LaunchError(
             f"the Ray cluster has {alive_nodes} nodes but tracking uses a local store ({tracking_uri}), which workers "
-            f"on other nodes cannot reach; start a tracking server (`make tracking-server`, see docs/cluster.md) and "
-            f"set tracking.uri=http://<its host>:5000"
+            f"on other nodes cannot reach; start a tracking server they reach, behind MLflow's basic-auth app "
+            f"(`make tracking-server-auth MLFLOW_HOST=<private address>`, docs/cluster.md), set "
+            f"tracking.uri=http://<that address>:5000, and give the driver and every node's `ray start` "
+            f"MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD"
         )
 
 

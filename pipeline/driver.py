@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from pipeline import search_capacity, search_predict
+from pipeline import diskfull, search_capacity, search_predict
 from pipeline.analysis.search_report import PREDICTIONS_CSV
 from pipeline.config import ConfigError, JobConfig, StatsConfig
 from pipeline.engines.sglang import RECORDED_VERSION, SglangInstall
@@ -86,6 +86,18 @@ def _server_line(target: Target, job: JobConfig) -> ServerLine:
 def _error(message: str) -> int:
     print(f"error: {message}", file=sys.stderr)
     return EXIT_BAD_INPUT
+
+
+def run_guarded(jobs: Sequence[JobConfig], executor: Executor, project_root: Path) -> int:
+    """The entry points' sweep: a disk that fills under any of the driver's writes is one
+    message and exit 4, not a traceback (every point finished before it is in MLflow)."""
+    try:
+        return run_sweep(jobs, executor, project_root)
+    except OSError as exc:
+        if not diskfull.is_disk_full(exc):
+            raise
+        print(f"error: {diskfull.message(exc, Path(jobs[0].output_dir))}", file=sys.stderr)
+        return EXIT_INFRA
 
 
 def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path) -> int:
@@ -183,61 +195,65 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
             outcomes = predicted.outcomes
         else:
             outcomes = executor.run(tasks_of(todo, parent))
+        if capacity:  # the points are the rates each server probed
+            plan = search_capacity.probed_plan(plan, outcomes)
+        in_plan = {p.hash for p in plan.points}
+        by_hash = {h: PointOutcome(h, f.run_id, f.metrics, resumed=True) for h, f in done.items() if h in in_plan}
+        if predicted is not None:
+            by_hash |= predicted.predicted
+        for outcome in outcomes:
+            by_hash.update({p.hash: p for p in outcome.points})
+        if predicted is not None:  # repeats beyond the first of a predicted point: neither measured nor predicted
+            plan = plan.without(p.hash for p in plan.points if p.hash not in by_hash)
+        ratios = summary.comparisons(plan, by_hash)
+        for point_hash, ratio in ratios.items():
+            outcome = by_hash[point_hash]
+            if not outcome.resumed and outcome.run_id:
+                tracker.log_metrics(outcome.run_id, ratio.as_metrics())
+        frame = summary.frame(plan, by_hash, ratios)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        frame.to_csv(out_dir / "summary.csv", index=False)
+        if predicted is not None:
+            (out_dir / PREDICTIONS_CSV).parent.mkdir(parents=True, exist_ok=True)
+            predicted.table.to_csv(out_dir / PREDICTIONS_CSV, index=False)
+            tracker.log_file(parent, out_dir / PREDICTIONS_CSV, "predict")
+        failed = int((frame["status"] == "failed").sum())
+        tracker.log_file(parent, out_dir / "summary.csv")
+        tracker.log_table(parent, frame, "summary_table.json")
+        tracker.log_metrics(
+            parent,
+            {
+                "server_starts": sum(o.started for o in outcomes),
+                "server_restarts": sum(o.restarts for o in outcomes),
+                "points": len(plan.points),
+                "points_measured": sum(len(o.points) for o in outcomes),
+                "points_predicted": len(predicted.predicted) if predicted else 0,
+                "points_resumed": skipped,
+                "points_failed": failed,
+                "lossless_probe_s": sum(o.probe_s for o in outcomes),
+                "sweep_wall_s": time.monotonic() - started,
+            },
+        )
+        _log_probes(tracker, parent, plan, outcomes)
+        tracker.end_run(parent)  # the sweep ran to its end; failed points are marked in their own runs
     except KeyboardInterrupt:
         tracker.end_run(parent, killed=True)
         print("interrupted: every server was stopped; finished points are in MLflow", file=sys.stderr)
         return EXIT_INTERRUPTED
     except BaseException as exc:
-        tracker.end_run(parent, error=f"{type(exc).__name__}: {exc}")
+        full = diskfull.is_disk_full(exc)
+        tracker.end_run(parent, error=diskfull.message(exc, out_dir) if full else f"{type(exc).__name__}: {exc}")
         raise
-
-    if capacity:  # the points are the rates each server probed
-        plan = search_capacity.probed_plan(plan, outcomes)
-    in_plan = {p.hash for p in plan.points}
-    by_hash = {h: PointOutcome(h, f.run_id, f.metrics, resumed=True) for h, f in done.items() if h in in_plan}
-    if predicted is not None:
-        by_hash |= predicted.predicted
-    for outcome in outcomes:
-        by_hash.update({p.hash: p for p in outcome.points})
-    if predicted is not None:  # repeats beyond the first of a predicted point: neither measured nor predicted
-        plan = plan.without(p.hash for p in plan.points if p.hash not in by_hash)
-    ratios = summary.comparisons(plan, by_hash)
-    for point_hash, ratio in ratios.items():
-        outcome = by_hash[point_hash]
-        if not outcome.resumed and outcome.run_id:
-            tracker.log_metrics(outcome.run_id, ratio.as_metrics())
-    frame = summary.frame(plan, by_hash, ratios)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(out_dir / "summary.csv", index=False)
-    if predicted is not None:
-        (out_dir / PREDICTIONS_CSV).parent.mkdir(parents=True, exist_ok=True)
-        predicted.table.to_csv(out_dir / PREDICTIONS_CSV, index=False)
-        tracker.log_file(parent, out_dir / PREDICTIONS_CSV, "predict")
-    failed = int((frame["status"] == "failed").sum())
-    tracker.log_file(parent, out_dir / "summary.csv")
-    tracker.log_table(parent, frame, "summary_table.json")
-    tracker.log_metrics(
-        parent,
-        {
-            "server_starts": sum(o.started for o in outcomes),
-            "server_restarts": sum(o.restarts for o in outcomes),
-            "points": len(plan.points),
-            "points_measured": sum(len(o.points) for o in outcomes),
-            "points_predicted": len(predicted.predicted) if predicted else 0,
-            "points_resumed": skipped,
-            "points_failed": failed,
-            "lossless_probe_s": sum(o.probe_s for o in outcomes),
-            "sweep_wall_s": time.monotonic() - started,
-        },
-    )
-    _log_probes(tracker, parent, plan, outcomes)
-    tracker.end_run(parent)  # the sweep ran to its end; failed points are marked in their own runs
     table.render(frame, f"sweep {first.sweep_name!r}: {len(plan.points)} points on {first.model.id}")
     print(f"summary: {out_dir / 'summary.csv'}; MLflow parent run {parent}")
     synced = _synced(out_dir)
     if synced is None:
         return EXIT_INFRA  # every measurement is on disk; MLflow gets it from `python -m pipeline.sync`
     parent = synced.get(parent, parent)  # a parent run started while MLflow was down has its real id now
+    full = next((p.error for o in outcomes for p in o.points if p.error and p.error.startswith(diskfull.PREFIX)), None)
+    if full:  # no gate or report: they would judge a sweep cut short, and need the disk too
+        print(f"error: {full}", file=sys.stderr)
+        return EXIT_INFRA
     code = 0
     if first.gate.enabled:
         confirm_task = functools.partial(_confirm_task, store, tracker.experiment_id, parent, targets)

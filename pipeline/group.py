@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from pipeline import search_capacity
+from pipeline import diskfull, search_capacity
 from pipeline.acceptance import normalized
 from pipeline.client import ClientOptions
 from pipeline.config import JobConfig
@@ -138,6 +138,10 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
     out_dir = out_dir / group.label
     tracker = JournaledTracker(Tracker(task.store, task.experiment_id), out_dir / JOURNAL_NAME)
     out_dir.mkdir(parents=True, exist_ok=True)
+    kept = _earlier_attempt(task, tracker)
+    if len(kept) == len(group.points):
+        return GroupOutcome(group.index, tuple(kept[p.hash] for p in group.points))
+    group = replace(group, points=tuple(p for p in group.points if p.hash not in kept))
     try:
         target = resolve_target(group.server_job)
         tokenizer = load_tokenizer(target.model_path)
@@ -147,7 +151,12 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
     secrets = secret_values(spec.command, {**os.environ, **spec.env}) + [os.environ.get(n, "") for n in spec.env_from]
     secrets = [s for s in secrets if s]
     command = spec.redacted_command()
-    (out_dir / "server_command.txt").write_text(command + "\n")
+    try:
+        (out_dir / "server_command.txt").write_text(command + "\n")
+    except OSError as exc:
+        if not diskfull.is_disk_full(exc):
+            raise
+        return GroupOutcome.failed(task, diskfull.message(exc, out_dir))  # before any run or server: nothing to lose
     run_ids: dict[str, str] = {}
     points: list[Point] = []  # every point given a run, in order (capacity probes are added as they run)
 
@@ -159,9 +168,9 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
         points.append(p)
         return p
 
+    results: dict[str, PointOutcome] = {}
     for p in group.points:
         open_run(p)
-    results: dict[str, PointOutcome] = {}
     probe: tuple[ProbeOutput, ...] = ()
     probe_s = 0.0
     server: EngineServer | None = None
@@ -195,6 +204,14 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
         print(f"[{group.label}] FAILED: {message}")
         for p in points:
             results.setdefault(p.hash, PointOutcome(p.hash, run_ids[p.hash], error=message))
+    except OSError as exc:
+        if not diskfull.is_disk_full(exc):
+            interrupted = True
+            raise
+        message = diskfull.message(exc, out_dir)
+        print(f"[{group.label}] FAILED: {message}")
+        for p in points:
+            results.setdefault(p.hash, PointOutcome(p.hash, run_ids[p.hash], error=message))
     except BaseException:
         interrupted = True
         raise
@@ -204,9 +221,37 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
             outcome = results.get(p.hash) or PointOutcome(p.hash, run_ids[p.hash], error="interrupted")
             _finish_run(tracker, outcome, out_dir, interrupted)
     startup = server.startup_s if server else None
-    outcomes = tuple(results[p.hash] for p in points)
+    outcomes = tuple(kept.values()) + tuple(results[p.hash] for p in points)
     return GroupOutcome(group.index, outcomes, started=True, startup_s=startup, probe=probe, probe_s=probe_s,
                         probed=tuple(points) if task.capacity else (), restarts=restarts)  # fmt: skip
+
+
+LOST = ("lost: the Ray worker or node measuring it died, and Ray ran its server group again; this point "
+        "was measured again in a run of its own")
+
+
+def _earlier_attempt(task: GroupTask, tracker: JournaledTracker) -> dict[str, PointOutcome]:
+    """Ray runs a group again when the worker or node running it died. What that attempt
+    finished is kept as it is (by point hash); the runs it left RUNNING are ended FAILED, saying
+    why, so the sweep never shows a run that runs forever. A capacity search probes again."""
+    if not task.parent_run_id:
+        return {}
+    mine = {p.hash: task.confirms.get(p.hash) for p in task.group.points}
+    try:
+        runs = [r for r in tracker.point_runs(task.parent_run_id) if mine.get(r.point_hash, "-") == r.confirms]
+    except Exception as exc:  # noqa: BLE001 - MLflow is down: the journal takes this attempt's writes
+        print(f"[{task.group.label}] MLflow: could not look for an earlier attempt at this group ({exc})")
+        return {}
+    kept: dict[str, PointOutcome] = {}
+    for run in runs:  # newest first
+        if run.status == "RUNNING":
+            tracker.end_run(run.run_id, error=LOST)
+        elif run.finished and not task.capacity and run.point_hash not in kept:
+            kept[run.point_hash] = PointOutcome(run.point_hash, run.run_id, run.metrics)
+    if runs:
+        print(f"[{task.group.label}] an earlier attempt at this group died: {len(kept)} finished point(s) kept, "
+              f"{sum(r.status == 'RUNNING' for r in runs)} run(s) it left running ended as lost")  # fmt: skip
+    return kept
 
 
 def _measure_all(group: ServerGroup, server: EngineServer, measure_one: Any, tracker: JournaledTracker,
@@ -220,6 +265,10 @@ def _measure_all(group: ServerGroup, server: EngineServer, measure_one: Any, tra
             tracker.set_tags(run_ids[point.hash], {"server.restarts_before": str(restarts)})
         outcome = measure_one(point, first=fresh)
         fresh = False
+        if outcome.error and outcome.error.startswith(diskfull.PREFIX):
+            for later in group.points[i + 1 :]:  # no room for their results either
+                results[later.hash] = PointOutcome(later.hash, run_ids[later.hash], error=f"not measured: {outcome.error}")
+            break
         fault = _server_fault(server, outcome)
         if fault is None:
             continue
@@ -302,7 +351,6 @@ def _measure_point(
             tracker.log_file(run_id, _write_requests(out_dir / point.label, window))
             tracker.set_tags(run_id, {"window.stopped": message})
         return PointOutcome(point.hash, run_id, error=message)
-    point_dir = _write_requests(out_dir / point.label, measurement.window).parent
     metrics = _metrics(measurement, point.job.spec.k, server.startup_s if first else None)
     rss = server.rss_mib()
     if rss is not None:
@@ -311,8 +359,17 @@ def _measure_point(
     if nice is not None:
         metrics["server_niceness"] = float(nice)
     # On disk first: whatever happens to MLflow, the measurement is in the sweep's outputs.
-    (point_dir / "summary.json").write_text(json.dumps(metrics, indent=2, default=str))
-    (point_dir / "config.json").write_text(json.dumps(flatten_params(point.job), indent=2))
+    try:
+        point_dir = _write_requests(out_dir / point.label, measurement.window).parent
+        (point_dir / "summary.json").write_text(json.dumps(metrics, indent=2, default=str))
+        (point_dir / "config.json").write_text(json.dumps(flatten_params(point.job), indent=2))
+    except OSError as exc:
+        if not diskfull.is_disk_full(exc):
+            raise
+        message = diskfull.message(exc, out_dir / point.label)
+        print(f"[{point.label}] FAILED: {message}")
+        tracker.log_metrics(run_id, metrics)  # MLflow may live on another disk: the numbers are kept there
+        return PointOutcome(point.hash, run_id, metrics, error=message)
     tracker.log_metrics(run_id, metrics)
     tracker.log_file(run_id, point_dir / "summary.json")
     tracker.log_file(run_id, point_dir / "requests.csv")
@@ -343,4 +400,8 @@ def _finish_run(tracker: JournaledTracker, outcome: PointOutcome, out_dir: Path,
 
 def _redact_log(path: Path, secrets: list[str]) -> None:
     if secrets and path.is_file():
-        path.write_text(redact_text(path.read_text(errors="replace"), secrets))
+        text = redact_text(path.read_text(errors="replace"), secrets)
+        try:
+            path.write_text(text)
+        except OSError as exc:  # truncated before the write failed: what is left holds no secret
+            print(f"warning: {path} could not be rewritten with its secrets masked ({exc.strerror}); it is cut short")

@@ -56,6 +56,7 @@ def run_group_file(path: str, out_dir: Path) -> Any:
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")
 def main(cfg: Any) -> Any:
     exit_on_sigterm()
+    logging.raiseExceptions = False  # a log file on a full disk: no traceback per line
     # Hydra sets the root logger to INFO; a line per HTTP request buries the progress bar.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     if cfg.get(GROUP_FILE_KEY):
@@ -70,9 +71,9 @@ def main(cfg: Any) -> Any:
               "measures in this process; add -m to run it through the Ray launcher", file=sys.stderr)  # fmt: skip
         sys.exit(EXIT_BAD_INPUT)
     # A single run is a sweep of one point and its baseline, run in this process.
-    from pipeline.driver import InProcess, run_sweep
+    from pipeline.driver import InProcess, run_guarded
 
-    code = run_sweep([job], InProcess(Path(job.output_dir).resolve()), Path.cwd())
+    code = run_guarded([job], InProcess(Path(job.output_dir).resolve()), Path.cwd())
     if code:
         sys.exit(code)
     return None

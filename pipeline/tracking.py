@@ -121,14 +121,30 @@ def check_reachable(store: Store, timeout_s: float = 5.0) -> None:
         return
     import httpx
 
-    url = store.tracking_uri.rstrip("/") + "/health"
+    base = store.tracking_uri.rstrip("/")
     try:
-        httpx.get(url, timeout=timeout_s, trust_env=False).raise_for_status()
+        httpx.get(base + "/health", timeout=timeout_s, trust_env=False).raise_for_status()
+        # /health answers everyone; a search is what MLflow's basic-auth app asks credentials for.
+        search = httpx.get(base + "/api/2.0/mlflow/experiments/search", params={"max_results": 1},
+                           auth=_credentials(), timeout=timeout_s, trust_env=False)  # fmt: skip
     except httpx.HTTPError as exc:
         raise TrackingUnreachable(
             f"tracking.uri={store.tracking_uri} does not answer ({type(exc).__name__}: {exc}); start it with "
             f"`make tracking-server` (docs/cluster.md), fix the address, or drop tracking.uri for the local store"
         ) from exc
+    if search.status_code in (401, 403):
+        given = "refuses the credentials in" if _credentials() else "asks for credentials: set"
+        raise TrackingError(
+            f"tracking.uri={store.tracking_uri} {given} MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD "
+            f"(HTTP {search.status_code}); put them in the environment of this shell and of every Ray node, "
+            f"never in the config (docs/cluster.md)"
+        )
+
+
+def _credentials() -> tuple[str, str] | None:
+    """MLflow's own basic-auth variables, which its client sends with every request."""
+    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    return (user, password) if user and password else None
 
 
 class TrackingError(RuntimeError):
@@ -142,6 +158,16 @@ class TrackingUnreachable(TrackingError):
 @dataclass(frozen=True)
 class FinishedPoint:
     run_id: str
+    metrics: dict[str, float]
+
+
+@dataclass(frozen=True)
+class PointRun:
+    run_id: str
+    point_hash: str
+    status: str  # MLflow's: RUNNING, FINISHED, FAILED, KILLED
+    finished: bool  # measured to the end (tags.status = finished)
+    confirms: str | None  # the run a regression gate's re-measurement confirms
     metrics: dict[str, float]
 
 
@@ -187,6 +213,13 @@ class Tracker:
     def log_table(self, run_id: str, frame: Any, name: str) -> None:
         """A table the MLflow UI shows in its artifact view (and ``mlflow.load_table`` reads)."""
         self.client.log_table(run_id, frame, name)
+
+    def point_runs(self, parent_id: str) -> list[PointRun]:
+        """The point runs under a sweep's parent, newest first, whatever their state."""
+        runs = self.client.search_runs([self.experiment_id], f"tags.mlflow.parentRunId = '{parent_id}'", max_results=5000)
+        return [PointRun(r.info.run_id, r.data.tags.get("point_hash", ""), r.info.status,
+                         r.data.tags.get("status") == "finished", r.data.tags.get(CONFIRMATION_TAG),
+                         dict(r.data.metrics)) for r in runs]  # fmt: skip
 
     def finished_points(self) -> dict[str, FinishedPoint]:
         """Points measured to the end by earlier runs of this experiment, by point hash."""

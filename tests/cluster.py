@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -27,6 +28,7 @@ import httpx
 import psutil
 
 BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parents[1]
 SLOT = "specsweep_slot"
 
 
@@ -57,6 +59,7 @@ class Cluster:
     temp_dir: Path
     head_slots: float
     worker_slots: float
+    worker_node_port: int  # the joining node's raylet (--node-manager-port): what a test kills to lose it
 
 
 def _ray(*args: str) -> None:
@@ -110,12 +113,13 @@ def ray_cluster(head_slots: float = 1, worker_slots: float = 1) -> Iterator[Clus
         _ray("start", "--head", f"--port={port}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
              "--num-cpus=1", f"--resources={head_res}", f"--temp-dir={temp_dir}", "--disable-usage-stats",
              "--object-store-memory=200000000", "--include-dashboard=true")  # fmt: skip
-        low = free_port() % 5000 + 20000
+        low, node_port = free_port() % 5000 + 20000, free_port()
         _ray("start", f"--address=127.0.0.1:{port}", "--num-cpus=1", f"--resources={worker_res}",
-             f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}",
+             f"--node-manager-port={node_port}", f"--object-manager-port={free_port()}",
              f"--min-worker-port={low}", f"--max-worker-port={low + 999}", "--disable-usage-stats",
              "--object-store-memory=200000000")  # fmt: skip
-        cluster = Cluster(f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}", temp_dir, head_slots, worker_slots)
+        cluster = Cluster(f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}", temp_dir, head_slots, worker_slots,
+                          node_port)  # fmt: skip
         _wait_nodes(cluster, 2)
         yield cluster
     finally:
@@ -149,17 +153,22 @@ class TrackingServer:
 
 
 @contextmanager
-def mlflow_server(root: Path, port: int | None = None) -> Iterator[TrackingServer]:
+def mlflow_server(root: Path, port: int | None = None, admin_password: str | None = None) -> Iterator[TrackingServer]:
     """``mlflow server`` with a SQLite store and proxied artifacts, as the README starts it
-    (``port``: the same one again, to restart a server that a test stopped)."""
+    (``port``: the same one again, to restart a server that a test stopped). With
+    ``admin_password``, behind MLflow's basic-auth app, as ``make tracking-server-auth`` starts it."""
     root.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     log = (root / "server.log").open("a")
+    auth = ["--app-name", "basic-auth"] if admin_password else []
+    auth_env = {"MLFLOW_AUTH_CONFIG_PATH": str(REPO / "deploy" / "mlflow" / "basic_auth.ini"),
+                "MLFLOW_AUTH_ADMIN_PASSWORD": admin_password,
+                "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(32)} if admin_password else {}  # fmt: skip
     proc = subprocess.Popen(
-        [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
+        [str(BIN / "mlflow"), "server", *auth, "--host", "127.0.0.1", "--port", str(port),
          "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "artifacts"),
          "--workers", "1"],
-        stdout=log, stderr=subprocess.STDOUT, env=env(), start_new_session=True,
+        stdout=log, stderr=subprocess.STDOUT, env=env() | auth_env, start_new_session=True, cwd=root,
     )  # fmt: skip
     uri = f"http://127.0.0.1:{port}"
     try:
@@ -178,19 +187,48 @@ def mlflow_server(root: Path, port: int | None = None) -> Iterator[TrackingServe
         try:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=20)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
+        except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:  # it had died already
+            pass
         log.close()
 
 
 def submit(cluster: Cluster, submission_id: str, working_dir: Path, entrypoint: list[str],
-           timeout_s: float = 1500) -> subprocess.CompletedProcess[str]:  # fmt: skip
-    """``ray job submit``, waiting for the job; its own exit code is 0 or 1."""
+           timeout_s: float = 1500, wait: bool = True) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    """``ray job submit``, waiting for the job unless ``wait`` is false; its own exit code is 0 or 1."""
     return subprocess.run(
         [str(BIN / "ray"), "job", "submit", "--address", cluster.dashboard, "--submission-id", submission_id,
-         "--working-dir", str(working_dir), "--", *entrypoint],
+         "--working-dir", str(working_dir), *([] if wait else ["--no-wait"]), "--", *entrypoint],
         env=env(), capture_output=True, text=True, timeout=timeout_s,
     )  # fmt: skip
+
+
+def wait_job(cluster: Cluster, submission_id: str, timeout_s: float = 900) -> dict:
+    """The job's details once it has ended."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        details = job_details(cluster, submission_id)
+        if details.get("status") in ("SUCCEEDED", "FAILED", "STOPPED"):
+            return details
+        time.sleep(3)
+    raise AssertionError(f"job {submission_id} still {details.get('status')} after {timeout_s:g} s")
+
+
+def job_logs(cluster: Cluster, submission_id: str) -> str:
+    response = httpx.get(f"{cluster.dashboard}/api/jobs/{submission_id}/logs", headers=auth_headers(), timeout=30)
+    return str(response.json().get("logs", ""))
+
+
+def raylet_of(pid: int) -> psutil.Process | None:
+    """The raylet above a process: the Ray node it runs on."""
+    try:
+        for parent in psutil.Process(pid).parents():
+            if parent.name() == "raylet":
+                return parent
+    except psutil.Error:
+        pass
+    return None
 
 
 def job_details(cluster: Cluster, submission_id: str) -> dict:

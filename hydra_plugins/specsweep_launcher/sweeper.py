@@ -8,6 +8,7 @@ per server group through whichever launcher is configured (ours on Ray, or Hydra
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,8 +19,9 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobStatus
 from omegaconf import OmegaConf, open_dict
 
+from pipeline import diskfull
 from pipeline.config import GROUP_FILE_KEY, ConfigError, to_job_config
-from pipeline.driver import EXIT_BAD_INPUT, run_sweep
+from pipeline.driver import EXIT_BAD_INPUT, EXIT_INFRA, run_guarded
 from pipeline.group import GroupOutcome, GroupTask
 from pipeline.signals import exit_on_sigterm
 
@@ -57,6 +59,7 @@ class SpecsweepSweeper(BasicSweeper):
     def sweep(self, arguments: list[str]) -> Any:
         assert self.config is not None and self.launcher is not None and self.hydra_context is not None
         exit_on_sigterm()
+        logging.raiseExceptions = False  # a log file on a full disk: no traceback per line
         loader = self.hydra_context.config_loader
         overrides = OverridesParser.create(config_loader=loader).parse_overrides(self._parse_config() + arguments)
         grid = self.split_arguments(overrides, None)[0]
@@ -71,9 +74,15 @@ class SpecsweepSweeper(BasicSweeper):
         except ConfigError as exc:
             print(f"error: {exc}", file=sys.stderr)
             sys.exit(EXIT_BAD_INPUT)
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")  # a refused config is never written
-        code = run_sweep(jobs, HydraLaunch(self.launcher, sweep_dir), Path.cwd())
+        try:
+            sweep_dir.mkdir(parents=True, exist_ok=True)
+            OmegaConf.save(self.config, sweep_dir / "multirun.yaml")  # a refused config is never written
+        except OSError as exc:
+            if not diskfull.is_disk_full(exc):
+                raise
+            print(f"error: {diskfull.message(exc, sweep_dir)}", file=sys.stderr)
+            sys.exit(EXIT_INFRA)
+        code = run_guarded(jobs, HydraLaunch(self.launcher, sweep_dir), Path.cwd())
         if code:
             sys.exit(code)
         return []

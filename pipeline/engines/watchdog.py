@@ -9,7 +9,8 @@ When the parent dies, by SIGKILL too, the kernel sends the watchdog SIGTERM
 with threads), and a once-a-second check of ``getppid()`` catches the rest (a parent thread that
 exits, a kernel without the call). Either way the watchdog signals the whole group: SIGTERM, then
 SIGKILL after ``--grace`` seconds, and exits. A server that exits by itself ends the watchdog with
-the server's exit code, after whatever the server left in the group is stopped.
+the server's exit code, after whatever the server left in the group is stopped. The server has a
+death signal of its own (SIGTERM when the watchdog dies), for a watchdog that is SIGKILLed itself.
 
 Why a process and not ``setpriv --pdeathsig``: it works wherever Python does (no util-linux
 version needed), it catches what a death signal misses, and it cleans up the server's children
@@ -102,7 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle, through stop()
     try:
-        server = subprocess.Popen(command, stdin=subprocess.DEVNULL)
+        # The server's own death signal, for a watchdog that is SIGKILLed itself: a Ray worker
+        # that exits because its node's raylet died SIGKILLs its children, this watchdog
+        # among them. The server then gets SIGTERM, and stops its engine core and workers.
+        # (A preexec_fn is safe here: this process has one thread.)
+        server = subprocess.Popen(command, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
     except OSError as exc:
         print(f"watchdog: cannot start {command[0]}: {exc}", file=sys.stderr, flush=True)
         return 127

@@ -173,3 +173,32 @@ def test_a_tracking_server_gone_mid_sweep_loses_no_measurement(tmp_path: Path) -
                                  again.uri, "--out", str(tmp_path / "report")], capture_output=True, text=True,
                                 timeout=300)  # fmt: skip
         assert report.returncode == 0, report.stderr[-2000:]
+
+
+def test_a_full_output_disk_is_one_message_and_exit_4_and_keeps_the_numbers_in_mlflow(tmp_path: Path) -> None:
+    """The disk fills under the first point's results: /dev/full answers every write with ENOSPC,
+    as a full file system does."""
+    from mlflow.tracking import MlflowClient
+
+    before = vllm_server_pids()
+    args = ["-m", f"hydra.sweep.dir={tmp_path}/multi", "hydra/launcher=basic", "spec=none", "sweep_name=full",
+            "load.request_rate=1,2", "load.num_requests=16",
+            *[a for a in SMALL if not a.startswith(("load.request_rate", "load.num_requests"))]]  # fmt: skip
+    proc, seen = _start_until_serving(args, tmp_path)
+    (command,) = (tmp_path / "multi").rglob("server_command.txt")
+    (command.parent / "baseline-r1").mkdir()
+    (command.parent / "baseline-r1" / "requests.csv").symlink_to("/dev/full")
+    out = "".join(seen) + proc.communicate(timeout=600)[0]
+    assert proc.returncode == 4, out[-3000:]
+    assert "the output disk is full (No space left on device writing" in out and "hydra.sweep.dir" in out
+    assert "Traceback" not in out, out[-3000:]
+    assert not vllm_server_pids() - before, "a server outlived the sweep"
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    experiment = client.get_experiment_by_name("full")
+    assert experiment is not None
+    points = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])
+              if r.data.tags.get("role") == "baseline"}  # fmt: skip
+    first, second = points["baseline-r1"], points["baseline-r2"]
+    assert first.info.status == "FAILED" and "output disk is full" in first.data.tags["error"]
+    assert first.data.metrics["completed"] == 16  # measured, and kept where there was room
+    assert second.info.status == "FAILED" and second.data.tags["error"].startswith("not measured: the output disk")

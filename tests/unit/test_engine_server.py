@@ -166,6 +166,30 @@ def test_sigkill_of_the_parent_stops_the_server_and_its_children(tmp_path: Path)
     assert _wait_gone(grandchild, 15) and _wait_gone(watchdog, 15)
 
 
+def test_a_sigkilled_watchdog_still_stops_its_server(tmp_path: Path) -> None:
+    """A Ray worker whose raylet died SIGKILLs its children, the watchdog among them: the
+    server's own death signal (SIGTERM) stops it; vLLM then stops its engine core and workers."""
+    import json
+    import signal
+    import subprocess
+
+    import psutil
+
+    spec = _spec(tmp_path, ["0", str(tmp_path / "child.pid")])
+    fields = {k: v for k, v in spec.__dict__.items() if k != "log_path"}
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, json.dumps(fields), str(spec.log_path)],
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert parent.stdout is not None
+    watchdog = int(parent.stdout.readline())
+    (server,) = psutil.Process(watchdog).children()
+    os.kill(watchdog, signal.SIGKILL)
+    try:
+        assert _wait_gone(server.pid, 15), "the server outlived its SIGKILLed watchdog"
+    finally:
+        parent.kill()
+        parent.wait()
+
+
 def test_watchdog_passes_on_the_servers_exit_code(tmp_path: Path) -> None:
     import subprocess
 

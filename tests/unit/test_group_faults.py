@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 from pathlib import Path
 
+from pipeline import diskfull
 from pipeline.config import EngineConfig, JobConfig, LoadConfig
-from pipeline.group import PointOutcome, _measure_all
+from pipeline.group import LOST, GroupTask, PointOutcome, _earlier_attempt, _measure_all
 from pipeline.measure import WINDOW_STOPPED
 from pipeline.plan import plan_sweep
+from pipeline.tracking import PointRun
 
 
 class ScriptedServer:
@@ -58,6 +61,9 @@ def _run(tmp_path: Path, faults: dict[float, str], restart: bool = True):  # typ
         if fault == "crash":
             server.up, server.returncode = False, -9
             results[point.hash] = PointOutcome(point.hash, point.label, error="ServerDisconnectedError")
+        elif fault == "full":
+            error = diskfull.message(OSError(errno.ENOSPC, "No space left on device", "/out/requests.csv"))
+            results[point.hash] = PointOutcome(point.hash, point.label, {"completed": 6.0}, error=error)
         elif fault == "hang":
             results[point.hash] = PointOutcome(point.hash, point.label, error=WINDOW_STOPPED + "the window deadline")
         else:
@@ -100,3 +106,41 @@ def test_a_window_stopped_for_errors_is_not_a_server_fault(tmp_path: Path) -> No
 
     assert _server_fault(server, outcome) is None  # type: ignore[arg-type]
     assert group.points
+
+
+def test_a_full_disk_stops_the_group_and_names_the_fix(tmp_path: Path) -> None:
+    group, results, tags, restarts, firsts = _run(tmp_path, {1.0: "full"})
+    first, *rest = [results[p.hash] for p in group.points]
+    assert first.error.startswith("the output disk is full (No space left on device writing /out/requests.csv)")
+    assert "hydra.sweep.dir" in first.error and first.metrics == {"completed": 6.0}
+    assert all(o.error == f"not measured: {first.error}" for o in rest) and len(firsts) == 1
+    assert restarts == 0 and not tags  # the server is fine: no restart, no fault tag
+
+
+class EarlierRuns:
+    """MLflow as an attempt that died left it: one point finished, one mid-window, one failed."""
+
+    def __init__(self, runs: list[PointRun]) -> None:
+        self.runs, self.ended = runs, {}
+
+    def point_runs(self, parent_id: str) -> list[PointRun]:
+        assert parent_id == "parent"
+        return self.runs
+
+    def end_run(self, run_id: str, error: str | None = None) -> None:
+        self.ended[run_id] = error
+
+
+def test_a_group_run_again_after_its_node_died_keeps_what_finished_and_ends_what_was_left_running() -> None:
+    group = _group()
+    a, b, c = group.points
+    runs = [PointRun("b1", b.hash, "RUNNING", False, None, {}), PointRun("a1", a.hash, "FINISHED", True, None,
+            {"completed": 6.0}), PointRun("c1", c.hash, "FAILED", False, None, {}),
+            PointRun("x", "other-hash", "RUNNING", False, None, {})]  # fmt: skip
+    task = GroupTask(group, None, "0", "parent", 0)  # type: ignore[arg-type]
+    mlflow = EarlierRuns(runs)
+    kept = _earlier_attempt(task, mlflow)  # type: ignore[arg-type]
+    assert kept == {a.hash: PointOutcome(a.hash, "a1", {"completed": 6.0})}
+    assert mlflow.ended == {"b1": LOST}  # another group's run is not this one's to end
+    confirming = dataclasses.replace(task, confirms={a.hash: "a0"})  # a gate's re-measurement measures again
+    assert _earlier_attempt(confirming, EarlierRuns(runs)) == {}  # type: ignore[arg-type]
