@@ -126,4 +126,3 @@ def node_resources() -> list[dict[str, float]]:
 
 def node_gpus() -> list[float]:
     return [n.get("GPU", 0.0) for n in node_resources()]
-

@@ -226,8 +226,10 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
                         probed=tuple(points) if task.capacity else (), restarts=restarts)  # fmt: skip
 
 
-LOST = ("lost: the Ray worker or node measuring it died, and Ray ran its server group again; this point "
-        "was measured again in a run of its own")
+LOST = (
+    "lost: the Ray worker or node measuring it died, and Ray ran its server group again; this point "
+    "was measured again in a run of its own"
+)
 
 
 def _earlier_attempt(task: GroupTask, tracker: JournaledTracker) -> dict[str, PointOutcome]:
@@ -267,7 +269,9 @@ def _measure_all(group: ServerGroup, server: EngineServer, measure_one: Any, tra
         fresh = False
         if outcome.error and outcome.error.startswith(diskfull.PREFIX):
             for later in group.points[i + 1 :]:  # no room for their results either
-                results[later.hash] = PointOutcome(later.hash, run_ids[later.hash], error=f"not measured: {outcome.error}")
+                results[later.hash] = PointOutcome(
+                    later.hash, run_ids[later.hash], error=f"not measured: {outcome.error}"
+                )
             break
         fault = _server_fault(server, outcome)
         if fault is None:

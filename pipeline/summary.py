@@ -54,7 +54,8 @@ def frame(plan: SweepPlan, outcomes: Mapping[str, PointOutcome], ratios: Mapping
                 "repeat": job.repeat,
                 "dtype": job.engine.dtype,
                 "temperature": job.workload.temperature,
-                "prefix_cache": job.engine.prefix_cache if resets_cache(job) or job.engine.prefix_cache == "off"
+                "prefix_cache": job.engine.prefix_cache
+                if resets_cache(job) or job.engine.prefix_cache == "off"
                 else f"{job.engine.prefix_cache}, not emptied first (engine.allow_remote=true: no dev-mode reset)",
                 "baseline_hash": point.baseline_hash or "",
                 "status": status(outcome),

@@ -216,7 +216,9 @@ class Tracker:
 
     def point_runs(self, parent_id: str) -> list[PointRun]:
         """The point runs under a sweep's parent, newest first, whatever their state."""
-        runs = self.client.search_runs([self.experiment_id], f"tags.mlflow.parentRunId = '{parent_id}'", max_results=5000)
+        runs = self.client.search_runs(
+            [self.experiment_id], f"tags.mlflow.parentRunId = '{parent_id}'", max_results=5000
+        )
         return [PointRun(r.info.run_id, r.data.tags.get("point_hash", ""), r.info.status,
                          r.data.tags.get("status") == "finished", r.data.tags.get(CONFIRMATION_TAG),
                          dict(r.data.metrics)) for r in runs]  # fmt: skip
@@ -348,7 +350,9 @@ class HistoryReader(SweepReader):
         """Pin ``run_id`` as the experiment's reference (None unpins), shown in the UI's note."""
         if run_id is None:
             self.client.delete_experiment_tag(experiment_id, PIN_TAG)
-            self.client.set_experiment_tag(experiment_id, "mlflow.note.content", "Regression gate: no pinned reference.")
+            self.client.set_experiment_tag(
+                experiment_id, "mlflow.note.content", "Regression gate: no pinned reference."
+            )
             return
         self.client.set_experiment_tag(experiment_id, PIN_TAG, run_id)
         note = (f"Regression gate reference: sweep run `{run_id}` (pinned {time.strftime('%Y-%m-%d %H:%M')}). "

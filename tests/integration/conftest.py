@@ -59,7 +59,11 @@ def sigterm_once_serving(args: list[str], cwd: Path, timeout: float = 180) -> su
     import signal
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.sweep", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        [sys.executable, "-m", "pipeline.sweep", *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     assert proc.stdout is not None
     seen: list[str] = []

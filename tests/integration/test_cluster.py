@@ -196,7 +196,9 @@ def test_a_node_lost_mid_window_has_its_group_run_again_on_another_and_loses_no_
     (parent,) = _parents(server.uri, "nodelost")
     assert parent.info.status == "FINISHED"
     runs = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
-    finished = sorted(r.info.run_name for r in runs if r.info.status == "FINISHED" and r.data.tags["status"] == "finished")
+    finished = sorted(
+        r.info.run_name for r in runs if r.info.status == "FINISHED" and r.data.tags["status"] == "finished"
+    )
     assert finished == ["baseline-r1", "ngram-k3-r1"], [(r.info.run_name, r.info.status) for r in runs]
     (gone,) = [r for r in runs if r.info.status != "FINISHED"]
     assert gone.info.status == "FAILED" and gone.data.tags["error"].startswith("lost: the Ray worker or node")

@@ -54,7 +54,7 @@ def test_cron_line_and_submit_script() -> None:
     script = DEPLOY / "submit-nightly.sh"
     assert script.stat().st_mode & 0o111
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True, timeout=30).returncode == 0
-    assert "--submission-id" in script.read_text() and 'nightly-$(date +%F)' in script.read_text()
+    assert "--submission-id" in script.read_text() and "nightly-$(date +%F)" in script.read_text()
 
 
 def test_submit_script_exits_4_when_the_dashboard_does_not_answer() -> None:

@@ -33,7 +33,12 @@ OPTS = StatsOptions(resamples=1000)
 
 def night(i: int, key: str, tpot: float, throughput: float = 50.0, acceptance: float | None = None,
           sample: Sample | None = None) -> PointRun:  # fmt: skip
-    values = {"median_tpot_ms": tpot, "p99_tpot_ms": 1.5 * tpot, "median_ttft_ms": 100.0, "output_throughput": throughput}
+    values = {
+        "median_tpot_ms": tpot,
+        "p99_tpot_ms": 1.5 * tpot,
+        "median_ttft_ms": 100.0,
+        "output_throughput": throughput,
+    }
     if acceptance is not None:
         values["spec_decode_acceptance_rate"] = acceptance
     return PointRun(f"run{i}-{key}", f"parent{i}", key, f"{key}-r1", values, sample)
