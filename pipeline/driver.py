@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from pipeline import diskfull, search_capacity, search_predict
+from pipeline import diskfull, progress_display, quiet, search_capacity, search_predict
 from pipeline.analysis.search_report import PREDICTIONS_CSV
 from pipeline.config import ConfigError, JobConfig, StatsConfig
 from pipeline.engines.sglang import RECORDED_VERSION, SglangInstall
@@ -96,7 +96,7 @@ def run_guarded(jobs: Sequence[JobConfig], executor: Executor, project_root: Pat
     except OSError as exc:
         if not diskfull.is_disk_full(exc):
             raise
-        print(f"error: {diskfull.message(exc, Path(jobs[0].output_dir))}", file=sys.stderr)
+        print(f"error: {diskfull.message(exc, Path(jobs[0].output_dir) if jobs else None)}", file=sys.stderr)
         return EXIT_INFRA
 
 
@@ -117,6 +117,7 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
         targets = {g.index: resolve_target(g.server_job, build=not first.dry_run) for g in plan.groups}
     except (ConfigError, EngineNotInstalled, ModelError) as exc:
         return _error(str(exc))
+    quiet.apply(first.verbose)  # before Ray starts: its workers inherit the environment
     on_gpu = any(t.on_gpu for t in targets.values())
     if first.dry_run:
         shown = search_predict.first_phase(plan) if first.search == "predict" else plan
@@ -147,9 +148,11 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
     todo = plan.without(done)
     capacity = first.search == "capacity"
 
+    channel = progress_display.channel_name()
+
     def tasks_of(part: SweepPlan, parent_id: str) -> list[GroupTask]:
         return [GroupTask(g, store, tracker.experiment_id, parent_id, targets[g.index].engine_gpus(g.server_job),
-                          capacity=capacity) for g in part.groups]  # fmt: skip
+                          capacity=capacity, progress=channel) for g in part.groups]  # fmt: skip
 
     tasks = tasks_of(todo, "")
     try:
@@ -181,20 +184,21 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
     )
     predicted: search_predict.PredictRun | None = None
     try:
-        if first.search == "predict":
-            from pipeline.report import stats_options
+        with progress_display.live(channel, len(shown.points), estimate_s(shown, on_gpu), first.progress_every_s):
+            if first.search == "predict":
+                from pipeline.report import stats_options
 
-            reader = tracking.SweepReader(store.tracking_uri)
-            resumed = {h: PointOutcome(h, f.run_id, f.metrics, resumed=True) for h, f in done.items()}
-            predicted = search_predict.run(
-                plan, lambda part: executor.run(tasks_of(part.without(done), parent)),
-                search_predict.download_samples(reader),
-                functools.partial(search_predict.log_predicted, tracker, parent),
-                stats_options(first.stats, reader), first.predict.max_confirm, resumed,
-            )  # fmt: skip
-            outcomes = predicted.outcomes
-        else:
-            outcomes = executor.run(tasks_of(todo, parent))
+                reader = tracking.SweepReader(store.tracking_uri)
+                resumed = {h: PointOutcome(h, f.run_id, f.metrics, resumed=True) for h, f in done.items()}
+                predicted = search_predict.run(
+                    plan, lambda part: executor.run(tasks_of(part.without(done), parent)),
+                    search_predict.download_samples(reader),
+                    functools.partial(search_predict.log_predicted, tracker, parent),
+                    stats_options(first.stats, reader), first.predict.max_confirm, resumed,
+                )  # fmt: skip
+                outcomes = predicted.outcomes
+            else:
+                outcomes = executor.run(tasks_of(todo, parent))
         if capacity:  # the points are the rates each server probed
             plan = search_capacity.probed_plan(plan, outcomes)
         in_plan = {p.hash for p in plan.points}
@@ -240,6 +244,10 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
         tracker.end_run(parent, killed=True)
         print("interrupted: every server was stopped; finished points are in MLflow", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except SystemExit:  # SIGTERM (pipeline.signals): stopped, like Ctrl-C, not failed
+        tracker.end_run(parent, killed=True)
+        print("terminated: every server was stopped; finished points are in MLflow", file=sys.stderr)
+        raise
     except BaseException as exc:
         full = diskfull.is_disk_full(exc)
         tracker.end_run(parent, error=diskfull.message(exc, out_dir) if full else f"{type(exc).__name__}: {exc}")

@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from pipeline import diskfull, search_capacity
+from pipeline import diskfull, progress, search_capacity, vllm_result
 from pipeline.acceptance import normalized
 from pipeline.client import ClientOptions
 from pipeline.config import JobConfig
@@ -47,6 +47,7 @@ class GroupTask:
     confirms: dict[str, str] = field(default_factory=dict)
     # search=capacity: probe rates on this server from its one planned point (pipeline.search_capacity).
     capacity: bool = False
+    progress: str | None = None  # the driver's live display (pipeline.progress)
 
     def save(self, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -142,6 +143,7 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
     if len(kept) == len(group.points):
         return GroupOutcome(group.index, tuple(kept[p.hash] for p in group.points))
     group = replace(group, points=tuple(p for p in group.points if p.hash not in kept))
+    reporter = progress.reporter_for(task.progress, group.label)
     try:
         target = resolve_target(group.server_job)
         tokenizer = load_tokenizer(target.model_path)
@@ -177,14 +179,18 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
     interrupted = False
     restarts = 0
     try:
+        reporter.emit("server_starting")
         with EngineServer(spec) as server:
+            reporter.emit("server_ready")
             print(f"[{group.label}] server ready in {server.startup_s:.1f} s at {server.base_url}")
             if (server.niceness() or 0) > 0:
                 print(f"[{group.label}] warning: the server runs at niceness {server.niceness()} and yields the "
                       f"CPU to other processes; on a Ray cluster start its nodes with RAY_worker_niceness=0")  # fmt: skip
 
             def measure_one(point: Point, first: bool) -> PointOutcome:
-                results[point.hash] = _measure_point(point, server, tokenizer, tracker, run_ids, out_dir, first)
+                results[point.hash] = _measure_point(point, server, tokenizer, tracker, run_ids, out_dir, first,
+                                                     reporter)  # fmt: skip
+                reporter.emit("point_done", point.label, failed=results[point.hash].error is not None)
                 return results[point.hash]
 
             if task.capacity:
@@ -203,7 +209,9 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
         message = redact_text(str(exc), secrets)
         print(f"[{group.label}] FAILED: {message}")
         for p in points:
-            results.setdefault(p.hash, PointOutcome(p.hash, run_ids[p.hash], error=message))
+            if p.hash not in results:
+                results[p.hash] = PointOutcome(p.hash, run_ids[p.hash], error=message)
+                reporter.emit("point_done", p.label, failed=True)
     except OSError as exc:
         if not diskfull.is_disk_full(exc):
             interrupted = True
@@ -334,6 +342,7 @@ def _measure_point(
     run_ids: dict[str, str],
     out_dir: Path,
     first: bool,
+    reporter: progress.Reporter,
 ) -> PointOutcome:
     run_id = run_ids[point.hash]
     sends = point_requests(point.job, tokenizer)
@@ -346,6 +355,7 @@ def _measure_point(
             sends.requests,
             sends.offsets,
             point.label,
+            reporter,
         )
     except Exception as exc:  # noqa: BLE001 - one point's failure is data; the next point still runs
         message = str(exc) if isinstance(exc, MeasurementError) else f"{type(exc).__name__}: {exc}"
@@ -367,6 +377,9 @@ def _measure_point(
         point_dir = _write_requests(out_dir / point.label, measurement.window).parent
         (point_dir / "summary.json").write_text(json.dumps(metrics, indent=2, default=str))
         (point_dir / "config.json").write_text(json.dumps(flatten_params(point.job), indent=2))
+        if point.job.tracking.vllm_result != "off":
+            vllm_result.write(point_dir / vllm_result.FILE_NAME, point.job, point.label, metrics,
+                              measurement.window.records, {r.index: r.prompt_tokens for r in sends.requests})  # fmt: skip
     except OSError as exc:
         if not diskfull.is_disk_full(exc):
             raise
@@ -377,6 +390,7 @@ def _measure_point(
     tracker.log_metrics(run_id, metrics)
     tracker.log_file(run_id, point_dir / "summary.json")
     tracker.log_file(run_id, point_dir / "requests.csv")
+    tracker.log_file(run_id, point_dir / vllm_result.FILE_NAME)  # where tracking.vllm_result wrote one
     source = "sglang-per-request" if measurement.sglang and measurement.sglang.window_length else None
     tags = {"acceptance.source": source or measurement.acceptance.source}
     if measurement.acceptance.note:

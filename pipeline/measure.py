@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import httpx
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pipeline.acceptance import (
     Acceptance,
@@ -28,6 +27,7 @@ from pipeline.client import ClientOptions, RequestRecord
 from pipeline.config import JobConfig, LoadConfig
 from pipeline.loadgen import StopRule, Window, run_window
 from pipeline.metrics import summarize
+from pipeline.progress import Reporter
 from pipeline.workloads import Request
 
 
@@ -95,31 +95,26 @@ def fill_prefix_cache(requests: Sequence[Request], opts: ClientOptions) -> None:
         raise MeasurementError(f"warming the prefix cache failed ({len(failed)} request(s)): {failed[0].error}")
 
 
-def _progress_run(
-    label: str, requests: Sequence[Request], offsets: Sequence[float], opts: ClientOptions, load: LoadConfig
-) -> Window:
-    errors = 0
-    tokens = 0
-    with Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("{task.fields[errors]} errors, {task.fields[tps]:.0f} tok/s"), TimeElapsedColumn(),
-        transient=False,
-    ) as progress:  # fmt: skip
-        task = progress.add_task(label, total=len(requests), errors=0, tps=0.0)
-        started = time.perf_counter()
+def _run_reported(
+    label: str, requests: Sequence[Request], offsets: Sequence[float], opts: ClientOptions, load: LoadConfig,
+    reporter: Reporter,
+) -> Window:  # fmt: skip
+    errors = tokens = done = 0
+    started = time.perf_counter()
+    reporter.window(label, 0, len(requests), 0, 0.0)
 
-        def on_done(record: RequestRecord) -> None:
-            nonlocal errors, tokens
-            errors += 0 if record.ok else 1
-            tokens += record.output_tokens or 0
-            elapsed = max(time.perf_counter() - started, 1e-9)
-            progress.update(task, advance=1, errors=errors, tps=tokens / elapsed)
+    def on_done(record: RequestRecord) -> None:
+        nonlocal errors, tokens, done
+        done += 1
+        errors += 0 if record.ok else 1
+        tokens += record.output_tokens or 0
+        reporter.window(label, done, len(requests), errors, tokens / max(time.perf_counter() - started, 1e-9))
 
-        stop = StopRule(deadline_s=load.window_timeout_s, max_error_rate=load.max_error_rate)
-        return run_window(
-            requests, offsets, opts, on_done, max_concurrency=load.max_concurrency, workers=load.client_workers,
-            stop=stop,
-        )  # fmt: skip
+    stop = StopRule(deadline_s=load.window_timeout_s, max_error_rate=load.max_error_rate)
+    return run_window(
+        requests, offsets, opts, on_done, max_concurrency=load.max_concurrency, workers=load.client_workers,
+        stop=stop,
+    )  # fmt: skip
 
 
 def measure(
@@ -130,6 +125,7 @@ def measure(
     requests: Sequence[Request],
     offsets: Sequence[float],
     label: str,
+    reporter: Reporter | None = None,
 ) -> Measurement:
     opts = ClientOptions(
         base_url=base_url,
@@ -149,7 +145,7 @@ def measure(
     if job.engine.prefix_cache == "warm":
         fill_prefix_cache(requests, opts)
     before = scrape(base_url)
-    window = _progress_run(label, requests, offsets, opts, job.load)
+    window = _run_reported(label, requests, offsets, opts, job.load, reporter or Reporter(None, label))
     if window.stopped:
         raise MeasurementError(WINDOW_STOPPED + window.stopped, window)
     after = scrape(base_url)

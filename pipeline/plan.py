@@ -20,7 +20,7 @@ from pipeline.loadgen import schedule
 
 # Settings of the whole sweep: a grid may not vary them, and no point's identity includes them.
 SWEEP_LEVEL = ("tracking", "sweep_name", "dry_run", "force", "ray", "repeats", "lossless", "stats", "aa", "gate",
-               "search", "predict", "capacity")  # fmt: skip
+               "search", "predict", "capacity", "verbose", "progress_every_s")  # fmt: skip
 # Keys that say how or where a sweep runs, not what it measures (Hydra gives each job its own output_dir).
 _VOLATILE = ("output_dir", *SWEEP_LEVEL)
 # What a server's command line is made of; everything else (load, workload, SLOs) is per point.

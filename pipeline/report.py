@@ -22,8 +22,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from pipeline import quiet
 from pipeline.acceptance import alpha_from_length
-from pipeline.analysis import advisor, model, quality, search_report, stats, verdicts
+from pipeline.analysis import advisor, iplots, model, quality, search_report, stats, verdicts
 from pipeline.analysis.report import ReportData, conditions, markdown, page
 from pipeline.analysis.search_report import PREDICTIONS_CSV
 from pipeline.analysis.stats import Sample, StatsError, StatsOptions
@@ -119,6 +120,7 @@ def _window_levels(frame: pd.DataFrame, samples: Mapping[str, Sample], opts: Sta
         row = {c: first.get(c) for c in ("role", "engine", "method", "k", "request_rate", "setting_key", "replica")}
         row["output_throughput"] = float(group["output_throughput"].median())
         row["median_tpot_ms"] = float(group["median_tpot_ms"].median())
+        row["run_ids"] = " ".join(str(r) for r in group["run_id"])
         if windows and all(w is not None for w in windows):
             level = stats.window_interval("tpot", 50, windows, opts, np.random.default_rng([opts.seed, 99, i]))  # type: ignore[arg-type]
             if level.resolved:
@@ -180,7 +182,9 @@ def build(reader: SweepReader, parent_id: str, out_dir: Path | None = None,
         data = analyse(
             title, frame, probes, tests, samples, opts, search_report.slo_target(reader.params(parent_id)), predictions
         )
+        data = replace(data, run_url=reader.run_url(parent_id))
         since, trends = _since_reference(reader, parent_id, work)
+    interactive = _interactive(data)
     figures = {
         name: png
         for name, png in (
@@ -200,15 +204,35 @@ def build(reader: SweepReader, parent_id: str, out_dir: Path | None = None,
     paths = {"html": out / "report.html", "markdown": out / "report.md"}
     section = f"\n## Since the reference\n\n{since}" if since else ""
     html_section = f"<h2>Since the reference</h2><pre>{html_escape(since)}</pre></body>" if since else "</body>"
-    paths["html"].write_text(page(data, figures).replace("</body>", html_section))
-    paths["markdown"].write_text(markdown(data) + section)
-    for i, (name, png) in enumerate(figures.items(), start=1):
-        figure = out / f"figure{i}.png"
-        figure.write_bytes(png)
-        paths[name] = figure
+    static = {name: png for name, png in figures.items() if name not in interactive}
+    paths["html"].write_text(page(data, static, iplots.html(interactive)).replace("</body>", html_section))
+    pngs = [(name, f"figure{i}.png") for i, name in enumerate(figures, start=1)]
+    images = "\n## Figures\n\n" + "\n".join(f"![{name}]({file})" for name, file in pngs) + "\n" if pngs else ""
+    paths["markdown"].write_text(markdown(data) + section + images)
+    for (name, file), png in zip(pngs, figures.values(), strict=True):
+        (out / file).write_bytes(png)
+        paths[name] = out / file
     for path in paths.values():
         reader.log_file(parent_id, path, REPORT_DIR)
+    for i, fig in enumerate(interactive.values(), start=1):  # MLflow's artifact viewer draws these
+        reader.log_figure(parent_id, fig, f"{REPORT_DIR}/interactive/figure{i}.html")
     return paths
+
+
+def _interactive(data: ReportData) -> dict:
+    """The figures with a Plotly twin, by the same names as their PNGs."""
+    names = dict(zip(data.frame["run_id"].astype(str), data.frame["point"].astype(str), strict=True))
+
+    def url(run: str) -> str:
+        return data.run_url.format(run=run)
+
+    made = {
+        "Output throughput against median TPOT": iplots.throughput_vs_tpot(data.levels, names, url),
+        "Median-TPOT speedup against request rate": iplots.speedup_vs_rate(data.points, names, url),
+        "TTFT against request rate": iplots.ttft_vs_rate(data.frame, names, url),
+        "Acceptance against k": iplots.acceptance_vs_k(data.points, names, url),
+    }
+    return {name: fig for name, fig in made.items() if fig is not None}
 
 
 def _since_reference(reader: SweepReader, parent_id: str, work: Path) -> tuple[str, dict[str, bytes]]:
@@ -306,7 +330,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--confidence", type=float, help="interval level (default: the sweep's stats.confidence)")
     parser.add_argument("--floor", type=float, help="practical floor, e.g. 0.02 (default: the sweep's stats.floor)")
     parser.add_argument("--resamples", type=int, help="bootstrap replicates (default: the sweep's stats.resamples)")
+    parser.add_argument("--verbose", action="store_true", help="MLflow's download bars and library notices too")
     args = parser.parse_args(argv)
+    quiet.apply(args.verbose)
     uri = args.tracking_uri or resolve_store(TrackingConfig(), args.project.resolve()).tracking_uri
     reader = SweepReader(uri)
     try:

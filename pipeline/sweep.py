@@ -19,6 +19,7 @@ from typing import Any
 
 import hydra
 
+from pipeline import entry
 from pipeline.config import GROUP_FILE_KEY, ConfigError, register_schema, to_job_config
 from pipeline.signals import exit_on_sigterm
 
@@ -55,6 +56,7 @@ def run_group_file(path: str, out_dir: Path) -> Any:
 
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")
 def main(cfg: Any) -> Any:
+    entry.entered()
     exit_on_sigterm()
     logging.raiseExceptions = False  # a log file on a full disk: no traceback per line
     # Hydra sets the root logger to INFO; a line per HTTP request buries the progress bar.
@@ -83,4 +85,4 @@ register_schema()
 
 if __name__ == "__main__":
     run_from_a_stable_copy()  # only the driver: a Ray task imports this module, and must stay put
-    main()
+    entry.run(main)

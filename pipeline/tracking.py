@@ -36,6 +36,7 @@ DB_NAME = "mlflow.db"
 # On a point the regression gate re-measured: the run id it confirms. Such runs are not the
 # point's measurement (resume and the gate's history skip them).
 CONFIRMATION_TAG = "gate.confirmation_of"
+LOCAL_UI = "http://127.0.0.1:5000"  # `python -m pipeline.ui --port 5000` serves a local store here
 MAX_PARAM_CHARS = 6000
 
 
@@ -271,6 +272,17 @@ class SweepReader:
 
     def params(self, run_id: str) -> dict[str, str]:
         return dict(self.client.get_run(run_id).data.params)
+
+    def run_url(self, run_id: str) -> str:
+        """The page of a run of this sweep's experiment in the MLflow UI, with "{run}" for the run's id:
+        the tracking server's own UI, or `python -m pipeline.ui --port 5000` for a local store."""
+        base = self.tracking_uri if self.tracking_uri.startswith(("http://", "https://")) else LOCAL_UI
+        experiment = self.client.get_run(run_id).info.experiment_id
+        return f"{base.rstrip('/')}/#/experiments/{experiment}/runs/{{run}}"
+
+    def log_figure(self, run_id: str, figure: Any, artifact_file: str) -> None:
+        """A figure MLflow's artifact viewer shows (Plotly: an HTML page that loads plotly.js from its CDN)."""
+        self.client.log_figure(run_id, figure, artifact_file)
 
     def log_metrics(self, run_id: str, metrics: Mapping[str, float]) -> None:
         for key, value in metrics.items():

@@ -20,12 +20,15 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from pipeline import cluster
+from pipeline import cluster, progress_hub
 from pipeline.config import GROUP_FILE_KEY, RayConfig
 from pipeline.group import GroupTask
 
 # After Ctrl-C, how long a cancelled task gets to stop its server before we give up on it.
 CANCEL_GRACE_S = 60.0
+# A group whose worker or node died is run again (Ray's system-failure retries; an error in the
+# group itself is not retried). The new attempt keeps what the lost one finished (pipeline.group).
+GROUP_RETRIES = 3
 
 
 def _job_in_worker(
@@ -113,9 +116,11 @@ class SpecsweepRayLauncher(Launcher):
             configs.append(cfg)
             group_file = cfg.get(GROUP_FILE_KEY)
             tasks.append(Path(group_file).read_bytes() if group_file else b"")
-        remote = ray.remote(_job_in_worker)
+        remote = ray.remote(max_retries=GROUP_RETRIES, retry_exceptions=False)(_job_in_worker)
         state = Singleton.get_state()
         requests = [_request(ray_config, GroupTask.load_bytes(t).gpus if t else 0) for t in tasks]
+        channels = {c for t in tasks if t and (c := GroupTask.load_bytes(t).progress)}
+        forwarding = [progress_hub.forward(channel) for channel in channels]
         refs = []
         try:
             if not ray_config.resources_per_group and not any(r.get("num_gpus") for r in requests):
@@ -137,3 +142,6 @@ class SpecsweepRayLauncher(Launcher):
                 ray.cancel(ref)
             ray.wait(refs, num_returns=len(refs), timeout=CANCEL_GRACE_S)
             raise
+        finally:
+            for stop in forwarding:
+                stop()

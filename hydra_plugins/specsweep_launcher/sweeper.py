@@ -17,9 +17,11 @@ from typing import Any
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobStatus
+from hydra.errors import HydraException
 from omegaconf import OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
 
-from pipeline import diskfull
+from pipeline import diskfull, entry
 from pipeline.config import GROUP_FILE_KEY, ConfigError, to_job_config
 from pipeline.driver import EXIT_BAD_INPUT, EXIT_INFRA, run_guarded
 from pipeline.group import GroupOutcome, GroupTask
@@ -58,13 +60,14 @@ class SpecsweepSweeper(BasicSweeper):
 
     def sweep(self, arguments: list[str]) -> Any:
         assert self.config is not None and self.launcher is not None and self.hydra_context is not None
+        entry.entered()
         exit_on_sigterm()
         logging.raiseExceptions = False  # a log file on a full disk: no traceback per line
         loader = self.hydra_context.config_loader
-        overrides = OverridesParser.create(config_loader=loader).parse_overrides(self._parse_config() + arguments)
-        grid = self.split_arguments(overrides, None)[0]
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
         try:
+            overrides = OverridesParser.create(config_loader=loader).parse_overrides(self._parse_config() + arguments)
+            grid = self.split_arguments(overrides, None)[0]
             jobs = []
             for point in grid:
                 cfg = loader.load_sweep_config(self.config, list(point))
@@ -73,6 +76,10 @@ class SpecsweepSweeper(BasicSweeper):
                 jobs.append(to_job_config(cfg))
         except ConfigError as exc:
             print(f"error: {exc}", file=sys.stderr)
+            sys.exit(EXIT_BAD_INPUT)
+        except (HydraException, OmegaConfBaseException) as exc:  # an override no config can take
+            print(f"error: {exc}\ncheck the key and group names and the value types (`python -m pipeline.sweep "
+                  f"--cfg job` prints the config with every key)", file=sys.stderr)  # fmt: skip
             sys.exit(EXIT_BAD_INPUT)
         try:
             sweep_dir.mkdir(parents=True, exist_ok=True)

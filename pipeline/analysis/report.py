@@ -50,6 +50,7 @@ class ReportData:
     sections: list[str] = field(default_factory=list)  # the searches' own sections, as Markdown lines
     capacity: list = field(default_factory=list)  # search=capacity's curves (search_report.CapacityCurve)
     predictions: pd.DataFrame | None = None  # search=predict's table
+    run_url: str = ""  # a run's page in the MLflow UI, "{run}" for its id ("": no links)
 
 
 PREFIX_POLICY_TEXT = {
@@ -126,7 +127,12 @@ def _name(row: pd.Series) -> str:
 def look_table(data: ReportData) -> list[list[str]]:
     """The tutorial's "what to look for": baseline against speculation at low and high load,
     every ratio with its interval and verdict."""
-    rows: list[list[str]] = []
+    return [cells for cells, _ in look_rows(data)]
+
+
+def look_rows(data: ReportData) -> list[tuple[list[str], str]]:
+    """:func:`look_table`'s rows, each with the MLflow runs behind it (space-separated ids)."""
+    rows: list[tuple[list[str], str]] = []
     points = data.points
     if points.empty:
         return rows
@@ -142,12 +148,13 @@ def look_table(data: ReportData) -> list[list[str]]:
                 ("p99 TPOT", "base_p99_tpot_ms", "p99_tpot_ms", " ms", "speedup_p99_tpot"),
                 ("throughput", "base_output_throughput", "output_throughput", " tok/s", "output_throughput_ratio"),
             ):
-                rows.append([config, f"{label}, {load} load ({rate:g}/s)", _f(row.get(base), 1, unit),
-                             _f(row.get(spec), 1, unit), *_ratio_cell(row, metric)])  # fmt: skip
+                rows.append(([config, f"{label}, {load} load ({rate:g}/s)", _f(row.get(base), 1, unit),
+                              _f(row.get(spec), 1, unit), *_ratio_cell(row, metric)], str(row.get("run_ids", ""))))  # fmt: skip
         first = group.iloc[0]
-        rows.append([config, f"median TTFT ({first['request_rate']:g}/s)", _f(first.get("base_median_ttft_ms"), 1, " ms"),
-                     _f(first.get("median_ttft_ms"), 1, " ms"), *_ratio_cell(first, "speedup_median_ttft")])  # fmt: skip
-        rows.append([config, f"acceptance ({first['request_rate']:g}/s)", "", *_alpha_cell(first)])
+        runs = str(first.get("run_ids", ""))
+        rows.append(([config, f"median TTFT ({first['request_rate']:g}/s)", _f(first.get("base_median_ttft_ms"), 1, " ms"),
+                      _f(first.get("median_ttft_ms"), 1, " ms"), *_ratio_cell(first, "speedup_median_ttft")], runs))  # fmt: skip
+        rows.append(([config, f"acceptance ({first['request_rate']:g}/s)", "", *_alpha_cell(first)], runs))
     return rows
 
 
@@ -285,27 +292,43 @@ th{background:#f3f3f3}.helps{background:#d9f2d9}.hurts{background:#f8d7d7}.incon
 code,pre{background:#f6f6f6}"""
 
 
-def _table(header: list[str], rows: list[list[str]]) -> str:
+def _table(header: list[str], rows: list[list[str]], links: list[str] | None = None) -> str:
+    """``links``: a last cell per row, already HTML (the row's runs)."""
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join(
         "<tr>" + "".join(f'<td class="{html.escape(c.split(" ")[0].strip(":"))}">{html.escape(c)}</td>' if i == len(row) - 1
-                         else f"<td>{html.escape(c)}</td>" for i, c in enumerate(row)) + "</tr>"
-        for row in rows
+                         else f"<td>{html.escape(c)}</td>" for i, c in enumerate(row))
+        + (f"<td>{links[n]}</td>" if links else "") + "</tr>"
+        for n, row in enumerate(rows)
     )  # fmt: skip
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def page(data: ReportData, figures: dict[str, bytes]) -> str:
+def _run_links(run_ids: str, data: ReportData) -> str:
+    names = dict(zip(data.frame["run_id"].astype(str), data.frame["point"].astype(str), strict=True))
+    ids = [r for r in run_ids.split() if r]
+    if not data.run_url or not ids:
+        return ""
+    return " ".join(f'<a href="{html.escape(data.run_url.format(run=r))}">{html.escape(names.get(r, r[:8]))}</a>'
+                    for r in ids)  # fmt: skip
+
+
+def page(data: ReportData, figures: dict[str, bytes], interactive: str = "") -> str:
+    """``interactive``: the Plotly figures' HTML (pipeline.analysis.iplots), before the PNGs of the rest."""
     lead = f'<p class="headline">{html.escape(data.lead)}</p>' if data.lead else ""
+    looks = look_rows(data)
     parts = [f"<h1>{html.escape(data.title)}</h1>{lead}", f'<p class="headline">{html.escape(headline(data))}</p>',
              f"<p>{html.escape(method_statement(data))}</p>",
              "<ul>" + "".join(f"<li>{html.escape(c)}</li>" for c in data.conditions) + "</ul>",
              "<h2>What to look for</h2>",
-             _table(["configuration", "metric", "baseline", "speculation", "ratio", "verdict"], look_table(data)),
+             _table(["configuration", "metric", "baseline", "speculation", "ratio", "verdict"]
+                    + (["MLflow runs"] if data.run_url else []), [cells for cells, _ in looks],
+                    [_run_links(runs, data) for _, runs in looks] if data.run_url else None),
              *([f"<pre>{html.escape(chr(10).join(data.sections))}</pre>"] if data.sections else []),
              "<h2>Where speculation stops paying</h2><ul>"]  # fmt: skip
     parts += [f"<li>{html.escape(f'{c.engine} {c.method} k={c.k}: {c.text}')}</li>" for c in data.crossings]
     parts.append("</ul>")
+    parts.append(interactive)
     for name, png in figures.items():
         parts.append(f'<h3>{html.escape(name)}</h3><img alt="{html.escape(name)}" '
                      f'src="data:image/png;base64,{base64.b64encode(png).decode()}">')  # fmt: skip

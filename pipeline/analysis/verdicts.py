@@ -140,6 +140,8 @@ def compare_points(frame: pd.DataFrame, samples: Mapping[str, Sample], opts: Sta
         load_bound[str(key)] = complete and all(keeps_up(x) for x in [*base_s, *spec_s])  # type: ignore[arg-type]
         row = {c: first.get(c) for c in ("engine", "method", "k", "workload", "setting_key", "replica")}
         row |= {"point_key": str(key), "request_rate": rate, "runs": len(pairs), "k": int(first["k"])}
+        # The MLflow runs behind the row, speculation's first: the report links to them.
+        row["run_ids"] = " ".join([str(s["run_id"]) for _, s in pairs] + [str(b["run_id"]) for b, _ in pairs])
         row |= {c: _median(group, c) for c in MEDIANS}
         baseline = pd.DataFrame([b for b, _ in pairs])
         row |= {f"base_{c}": _median(baseline, c) for c in ("median_tpot_ms", "p99_tpot_ms", "output_throughput",

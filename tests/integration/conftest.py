@@ -54,8 +54,10 @@ def run_sweep(project: Path, *overrides: str, timeout: float = 900) -> subproces
     )
 
 
-def sigterm_once_serving(args: list[str], cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    """Start the entry point, wait until a server is ready, then send what a scheduler sends."""
+def sigterm_once_serving(args: list[str], cwd: Path, timeout: float = 180, sig: int | None = None
+                         ) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    """Start the entry point, wait until a server is ready, then send what a scheduler sends
+    (SIGTERM), or ``sig`` (SIGINT: Ctrl-C)."""
     import signal
 
     proc = subprocess.Popen(
@@ -72,6 +74,6 @@ def sigterm_once_serving(args: list[str], cwd: Path, timeout: float = 180) -> su
         if "server ready" in line:
             break
     assert vllm_server_pids(), "expected a running server before the signal:\n" + "".join(seen[-20:])
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig or signal.SIGTERM)
     out, _ = proc.communicate(timeout=timeout)
     return subprocess.CompletedProcess(proc.args, proc.returncode, "".join(seen) + (out or ""), "")

@@ -147,16 +147,30 @@ def _serving(ready: set[int], node_port: int | None, timeout_s: float = 300) -> 
     raise AssertionError("no server became ready")
 
 
+def _start(setup: tuple[cluster.Cluster, cluster.TrackingServer], sweep_name: str, *overrides: str) -> str:
+    """``ray job submit --no-wait`` of a multirun into experiment ``sweep_name``; its submission id."""
+    ray_cluster, server = setup
+    name = f"{sweep_name}-{int(time.time())}"
+    entry = [
+        "python",
+        "-m",
+        "pipeline.sweep",
+        "-m",
+        f"sweep_name={sweep_name}",
+        f"tracking.uri={server.uri}",
+        *overrides,
+    ]
+    submitted = cluster.submit(ray_cluster, name, REPO, entry, wait=False)
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    return name
+
+
 def test_sigkill_of_a_job_submitted_through_ray_jobs_stops_its_server(
     setup: tuple[cluster.Cluster, cluster.TrackingServer],
 ) -> None:  # fmt: skip
-    ray_cluster, server = setup
+    ray_cluster, _ = setup
     before = vllm_server_pids()
-    name = f"kill9-job-{int(time.time())}"
-    entry = ["python", "-m", "pipeline.sweep", "-m", "spec=none", "sweep_name=kill9job", f"tracking.uri={server.uri}",
-             "load.request_rate=1", *_small(num_requests=60)]  # fmt: skip
-    submitted = cluster.submit(ray_cluster, name, REPO, entry, wait=False)
-    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    name = _start(setup, "kill9job", "spec=none", "load.request_rate=1", *_small(num_requests=60))
     _serving(set(), None)
     drivers = [p for p in psutil.process_iter(["cmdline"]) if "sweep_name=kill9job" in " ".join(p.info["cmdline"] or ())
                and "pipeline.sweep" in (p.info["cmdline"] or [""])[1:3]]  # fmt: skip
@@ -178,11 +192,7 @@ def test_a_node_lost_mid_window_has_its_group_run_again_on_another_and_loses_no_
     """Last in this module: the joining node stays lost."""
     ray_cluster, server = setup
     before = vllm_server_pids()
-    name = f"node-lost-{int(time.time())}"
-    entry = ["python", "-m", "pipeline.sweep", "-m", "spec.k=3", "sweep_name=nodelost", f"tracking.uri={server.uri}",
-             *SPREAD, *_small(num_requests=16)]  # fmt: skip
-    submitted = cluster.submit(ray_cluster, name, REPO, entry, wait=False)
-    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    name = _start(setup, "nodelost", "spec.k=3", *SPREAD, *_small(num_requests=16))
     pid, raylet = _serving(set(), ray_cluster.worker_node_port)
     lost = {pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))}
     raylet.kill()  # the node's Ray is gone at once, as when its machine fails

@@ -27,6 +27,8 @@ SMALL = [
     "repeats.count=2",
     # float32: greedy outputs must then match the baseline's exactly (bf16 may differ by numerics).
     "engine.dtype=float32", "lossless.prompts=2", "lossless.max_tokens=32",
+    # Off a terminal the live display prints a line this often (10 s by default).
+    "progress_every_s=2",
 ]  # fmt: skip
 
 
@@ -88,6 +90,22 @@ def test_multirun_through_ray_starts_one_server_per_configuration(
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"summary.csv", "summary_table.json"} <= artifacts
     assert "ngram-k5-r4" in proc.stdout and "TPOT speedup" in proc.stdout  # the final table
+
+
+def test_the_live_display_prints_plain_lines_through_ray_and_the_terminal_stays_quiet(
+    swept: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    _, proc = swept
+    out = proc.stdout + proc.stderr
+    # Fed by the groups in their Ray workers, drawn by the driver: a server starting, a window under way.
+    assert re.search(r"^progress: \d+/12 points done, .* elapsed, ~.* left$", out, re.M), out[-3000:]
+    assert re.search(r"^  \[\d\d-[\w.-]+\] server starting, \d+ s so far$", out, re.M), out[-3000:]
+    assert re.search(r"^  \[[\w.-]+-r\d[\w-]*\] [0-5]/6 requests, \d+ errors, \d+ tok/s$", out, re.M), out[-3000:]
+    heads = [line for line in out.splitlines() if "progress: " in line]
+    assert len(heads) >= 3 and not any("\r" in h or "\x1b[" in h for h in heads)  # plain lines, never redrawn
+    # Quiet by default: no MLflow download bars (the report downloads a dozen artifacts), no notices.
+    for noise in ("Downloading artifacts", "Token authentication is enabled", "generated new fontManager"):
+        assert noise not in out, noise
 
 
 def test_rerun_resumes_without_starting_a_server(swept: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
@@ -205,6 +223,17 @@ def test_report_first_screen_answers_with_the_verdict_table(
         assert verdicts.count() >= 8 and verdicts.first.bounding_box()["y"] < 800
         assert "vllm ngram k=3" in table.inner_text() and "median TPOT, low load (2/s)" in table.inner_text()
         page.screenshot(path=str(tmp_path / "report-first-screen.png"))
+        # Every row of the table links to its MLflow runs; the figures answer a hover with the point.
+        assert page.locator("table a[href*='#/experiments/'][href*='/runs/']").count() >= 8
+        point = page.locator("#figure-1 .scatterlayer .trace .points path").first  # speedup against rate
+        point.scroll_into_view_if_needed()
+        point.hover(force=True)
+        tooltip = page.locator("#figure-1 .hoverlayer .hovertext").first
+        tooltip.wait_for(timeout=10_000)
+        text = tooltip.text_content() or ""
+        assert re.search(r"vllm ngram k=\d.*rate \d+ req/s.*median-TPOT speedup \d+\.\d\dx \[", text), text
+        assert "MLflow run: ngram-k" in text, text
+        page.screenshot(path=str(tmp_path / "report-hover.png"))
         browser.close()
     assert (tmp_path / "report-first-screen.png").stat().st_size > 10_000
 

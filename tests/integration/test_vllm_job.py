@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
 from pathlib import Path
 
 import pandas as pd
@@ -126,8 +127,16 @@ def test_truncated_draft_has_four_layers() -> None:
     assert config["num_hidden_layers"] == 4 and config["vocab_size"] == 49152
 
 
-def test_sigterm_mid_job_stops_every_server_process(tmp_path: Path, no_leftover_servers: None) -> None:
-    # What a scheduler sends: the job must stop its server's whole group (API server,
-    # engine core, workers), not only the process it started.
-    proc = sigterm_once_serving([f"hydra.run.dir={tmp_path}/out", "sweep_name=term", *SMALL], tmp_path, timeout=120)
-    assert proc.returncode != 0
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)], ids=["SIGTERM", "SIGINT"])
+def test_sigterm_mid_job_stops_every_server_process(tmp_path: Path, no_leftover_servers: None, sig: int,
+                                                    code: int) -> None:  # fmt: skip
+    # What a scheduler sends (or Ctrl-C): the job must stop its server's whole group (API
+    # server, engine core, workers), not only the process it started, and say it was stopped.
+    proc = sigterm_once_serving([f"hydra.run.dir={tmp_path}/out", "sweep_name=term", *SMALL], tmp_path, timeout=120,
+                                sig=sig)  # fmt: skip
+    assert proc.returncode == code, proc.stdout[-3000:]
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    experiment = client.get_experiment_by_name("term")
+    assert experiment is not None
+    runs = client.search_runs([experiment.experiment_id])
+    assert runs and {r.info.status for r in runs} == {"KILLED"}, [(r.info.run_name, r.info.status) for r in runs]

@@ -292,3 +292,32 @@ def test_the_aa_spread_is_added_where_repeats_shared_their_servers_not_where_the
         row = analyse("t", table, [], [], samples, opts).points.iloc[0]
         width[name] = row["high"] / row["low"]
     assert width["shared"] > 1.2 * width["restarted"]
+
+
+def test_interactive_figures_hover_with_config_rate_interval_and_run_link_and_the_table_links_runs() -> None:
+    from dataclasses import replace as with_
+
+    from pipeline.analysis import iplots
+    from pipeline.report import _interactive
+
+    frame, samples = _sweep({(3, 1.0): 2.0, (3, 4.0): 1.4, (5, 1.0): 1.8, (5, 4.0): 1.2})
+    data = with_(_analyse(frame, samples), run_url="http://mlflow:5000/#/experiments/7/runs/{run}")
+    figures = _interactive(data)
+    assert set(figures) == {"Output throughput against median TPOT", "Median-TPOT speedup against request rate",
+                            "TTFT against request rate", "Acceptance against k"}  # fmt: skip
+    speedup = figures["Median-TPOT speedup against request rate"]
+    (k3,) = [t for t in speedup.data if t.name == "vllm ngram k=3"]
+    config, rate, value, link, target = k3.customdata[0]
+    assert (config, rate) == ("vllm ngram k=3", "1") and value.startswith("median-TPOT speedup 2.")
+    assert "x [" in value and value.endswith(": helps")  # the estimate with its interval, and the verdict
+    assert link.startswith('<a href="http://mlflow:5000/#/experiments/7/runs/ngram-k3-r1-code_edit-rep0">MLflow run: ')
+    assert target == "http://mlflow:5000/#/experiments/7/runs/ngram-k3-r1-code_edit-rep0"
+    pareto = figures["Output throughput against median TPOT"]
+    assert any("median TPOT " in c[2] and " ms [" in c[2] for t in pareto.data for c in t.customdata)
+    html = page(data, {}, iplots.html(figures))
+    assert html.count("Plotly.newPlot") == 4 and "plotly_click" in html and "<script src=" not in html  # offline
+    assert "<th>MLflow runs</th>" in html
+    assert (
+        '<a href="http://mlflow:5000/#/experiments/7/runs/ngram-k5-r4-code_edit-rep0">ngram-k5-r4-code_edit-rep0</a>'
+        in html
+    )

@@ -66,6 +66,14 @@ CASES: list[tuple[str, bool, list[str], str]] = [
     ("ray-timeout", False, ["ray.connect_timeout_s=0"], "ray.connect_timeout_s=0.0 must be > 0"),
     ("ray-resources", False, ["+ray.resources_per_group.GPU=-1"], "must be a positive number"),
     ("file-store", False, ["tracking.uri=file:///tmp/specsweep-file-store"], "give a sqlite:///path/to/mlflow.db"),
+    ("vllm-result-mode", False, ["tracking.vllm_result=full"], "tracking.vllm_result='full' is not valid"),
+    ("progress-interval", False, ["progress_every_s=0"], "progress_every_s=0.0 must be > 0"),
+    # the command line itself: what Hydra cannot compose (it says why; we exit 2 and say where to look)
+    ("unknown-key", False, ["spec.kk=3"], "--cfg job` prints the config with every key"),
+    ("wrong-type", False, ["spec.k=five"], "check the key and group names and the value types"),
+    ("unknown-group-option", False, ["load=nosuch"], "check the key and group names"),
+    ("sweep-unknown-key", True, ["spec.kk=3,5"], "Could not override 'spec.kk'"),
+    ("sweep-wrong-type", True, ["spec.k=3,five"], "Error merging override spec.k=five"),
     # sweeps (-m)
     ("empty-grid", True, ["load.request_rate=range(4,1)"], "expands to no jobs"),
     ("one-bad-point", True, ["spec.k=3,0"], "spec.k=0 is not valid"),

@@ -1,0 +1,158 @@
+"""The report's interactive figures (Plotly), for the HTML page. The only module that imports plotly.
+
+Each point's tooltip names its configuration and rate, gives its value with its interval, and
+links to its MLflow run; a click opens that run. The PNGs of the Markdown report and of the
+figures without a twin here still come from :mod:`pipeline.analysis.plots` (matplotlib):
+Plotly's static export needs a browser (kaleido), which a plain install does not have.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from html import escape
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from pipeline.analysis.verdicts import measured
+
+RunUrl = Callable[[str], str]  # run id -> its page in the MLflow UI
+HOVER = "<b>%{customdata[0]}</b><br>rate %{customdata[1]} req/s<br>%{customdata[2]}<br>%{customdata[3]}<extra></extra>"
+# Opens a point's run on click; the tooltip's link cannot be reached before it moves away.
+CLICK_JS = """window.addEventListener('load', function () {
+  document.querySelectorAll('.plotly-graph-div').forEach(function (div) {
+    div.on('plotly_click', function (e) { var u = e.points[0].customdata[4]; if (u) { window.open(u, '_blank'); } });
+  });
+});"""
+
+
+def _config(row: pd.Series) -> str:
+    if row.get("role") == "baseline":
+        return f"{row['engine']} baseline"
+    return f"{row['engine']} {row['method']} k={int(row['k'])}"
+
+
+def _interval(value: float, low: object, high: object, fmt: str, unit: str = "") -> str:
+    if isinstance(low, float) and isinstance(high, float) and math.isfinite(low) and math.isfinite(high):
+        return f"{value:{fmt}}{unit} [{low:{fmt}}, {high:{fmt}}]"
+    return f"{value:{fmt}}{unit} (no interval: a summary of the window only)"
+
+
+def _link(run_ids: str, names: dict[str, str], url: RunUrl) -> tuple[str, str]:
+    """The tooltip's link line and the click target: the point's first run."""
+    ids = [r for r in str(run_ids or "").split() if r]
+    if not ids:
+        return "no MLflow run", ""
+    shown = ", ".join(names.get(r, r[:8]) for r in ids[:4]) + (" ..." if len(ids) > 4 else "")
+    return f'<a href="{url(ids[0])}">MLflow run: {shown}</a> (click the point)', url(ids[0])
+
+
+def _layout(fig: go.Figure, title: str, x: str, y: str) -> go.Figure:
+    fig.update_layout(title=title, xaxis_title=x, yaxis_title=y, hovermode="closest", template="plotly_white",
+                      height=460, legend={"font": {"size": 10}})  # fmt: skip
+    return fig
+
+
+def throughput_vs_tpot(levels: pd.DataFrame | None, names: dict[str, str], url: RunUrl) -> go.Figure | None:
+    """Throughput against median TPOT, a curve per configuration, each point with its interval."""
+    if levels is None or levels.empty:
+        return None
+    fig = go.Figure()
+    for _, curve in levels.groupby(["role", "engine", "method", "k", "setting_key"], sort=True, dropna=False):
+        curve = curve.sort_values("request_rate")
+        low, high = curve.get("median_tpot_ms_low"), curve.get("median_tpot_ms_high")
+        custom = []
+        for _, row in curve.iterrows():
+            text = "median TPOT " + _interval(row["median_tpot_ms"], row.get("median_tpot_ms_low"),
+                                              row.get("median_tpot_ms_high"), ".1f", " ms")  # fmt: skip
+            link, target = _link(row.get("run_ids", ""), names, url)
+            custom.append([_config(row), f"{row['request_rate']:g}", f"{text}<br>throughput "
+                           f"{row['output_throughput']:.1f} tok/s", link, target])  # fmt: skip
+        error = None
+        if low is not None and high is not None:
+            error = {"type": "data", "symmetric": False, "array": (high - curve["median_tpot_ms"]).tolist(),
+                     "arrayminus": (curve["median_tpot_ms"] - low).tolist(), "thickness": 1}  # fmt: skip
+        baseline = curve.iloc[0]["role"] == "baseline"
+        fig.add_trace(go.Scatter(x=curve["median_tpot_ms"], y=curve["output_throughput"], mode="lines+markers",
+                                 name=_config(curve.iloc[0]), customdata=custom, hovertemplate=HOVER, error_x=error,
+                                 line={"dash": "dash", "color": "black"} if baseline else None))  # fmt: skip
+    return _layout(fig, "Throughput against median TPOT, across request rates", "median TPOT, ms (lower is better)",
+                   "output throughput, tok/s (higher is better)")  # fmt: skip
+
+
+def speedup_vs_rate(points: pd.DataFrame, names: dict[str, str], url: RunUrl) -> go.Figure | None:
+    if points.empty or "speedup_median_tpot_low" not in points:
+        return None
+    fig = go.Figure()
+    finite = points[points["request_rate"].apply(math.isfinite)]
+    for _, group in finite.groupby(["engine", "method", "k"], sort=True):
+        group = group.sort_values("request_rate")
+        estimate = group["speedup_median_tpot"].astype(float)
+        custom = []
+        for _, row in group.iterrows():
+            text = "median-TPOT speedup " + _interval(float(row["speedup_median_tpot"]), row["speedup_median_tpot_low"],
+                                                      row["speedup_median_tpot_high"], ".2f", "x")  # fmt: skip
+            link, target = _link(row.get("run_ids", ""), names, url)
+            custom.append([_config(row), f"{row['request_rate']:g}", f"{text}: {row.get('verdict', '')}", link, target])
+        error = {"type": "data", "symmetric": False, "thickness": 1,
+                 "array": (group["speedup_median_tpot_high"].astype(float) - estimate).fillna(0).tolist(),
+                 "arrayminus": (estimate - group["speedup_median_tpot_low"].astype(float)).fillna(0).tolist()}  # fmt: skip
+        fig.add_trace(go.Scatter(x=group["request_rate"], y=estimate, mode="lines+markers", name=_config(group.iloc[0]),
+                                 customdata=custom, hovertemplate=HOVER, error_y=error))  # fmt: skip
+    fig.add_hline(y=1.0, line={"color": "black", "width": 1})
+    return _layout(fig, "Median-TPOT speedup with its interval, against load", "request rate (req/s)",
+                   "median-TPOT speedup (> 1: speculation faster)")  # fmt: skip
+
+
+def ttft_vs_rate(frame: pd.DataFrame, names: dict[str, str], url: RunUrl) -> go.Figure | None:
+    data = measured(frame).dropna(subset=["median_ttft_ms"]) if "median_ttft_ms" in frame else frame.iloc[0:0]
+    if data.empty:
+        return None
+    fig = go.Figure()
+    for _, curve in data.groupby(["engine", "role", "method", "k"], sort=True):
+        rows = []
+        for rate, at in curve.groupby("request_rate", sort=True):
+            first = at.iloc[0]
+            value = float(at["median_ttft_ms"].median())
+            link, target = _link(" ".join(at["run_id"].astype(str)), names, url)
+            spread = (
+                f" (runs {at['median_ttft_ms'].min():.1f} to {at['median_ttft_ms'].max():.1f})" if len(at) > 1 else ""
+            )
+            rows.append(
+                (rate, value, [_config(first), f"{rate:g}", f"median TTFT {value:.1f} ms{spread}", link, target])
+            )
+        baseline = curve.iloc[0]["role"] == "baseline"
+        fig.add_trace(go.Scatter(x=[r[0] for r in rows], y=[r[1] for r in rows], mode="lines+markers",
+                                 name=_config(curve.iloc[0]), customdata=[r[2] for r in rows], hovertemplate=HOVER,
+                                 line={"dash": "dash", "color": "black"} if baseline else None))  # fmt: skip
+    return _layout(fig, "Time to first token against load", "request rate (req/s)", "median TTFT (ms)")
+
+
+def acceptance_vs_k(points: pd.DataFrame, names: dict[str, str], url: RunUrl) -> go.Figure | None:
+    if points.empty or points["acceptance_length"].isna().all():
+        return None
+    fig = go.Figure()
+    for (engine, method, rate), group in points.groupby(["engine", "method", "request_rate"], sort=True):
+        group = group.sort_values("k")
+        custom = []
+        for _, row in group.iterrows():
+            link, target = _link(row.get("run_ids", ""), names, url)
+            custom.append([_config(row), f"{rate:g}", f"acceptance length L {row.get('acceptance_length_text', '')}",
+                           link, target])  # fmt: skip
+        fig.add_trace(go.Scatter(x=group["k"], y=group["acceptance_length"], mode="lines+markers",
+                                 name=f"{engine} {method} @ {rate:g}/s", customdata=custom, hovertemplate=HOVER))  # fmt: skip
+    return _layout(fig, "Acceptance against k", "k (draft tokens per step)", "acceptance length L (tokens per step)")
+
+
+def html(figures: dict[str, go.Figure]) -> str:
+    """The figures as HTML for one page: plotly.js once, inline, so that the page opens offline."""
+    from plotly.offline import get_plotlyjs
+
+    if not figures:
+        return ""
+    parts = [f"<script>{get_plotlyjs()}</script>", f"<script>{CLICK_JS}</script>"]
+    for i, (name, fig) in enumerate(figures.items()):
+        div = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"figure-{i}", config={"displaylogo": False})
+        parts.append(f'<h3>{escape(name)}</h3><div class="figure">{div}</div>')
+    return "".join(parts)

@@ -1,0 +1,86 @@
+"""The live progress protocol: a scripted group's events, the sweep's state, the plain-line display."""
+
+from __future__ import annotations
+
+import io
+import time
+
+import pytest
+
+from pipeline import progress, progress_display
+from pipeline.progress import Event, Hub, Reporter
+from pipeline.progress_display import Display, SweepState
+
+
+def _scripted_group(reporter: Reporter, points: list[str], total: int) -> None:
+    """What run_group emits: a server start, then each point's window, then its end."""
+    reporter.emit("server_starting")
+    reporter.emit("server_ready")
+    for i, point in enumerate(points):
+        for done in range(total + 1):
+            reporter.window(point, done, total, errors=done // 4, tok_s=100.0 + done)
+        reporter.emit("point_done", point, failed=i == 1)
+
+
+def test_a_scripted_group_drives_the_sweep_state_through_an_in_process_channel() -> None:
+    state = SweepState(planned=3, estimate_s=600, started=time.time() - 30)
+    seen: list[Event] = []
+    progress.register("chan", lambda e: (seen.append(e), state.apply(e)))
+    try:
+        reporter = progress.reporter_for("chan", "00-ngram-k3")
+        reporter.emit("server_starting")
+        assert state.lines(time.time())[1].startswith("  [00-ngram-k3] server starting, ")
+        _scripted_group(reporter, ["ngram-k3-r1", "ngram-k3-r2"], total=8)
+    finally:
+        progress.unregister("chan")
+    assert state.done == 2 and state.failed == 1 and not state.starting and not state.windows
+    # Throttled: a window's first and last update always arrive, not one per request.
+    windows = [e for e in seen if e.kind == "window"]
+    assert windows[0].done == 0 and windows[-1].done == 8 and len(windows) < 2 * 9
+    head = state.lines(time.time())[0]
+    assert head.startswith("progress: 2/3 points done (1 failed), 30 s elapsed, ~15 s left"), head
+
+
+def test_mid_window_lines_name_the_point_requests_errors_and_rate() -> None:
+    state = SweepState(planned=4, estimate_s=120, started=1000.0)
+    state.apply(Event("server_starting", "01-baseline", at=1000.0))
+    assert state.lines(1042.0) == ["progress: 0/4 points done, 42 s elapsed, ~78 s left",
+                                   "  [01-baseline] server starting, 42 s so far"]  # fmt: skip
+    state.apply(Event("server_ready", "01-baseline", at=1045.0))
+    state.apply(Event("window", "01-baseline", "baseline-r4", done=12, total=32, errors=1, tok_s=118.4))
+    assert state.lines(1050.0)[1] == "  [baseline-r4] 12/32 requests, 1 errors, 118 tok/s"
+    assert state.eta_s(10_000.0) == 0.0  # past the plan's estimate with nothing measured: no negative time
+
+
+def test_plain_lines_come_every_interval_and_are_never_redrawn(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(progress_display, "PLAIN_EVERY_S", 0.05)
+    out = io.StringIO()
+    display = Display(SweepState(planned=1, estimate_s=60), stream=out, interactive=False)
+    display(Event("server_starting", "00-baseline"))
+    time.sleep(0.3)
+    display.close()
+    lines = out.getvalue().splitlines()
+    assert sum(line.startswith("progress: 0/1 points done") for line in lines) >= 3
+    assert "  [00-baseline] server starting, 0 s so far" in lines
+    assert "\r" not in out.getvalue() and "\x1b[" not in out.getvalue()  # no cursor movement off a terminal
+
+
+def test_a_broken_sink_costs_lines_not_the_group() -> None:
+    calls = []
+
+    def broken(event: Event) -> None:
+        calls.append(event)
+        raise ConnectionError("the driver is gone")
+
+    reporter = Reporter(broken, "00-baseline")
+    reporter.emit("server_starting")
+    reporter.emit("server_ready")  # silently dropped from now on
+    assert len(calls) == 1
+    assert progress.reporter_for(None, "g").sink is None and progress.reporter_for("no-such-channel", "g").sink is None
+
+
+def test_the_ray_hub_hands_events_over_in_order_once() -> None:
+    hub = Hub()
+    for i in range(3):
+        hub.put(Event("window", "g", "p", done=i, total=3))
+    assert [e.done for e in hub.drain()] == [0, 1, 2] and hub.drain() == []
