@@ -178,6 +178,7 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
     server: EngineServer | None = None
     interrupted = False
     restarts = 0
+    reported: set[str] = set()  # the points the live display was told of as they finished
     try:
         reporter.emit("server_starting")
         with EngineServer(spec) as server:
@@ -191,6 +192,7 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
                 results[point.hash] = _measure_point(point, server, tokenizer, tracker, run_ids, out_dir, first,
                                                      reporter)  # fmt: skip
                 reporter.emit("point_done", point.label, failed=results[point.hash].error is not None)
+                reported.add(point.hash)
                 return results[point.hash]
 
             if task.capacity:
@@ -209,9 +211,7 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
         message = redact_text(str(exc), secrets)
         print(f"[{group.label}] FAILED: {message}")
         for p in points:
-            if p.hash not in results:
-                results[p.hash] = PointOutcome(p.hash, run_ids[p.hash], error=message)
-                reporter.emit("point_done", p.label, failed=True)
+            results.setdefault(p.hash, PointOutcome(p.hash, run_ids[p.hash], error=message))
     except OSError as exc:
         if not diskfull.is_disk_full(exc):
             interrupted = True
@@ -228,6 +228,8 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
         for p in points:  # a point left without an outcome was cut short by an interrupt
             outcome = results.get(p.hash) or PointOutcome(p.hash, run_ids[p.hash], error="interrupted")
             _finish_run(tracker, outcome, out_dir, interrupted)
+            if p.hash not in reported:  # never measured: its server failed, or the disk filled, first
+                reporter.emit("point_done", p.label, failed=True)
     startup = server.startup_s if server else None
     outcomes = tuple(kept.values()) + tuple(results[p.hash] for p in points)
     return GroupOutcome(group.index, outcomes, started=True, startup_s=startup, probe=probe, probe_s=probe_s,

@@ -73,8 +73,9 @@ class Reporter:
 def reporter_for(channel: str | None, group: str) -> Reporter:
     if not channel:
         return Reporter(None, group)
-    if channel in _LOCAL:
-        return Reporter(_LOCAL[channel], group)
+    sink = local_sink(channel)
+    if sink is not None:
+        return Reporter(sink, group)
     try:
         import ray
 

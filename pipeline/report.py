@@ -25,7 +25,7 @@ import pandas as pd
 from pipeline import quiet
 from pipeline.acceptance import alpha_from_length
 from pipeline.analysis import advisor, iplots, model, quality, search_report, stats, verdicts
-from pipeline.analysis.report import ReportData, conditions, markdown, page
+from pipeline.analysis.report import ReportData, conditions, markdown, page, run_names
 from pipeline.analysis.search_report import PREDICTIONS_CSV
 from pipeline.analysis.stats import Sample, StatsError, StatsOptions
 from pipeline.config import StatsConfig, TrackingConfig
@@ -221,7 +221,7 @@ def build(reader: SweepReader, parent_id: str, out_dir: Path | None = None,
 
 def _interactive(data: ReportData) -> dict:
     """The figures with a Plotly twin, by the same names as their PNGs."""
-    names = dict(zip(data.frame["run_id"].astype(str), data.frame["point"].astype(str), strict=True))
+    names = run_names(data.frame)
 
     def url(run: str) -> str:
         return data.run_url.format(run=run)

@@ -304,26 +304,28 @@ def _table(header: list[str], rows: list[list[str]], links: list[str] | None = N
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def _run_links(run_ids: str, data: ReportData) -> str:
-    names = dict(zip(data.frame["run_id"].astype(str), data.frame["point"].astype(str), strict=True))
-    ids = [r for r in run_ids.split() if r]
-    if not data.run_url or not ids:
-        return ""
-    return " ".join(f'<a href="{html.escape(data.run_url.format(run=r))}">{html.escape(names.get(r, r[:8]))}</a>'
-                    for r in ids)  # fmt: skip
+def run_names(frame: pd.DataFrame) -> dict[str, str]:
+    """Each run id of the sweep's table by its point's name, for links that say what they open."""
+    return dict(zip(frame["run_id"].astype(str), frame["point"].astype(str), strict=True))
+
+
+def _run_links(run_ids: str, names: dict[str, str], run_url: str) -> str:
+    return " ".join(f'<a href="{html.escape(run_url.format(run=r))}">{html.escape(names.get(r, r[:8]))}</a>'
+                    for r in run_ids.split() if r)  # fmt: skip
 
 
 def page(data: ReportData, figures: dict[str, bytes], interactive: str = "") -> str:
     """``interactive``: the Plotly figures' HTML (pipeline.analysis.iplots), before the PNGs of the rest."""
     lead = f'<p class="headline">{html.escape(data.lead)}</p>' if data.lead else ""
     looks = look_rows(data)
+    names = run_names(data.frame)
     parts = [f"<h1>{html.escape(data.title)}</h1>{lead}", f'<p class="headline">{html.escape(headline(data))}</p>',
              f"<p>{html.escape(method_statement(data))}</p>",
              "<ul>" + "".join(f"<li>{html.escape(c)}</li>" for c in data.conditions) + "</ul>",
              "<h2>What to look for</h2>",
              _table(["configuration", "metric", "baseline", "speculation", "ratio", "verdict"]
                     + (["MLflow runs"] if data.run_url else []), [cells for cells, _ in looks],
-                    [_run_links(runs, data) for _, runs in looks] if data.run_url else None),
+                    [_run_links(runs, names, data.run_url) for _, runs in looks] if data.run_url else None),
              *([f"<pre>{html.escape(chr(10).join(data.sections))}</pre>"] if data.sections else []),
              "<h2>Where speculation stops paying</h2><ul>"]  # fmt: skip
     parts += [f"<li>{html.escape(f'{c.engine} {c.method} k={c.k}: {c.text}')}</li>" for c in data.crossings]
