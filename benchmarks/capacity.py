@@ -25,7 +25,7 @@ from mlflow.tracking import MlflowClient
 
 
 def samples(client: MlflowClient, frame: pd.DataFrame) -> dict:
-    from pipeline.analysis.stats import Sample
+    from pipeline.analysis.samples import Sample
 
     found = {}
     for row in frame[frame["status"] == "finished"].itertuples():
@@ -37,7 +37,7 @@ def samples(client: MlflowClient, frame: pd.DataFrame) -> dict:
 def main() -> int:
     from pipeline.analysis import search_report
     from pipeline.analysis.capacity import SloTarget, window_passes
-    from pipeline.analysis.stats import StatsOptions
+    from pipeline.analysis.samples import StatsOptions
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tpot-ms", type=float, default=200.0)

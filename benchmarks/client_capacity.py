@@ -32,10 +32,10 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pipeline.client import ClientOptions, clock  # noqa: E402
-from pipeline.engines.base import free_port  # noqa: E402
-from pipeline.loadgen import arrival_offsets, run_window  # noqa: E402
-from pipeline.workloads import Request  # noqa: E402
+from pipeline.engines.process import free_port  # noqa: E402
+from pipeline.load.client import ClientOptions, clock  # noqa: E402
+from pipeline.load.items import Request  # noqa: E402
+from pipeline.load.loadgen import arrival_offsets, run_window  # noqa: E402
 
 LATENESS_BUDGET_MS = 2.0
 

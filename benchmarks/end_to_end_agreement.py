@@ -28,7 +28,7 @@ not land on one path only:
   output throughput of each rate are read from the sweep's summary.csv, found by point
   hash, with each point's requests.csv (send times, token counts, texts) for the checks.
 - bare: the baseline server, then the ngram server, one at a time, each started with the
-  exact command and environment the pipeline uses (pipeline.job.server_spec, which is
+  exact command and environment the pipeline uses (pipeline.run.job.server_spec, which is
   pipeline.engines.vllm.build_launch on the job's settings; VLLM_SERVER_DEV_MODE=1 is in
   it, since prefix_cache=cold needs /reset_prefix_cache). Once the server is healthy,
   `vllm bench serve` sends the pipeline's warm-up requests (the same prompts, one at a
@@ -42,14 +42,14 @@ not land on one path only:
   read from its result JSON.
 
 How both tools send the same prompts on the same schedule: a point's prompts and arrival
-times come from one seed, `seed + repeat` (pipeline.job.point_requests); the sweep here has
-repeats=1, so it is `seed`. The prompts are drawn by pipeline.workloads.split_warmup:
+times come from one seed, `seed + repeat` (pipeline.run.job.point_requests); the sweep here has
+repeats=1, so it is `seed`. The prompts are drawn by pipeline.load.workloads.split_warmup:
 num_requests + warmup_requests prompts from that seed, the measured ones first and the
 warm-ups after them (separate prompts, so a warm-up never warms a measured prompt's cache).
 This script composes each point's config with Hydra from the same overrides the sweep gets
 and checks that its point hash equals the one in the sweep's summary.csv (so the config,
 and everything derived from it, is the sweep's), then writes that point's prompts to the
-JSONL file. The arrival times are pipeline.loadgen.arrival_offsets: gamma gaps from
+JSONL file. The arrival times are pipeline.load.loadgen.arrival_offsets: gamma gaps from
 numpy's legacy RandomState(seed), one per request, rescaled so that the last is due at
 count / rate; `vllm bench serve` seeds numpy's global legacy generator with --seed and
 draws the same gaps in the same way, so --seed = the point's seed gives the same schedule.
@@ -106,16 +106,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from agreement_vllm_bench import metadata_shim  # noqa: E402
 
-from pipeline.config import JobConfig, to_job_config  # noqa: E402
+from pipeline.compose import to_job_config  # noqa: E402
+from pipeline.config import JobConfig  # noqa: E402
 from pipeline.engines import vllm  # noqa: E402
-from pipeline.engines.base import EngineServer, log_tail  # noqa: E402
-from pipeline.job import point_requests, resolve_target, server_spec  # noqa: E402
-from pipeline.measure import reset_prefix_cache  # noqa: E402
-from pipeline.models import ensure_embedded  # noqa: E402
-from pipeline.plan import point_hash  # noqa: E402
-from pipeline.signals import exit_on_sigterm  # noqa: E402
+from pipeline.engines.base import EngineServer  # noqa: E402
+from pipeline.engines.models import ensure_embedded  # noqa: E402
+from pipeline.engines.process import log_tail  # noqa: E402
+from pipeline.load.items import Request  # noqa: E402
+from pipeline.run.job import point_requests, resolve_target, server_spec  # noqa: E402
+from pipeline.run.measure import reset_prefix_cache  # noqa: E402
+from pipeline.run.plan import point_hash  # noqa: E402
+from pipeline.run.signals import exit_on_sigterm  # noqa: E402
 from pipeline.sweep import CONF_DIR  # noqa: E402  (importing it registers the config schema)
-from pipeline.workloads import Request  # noqa: E402
 
 MODEL = "embedded:smollm2-135m"
 K = 3

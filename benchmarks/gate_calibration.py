@@ -44,9 +44,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from pipeline.analysis.gate import GATED, REGRESSED, SUSPECT, Floors, judge  # noqa: E402
-from pipeline.analysis.stats import StatsOptions  # noqa: E402
+from pipeline.analysis.samples import StatsOptions  # noqa: E402
 from pipeline.gate import measured_points, point_runs  # noqa: E402
-from pipeline.tracking import HistoryReader  # noqa: E402
+from pipeline.record.readers import HistoryReader  # noqa: E402
 from tests import cluster  # noqa: E402
 
 WINDOW = [
@@ -84,7 +84,9 @@ def night(ray_cluster: cluster.Cluster, uri: str, name: str) -> tuple[int, float
     entry = ["python", "-m", "pipeline.sweep", "+sweep=nightly", f"tracking.uri={uri}", *WINDOW]
     proc = cluster.submit(ray_cluster, name, REPO, entry, timeout_s=3600)
     code = cluster.job_details(ray_cluster, name).get("driver_exit_code")
-    gate_lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(("### Regression gate", "| ")) or "regressed" in ln]
+    gate_lines = [
+        ln for ln in proc.stdout.splitlines() if ln.startswith(("### Regression gate", "| ")) or "regressed" in ln
+    ]
     return (-1 if code is None else int(code)), time.monotonic() - started, "\n".join(gate_lines[-12:])
 
 
@@ -116,8 +118,13 @@ def main() -> None:
     parser.add_argument("--slow-nights", type=int, default=3)
     parser.add_argument("--duty", type=float, default=0.15)
     parser.add_argument("--per-core", type=int, default=1, help="busy processes per core")
-    parser.add_argument("--stutter", type=float, nargs="*", default=[],
-                        help="instead of busy processes: pause the engines this share of the time, one night each")
+    parser.add_argument(
+        "--stutter",
+        type=float,
+        nargs="*",
+        default=[],
+        help="instead of busy processes: pause the engines this share of the time, one night each",
+    )
     parser.add_argument("--store", type=Path, help="an earlier run's mlflow folder: add to it, or only analyse it")
     parser.add_argument("--unchanged", type=int, help="with --store: how many of its first runs are unchanged")
     args = parser.parse_args()
@@ -172,7 +179,9 @@ def main() -> None:
             floor = Floors().relative(metric, 40.0) if metric.floor == "acceptance" else Floors().relative(metric, 1)
             t = scipy_stats.t.ppf(0.975, df)
             smallest = math.exp(math.log1p(floor) + t * spread * math.sqrt(1 + math.pi / (2 * n)))
-            print(f"  {metric.column}: spread {math.expm1(spread) * 100:.1f} % (df {df}) -> {(smallest - 1) * 100:.0f} %")
+            print(
+                f"  {metric.column}: spread {math.expm1(spread) * 100:.1f} % (df {df}) -> {(smallest - 1) * 100:.0f} %"
+            )
 
 
 if __name__ == "__main__":

@@ -34,7 +34,8 @@ METHOD_SPEC = {"ngram": "spec=ngram", "draft": "spec=draft"}
 
 def grid_table(client: MlflowClient, project: Path, name: str) -> pd.DataFrame:
     """The grid's measured points: median TPOT with its interval (the report's window levels) and L."""
-    from pipeline.analysis.stats import Sample, StatsOptions, window_interval
+    from pipeline.analysis.samples import Sample, StatsOptions
+    from pipeline.analysis.stats import window_interval
 
     exp = client.get_experiment_by_name(name)
     assert exp is not None

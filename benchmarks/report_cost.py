@@ -24,8 +24,9 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pipeline.analysis.stats import Sample, StatsOptions  # noqa: E402
-from pipeline.report import analyse, build  # noqa: E402
+from pipeline.analysis.assemble import analyse  # noqa: E402
+from pipeline.analysis.samples import Sample, StatsOptions  # noqa: E402
+from pipeline.report import build  # noqa: E402
 
 
 def synthetic(requests: int, seed: int = 0) -> tuple[pd.DataFrame, dict[str, Sample]]:
@@ -63,7 +64,8 @@ def main() -> int:
     timings = []
     if args.from_sweep:
         from pipeline.config import TrackingConfig
-        from pipeline.tracking import SweepReader, resolve_store
+        from pipeline.record.readers import SweepReader
+        from pipeline.record.tracking import resolve_store
 
         reader = SweepReader(resolve_store(TrackingConfig(), REPO).tracking_uri)
         parent = reader.find_parent(args.from_sweep)

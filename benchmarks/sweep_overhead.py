@@ -61,7 +61,9 @@ def main() -> int:
     print(f"windows + start-ups (s)     {useful:.1f}")
     print(f"sweep wall time (s)         {wall:.1f}")
     print(f"lossless probes (s)         {probe:.1f}  (greedy answers, one at a time, for the report)")
-    print(f"overhead, probes measured   {wall - measured:.1f} s = {100 * (wall / measured - 1):.1f} % (goal: within 15 %)")
+    print(
+        f"overhead, probes measured   {wall - measured:.1f} s = {100 * (wall / measured - 1):.1f} % (goal: within 15 %)"
+    )
     print(f"overhead, probes as cost    {wall - useful:.1f} s = {100 * (wall / useful - 1):.1f} %")
     return 0
 

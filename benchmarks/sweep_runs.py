@@ -14,7 +14,16 @@ REPO = Path(__file__).resolve().parents[1]
 
 def run(project: Path, name: str, args: list[str]) -> tuple[float, Path]:
     """Wall seconds and the sweep's output folder; exits naming the log if the sweep failed."""
-    cmd = [sys.executable, "-m", "pipeline.sweep", "-m", "--config-dir", str(REPO / "conf"), f"sweep_name={name}", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipeline.sweep",
+        "-m",
+        "--config-dir",
+        str(REPO / "conf"),
+        f"sweep_name={name}",
+        *args,
+    ]
     started = time.monotonic()
     proc = subprocess.run(cmd, cwd=project, capture_output=True, text=True)
     wall = time.monotonic() - started

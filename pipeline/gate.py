@@ -20,19 +20,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.analysis.gate import GATED, Floors, GateResult, PointRun, judge, markdown
-from pipeline.analysis.stats import StatsOptions
+from pipeline.analysis.samples import StatsOptions
 from pipeline.config import GateConfig, TrackingConfig
-from pipeline.report import stored_server_spread, window_sample
-from pipeline.tracking import (
+from pipeline.record.readers import ChildRun, HistoryReader
+from pipeline.record.tracking import (
     CONFIRMATION_TAG,
-    ChildRun,
-    HistoryReader,
     Store,
     TrackingError,
     TrackingUnreachable,
     check_reachable,
     resolve_store,
 )
+from pipeline.record.windows import stored_server_spread, window_sample
 
 EXIT_PASS, EXIT_REGRESSED, EXIT_BAD_INPUT, EXIT_INSUFFICIENT, EXIT_INFRA = 0, 1, 2, 3, 4
 EXIT_CODES = {"pass": EXIT_PASS, "fail": EXIT_REGRESSED, "insufficient": EXIT_INSUFFICIENT}

@@ -19,9 +19,10 @@ from typing import Any
 
 import hydra
 
-from pipeline import entry
-from pipeline.config import GROUP_FILE_KEY, ConfigError, register_schema, to_job_config
-from pipeline.signals import exit_on_sigterm
+from pipeline.compose import GROUP_FILE_KEY, register_schema, to_job_config
+from pipeline.config import ConfigError
+from pipeline.run import entry
+from pipeline.run.signals import exit_on_sigterm
 
 EXIT_BAD_INPUT = 2
 RAY_PACKAGE_DIR = "runtime_resources/working_dir_files"
@@ -49,7 +50,8 @@ CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
 def run_group_file(path: str, out_dir: Path) -> Any:
     """A launched job of a multirun: run the server group the sweeper wrote for it."""
-    from pipeline.group import GroupTask, run_group
+    from pipeline.run.group import run_group
+    from pipeline.run.outcomes import GroupTask
 
     return run_group(GroupTask.load(path), out_dir)
 
@@ -73,7 +75,7 @@ def main(cfg: Any) -> Any:
               "measures in this process; add -m to run it through the Ray launcher", file=sys.stderr)  # fmt: skip
         sys.exit(EXIT_BAD_INPUT)
     # A single run is a sweep of one point and its baseline, run in this process.
-    from pipeline.driver import InProcess, run_guarded
+    from pipeline.run.driver import InProcess, run_guarded
 
     code = run_guarded([job], InProcess(Path(job.output_dir).resolve()), Path.cwd())
     if code:

@@ -1,7 +1,7 @@
 """``python -m pipeline.sync <outputs dir>``: make the MLflow writes a sweep could not make.
 
 A sweep whose tracking server went away (or errored) goes on measuring and journals every write
-it could not make (pipeline/journal.py); it retries them at its end. What is still left, this
+it could not make (pipeline/record/journal.py); it retries them at its end. What is still left, this
 command makes once the server is back. Running it again makes nothing twice.
 """
 
@@ -12,13 +12,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipeline.journal import journals, replay
+from pipeline.record.journal import journals, replay
 
 EXIT_LEFT = 4  # the tracking server still does not take the writes
 
 
 def make_tracker(header: dict[str, Any], tracking_uri: str | None = None) -> Any:
-    from pipeline.tracking import Store, Tracker
+    from pipeline.record.tracking import Store, Tracker
 
     return Tracker(Store(tracking_uri or header["tracking_uri"], header.get("artifact_root")), header["experiment_id"])
 

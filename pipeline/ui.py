@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 
 from pipeline.config import TrackingConfig
-from pipeline.engines.base import free_port
-from pipeline.signals import exit_on_sigterm
+from pipeline.engines.process import free_port
+from pipeline.run.signals import exit_on_sigterm
 
 READY_TIMEOUT_S = 60.0
 
@@ -45,7 +45,7 @@ def _experiment_id(tracking_uri: str, name: str | None) -> str:
 
 def start(project_root: Path, host: str, port: int) -> tuple[subprocess.Popen[bytes], str, str]:
     """Start the UI; return the process, its base URL and the tracking URI it serves."""
-    from pipeline.tracking import resolve_store
+    from pipeline.record.tracking import resolve_store
 
     store = resolve_store(TrackingConfig(), project_root)
     db = Path(store.tracking_uri.removeprefix("sqlite:///"))

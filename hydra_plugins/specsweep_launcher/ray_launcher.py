@@ -20,14 +20,15 @@ from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from pipeline import cluster, progress_hub
-from pipeline.config import GROUP_FILE_KEY, RayConfig
-from pipeline.group import GroupTask
+from pipeline.compose import GROUP_FILE_KEY
+from pipeline.config import RayConfig
+from pipeline.run import cluster, progress_hub
+from pipeline.run.outcomes import GroupTask
 
 # After Ctrl-C, how long a cancelled task gets to stop its server before we give up on it.
 CANCEL_GRACE_S = 60.0
 # A group whose worker or node died is run again (Ray's system-failure retries; an error in the
-# group itself is not retried). The new attempt keeps what the lost one finished (pipeline.group).
+# group itself is not retried). The new attempt keeps what the lost one finished (pipeline.run.group).
 GROUP_RETRIES = 3
 
 

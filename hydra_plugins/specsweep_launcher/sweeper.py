@@ -2,7 +2,7 @@
 
 Hydra's basic sweeper hands the launcher one job per grid point, so each point would start
 its own servers. This one composes every point first (a bad value fails here, before any
-server starts), groups the points by server with :mod:`pipeline.plan`, and launches one job
+server starts), groups the points by server with :mod:`pipeline.run.plan`, and launches one job
 per server group through whichever launcher is configured (ours on Ray, or Hydra's basic).
 """
 
@@ -21,11 +21,12 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from pipeline import diskfull, entry
-from pipeline.config import GROUP_FILE_KEY, ConfigError, to_job_config
-from pipeline.driver import EXIT_BAD_INPUT, EXIT_INFRA, run_guarded
-from pipeline.group import GroupOutcome, GroupTask
-from pipeline.signals import exit_on_sigterm
+from pipeline.compose import GROUP_FILE_KEY, to_job_config
+from pipeline.config import ConfigError
+from pipeline.run import diskfull, entry
+from pipeline.run.driver import EXIT_BAD_INPUT, EXIT_INFRA, run_guarded
+from pipeline.run.outcomes import GroupOutcome, GroupTask
+from pipeline.run.signals import exit_on_sigterm
 
 
 class HydraLaunch:

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.analysis.stats import Sample, StatsOptions, request_replicates
+from pipeline.analysis.samples import Sample, StatsOptions
+from pipeline.analysis.stats import request_replicates
 
 _METRICS = ("ttft", "tpot", "e2el")
 # A share computed as good / sent can land a rounding error below a threshold it equals.

@@ -25,8 +25,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from pipeline.analysis import stats
-from pipeline.analysis.stats import Ratio, Sample, ServerSpread, StatsOptions
+from pipeline.analysis import between_runs, decisions, stats
+from pipeline.analysis.samples import Sample, ServerSpread, StatsOptions
+from pipeline.analysis.stats import Ratio
 
 PASS, IMPROVED, REGRESSED, SUSPECT, INSUFFICIENT = "pass", "improved", "regressed", "suspect", "insufficient"
 # A point's verdict is its worst metric's, in this order.
@@ -119,7 +120,7 @@ def judge(current: Sequence[PointRun], history: Mapping[str, Sequence[PointRun]]
     """``history[key]``: the reference runs of each point, newest first (one, if pinned).
     ``spread_from``: the past runs that measure the spread between runs (default: history)."""
     spread_from = history if spread_from is None else spread_from
-    spread = {m.column: stats.pooled_log_spread([[h.values.get(m.column, math.nan) for h in spread_from.get(p.key, ())]
+    spread = {m.column: between_runs.pooled_log_spread([[h.values.get(m.column, math.nan) for h in spread_from.get(p.key, ())]
                                                  for p in current]) for m in GATED}  # fmt: skip
     ratios: list[Ratio] = []
     slots: list[tuple[PointRun, GateMetric, float, float, bool]] = []
@@ -135,17 +136,19 @@ def judge(current: Sequence[PointRun], history: Mapping[str, Sequence[PointRun]]
             rng = np.random.default_rng([opts.seed, 17, i, j])
             s, df = spread[metric.column]
             if df >= 1:
-                ratio = stats.against_history(metric.column, value, finite, s, df, opts, metric.higher_is_better, rng)
+                ratio = between_runs.against_history(
+                    metric.column, value, finite, s, df, opts, metric.higher_is_better, rng
+                )
                 measured = True
             else:
                 ratio, measured = _one_past_run(metric, point, past[0], value, reference, opts, aa, rng)
             ratios.append(ratio)
             slots.append((point, metric, reference, value, measured))
-    decisions = stats.decide(ratios, opts, [floors.relative(m, ref) for _, m, ref, _, _ in slots])
+    decided = decisions.decide(ratios, opts, [floors.relative(m, ref) for _, m, ref, _, _ in slots])
     findings = tuple(
         Finding(p.label, p.key, p.run_id, m.column, _verdict(d, measured), d.ratio, floors.relative(m, ref), ref,
                 value, d.p_adjusted, d.detail if not measured else "")
-        for (p, m, ref, value, measured), d in zip(slots, decisions, strict=True)
+        for (p, m, ref, value, measured), d in zip(slots, decided, strict=True)
     )  # fmt: skip
     return _collect(current, findings, history, spread)
 
@@ -164,12 +167,12 @@ def _one_past_run(metric: GateMetric, point: PointRun, past: PointRun, value: fl
     return replace(ratio, metric=metric.column), measured
 
 
-def _verdict(decision: stats.Decision, measured: bool) -> str:
+def _verdict(decision: decisions.Decision, measured: bool) -> str:
     """Only an interval that holds the spread between runs may call a change: without it a
     worse point is "suspect" and a better one stays "pass"."""
-    if decision.label == stats.HURTS:
+    if decision.label == decisions.HURTS:
         return REGRESSED if measured else SUSPECT
-    if decision.label == stats.HELPS:
+    if decision.label == decisions.HELPS:
         return IMPROVED if measured else PASS
     return PASS if decision.ratio.resolved else INSUFFICIENT
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from pipeline.acceptance import alpha_from_length, expected_length
+from pipeline.engines.acceptance import alpha_from_length, expected_length
 
 
 @dataclass(frozen=True)

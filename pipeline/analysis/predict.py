@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.analysis.stats import StatsOptions
+from pipeline.analysis.samples import StatsOptions
 
 VALIDATED_METHODS = ("ngram", "draft")  # chain drafters whose prediction was validated here (vLLM)
 

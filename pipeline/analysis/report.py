@@ -6,8 +6,6 @@ question; what could not be computed is said, never filled in.
 
 from __future__ import annotations
 
-import base64
-import html
 import json
 import math
 from dataclasses import dataclass, field
@@ -16,9 +14,10 @@ import pandas as pd
 from scipy import stats as scipy_stats
 
 from pipeline.analysis.advisor import Advice
+from pipeline.analysis.decisions import HELPS, HURTS, INCONCLUSIVE, TOO_FEW, smallest_resolvable
 from pipeline.analysis.model import Fit
 from pipeline.analysis.quality import Lossless
-from pipeline.analysis.stats import HELPS, HURTS, INCONCLUSIVE, TOO_FEW, server_spread, smallest_resolvable
+from pipeline.analysis.samples import server_spread
 from pipeline.analysis.verdicts import (
     LOAD_BOUND,
     LOAD_BOUND_TEXT,
@@ -285,59 +284,6 @@ def _measured_text(data: ReportData, fit: Fit, k: int) -> str:
     return str(match.iloc[0]["speedup_median_tpot_text"]) if not match.empty else f"{fit.measured[k]:.2f}x"
 
 
-CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:24px;max-width:1200px;color:#222}
-table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}
-th{background:#f3f3f3}.helps{background:#d9f2d9}.hurts{background:#f8d7d7}.inconclusive{background:#f4f4f4}
-.headline{font-size:18px;padding:10px;background:#eef4ff;border-left:4px solid #3b6fd8}img{max-width:100%}
-code,pre{background:#f6f6f6}"""
-
-
-def _table(header: list[str], rows: list[list[str]], links: list[str] | None = None) -> str:
-    """``links``: a last cell per row, already HTML (the row's runs)."""
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join(
-        "<tr>" + "".join(f'<td class="{html.escape(c.split(" ")[0].strip(":"))}">{html.escape(c)}</td>' if i == len(row) - 1
-                         else f"<td>{html.escape(c)}</td>" for i, c in enumerate(row))
-        + (f"<td>{links[n]}</td>" if links else "") + "</tr>"
-        for n, row in enumerate(rows)
-    )  # fmt: skip
-    return f"<table><tr>{head}</tr>{body}</table>"
-
-
 def run_names(frame: pd.DataFrame) -> dict[str, str]:
     """Each run id of the sweep's table by its point's name, for links that say what they open."""
     return dict(zip(frame["run_id"].astype(str), frame["point"].astype(str), strict=True))
-
-
-def _run_links(run_ids: str, names: dict[str, str], run_url: str) -> str:
-    return " ".join(f'<a href="{html.escape(run_url.format(run=r))}">{html.escape(names.get(r, r[:8]))}</a>'
-                    for r in run_ids.split() if r)  # fmt: skip
-
-
-def page(data: ReportData, figures: dict[str, bytes], interactive: str = "") -> str:
-    """``interactive``: the Plotly figures' HTML (pipeline.analysis.iplots), before the PNGs of the rest."""
-    lead = f'<p class="headline">{html.escape(data.lead)}</p>' if data.lead else ""
-    looks = look_rows(data)
-    names = run_names(data.frame)
-    parts = [f"<h1>{html.escape(data.title)}</h1>{lead}", f'<p class="headline">{html.escape(headline(data))}</p>',
-             f"<p>{html.escape(method_statement(data))}</p>",
-             "<ul>" + "".join(f"<li>{html.escape(c)}</li>" for c in data.conditions) + "</ul>",
-             "<h2>What to look for</h2>",
-             _table(["configuration", "metric", "baseline", "speculation", "ratio", "verdict"]
-                    + (["MLflow runs"] if data.run_url else []), [cells for cells, _ in looks],
-                    [_run_links(runs, names, data.run_url) for _, runs in looks] if data.run_url else None),
-             *([f"<pre>{html.escape(chr(10).join(data.sections))}</pre>"] if data.sections else []),
-             "<h2>Where speculation stops paying</h2><ul>"]  # fmt: skip
-    parts += [f"<li>{html.escape(f'{c.engine} {c.method} k={c.k}: {c.text}')}</li>" for c in data.crossings]
-    parts.append("</ul>")
-    parts.append(interactive)
-    for name, png in figures.items():
-        parts.append(f'<h3>{html.escape(name)}</h3><img alt="{html.escape(name)}" '
-                     f'src="data:image/png;base64,{base64.b64encode(png).decode()}">')  # fmt: skip
-    # The rest (model, advice, k schedule, losslessness, gaps) as the Markdown summary has it.
-    rest = "## Predicted" + markdown(data).split("## Predicted", 1)[1]
-    parts.append(f"<h2>Model, advice, k schedule, losslessness</h2><pre>{html.escape(rest)}</pre>")
-    return (
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(data.title)}</title>"
-        f"<style>{CSS}</style></head><body>{''.join(parts)}</body></html>"
-    )

@@ -24,7 +24,7 @@ from pipeline.analysis.capacity import (
     pass_replicates,
     window_passes,
 )
-from pipeline.analysis.stats import Sample, StatsOptions
+from pipeline.analysis.samples import Sample, StatsOptions
 from pipeline.analysis.verdicts import measured
 
 PREDICTIONS_CSV = "predict/predictions.csv"  # search=predict's table, on the sweep's parent run

@@ -1,6 +1,8 @@
 """The one statistics core: every ratio the report turns into a word comes from here.
 
-Pure computation (numpy and scipy); no MLflow, no plotting, no I/O.
+Its neighbours: :mod:`~pipeline.analysis.samples` (a window's requests, the options),
+:mod:`~pipeline.analysis.decisions` (ratios to words) and :mod:`~pipeline.analysis.between_runs`
+(past runs, for the gate). Pure computation (numpy and scipy); no MLflow, no plotting, no I/O.
 
 - **Within a run**, an interval comes from a bootstrap over requests (``scipy.stats.bootstrap``),
   *paired by prompt*: the baseline and the speculative window send the same prompts on the
@@ -14,9 +16,6 @@ Pure computation (numpy and scipy); no MLflow, no plotting, no I/O.
 - **Throughput** is a property of a whole window (tokens over the window's duration), not
   of a request: it is resampled at the window level only (Student's t over the repeats'
   ratios), so its interval needs repeats.
-- **Decisions** compare the interval with a practical floor and adjust for the number of
-  comparisons in a report (Benjamini-Hochberg): "helps" only if the interval lies above
-  1 + floor, "hurts" only if below 1 - floor, otherwise "inconclusive".
 
 Every ratio is oriented so that > 1 means speculation (the second window) is better:
 baseline / speculative for latencies, speculative / baseline for throughput.
@@ -30,96 +29,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-import pandas as pd
 from scipy import stats as scipy_stats
 
-from pipeline.config import stats_problem
-
-
-class StatsError(ValueError):
-    pass
-
-
-@dataclass(frozen=True)
-class ServerSpread:
-    """How far two fresh, identical servers differ: the root mean square of the log ratios
-    of an A/A sweep's comparisons, per ratio. A comparison whose two windows ran on one pair
-    of servers cannot see this spread in its own requests; it is added to its interval."""
-
-    sd: dict[str, float]  # ratio name -> RMS of the A/A log ratios
-    comparisons: int  # how many A/A comparisons it rests on (the t distribution's df)
-    source: str  # which sweep measured it
-
-    def for_metric(self, metric: str) -> float | None:
-        value = self.sd.get(metric)
-        return value if value is not None and math.isfinite(value) and value > 0 else None
-
-
-@dataclass(frozen=True)
-class StatsOptions:
-    confidence: float = 0.95  # two-sided level of every interval
-    floor: float = 0.02  # a ratio within 1 +- floor is no practical effect
-    resamples: int = 2000  # bootstrap replicates per interval
-    min_requests: int = 5  # fewer paired requests than this: "not enough requests"
-    seed: int = 0  # the bootstrap's own seed: a report is reproducible
-    server_spread: ServerSpread | None = None  # from an A/A sweep; see paired_ratio
-
-    def __post_init__(self) -> None:
-        problem = stats_problem(self.confidence, self.floor, self.resamples)
-        if problem:
-            raise StatsError(problem)
-        if self.min_requests < 2:
-            raise StatsError(f"stats.min_requests={self.min_requests} must be >= 2")
-
-    @property
-    def alpha(self) -> float:
-        return 1.0 - self.confidence
-
-
-# ---- One window's per-request samples --------------------------------------------------
-
-
-@dataclass(frozen=True, eq=False)
-class Sample:
-    """A window's successful requests, keyed by prompt index (what pairs two windows)."""
-
-    index: np.ndarray  # prompt index of each request
-    values: dict[str, np.ndarray]  # per-request seconds: ttft, tpot, e2el (NaN where undefined)
-    itl: tuple[np.ndarray, ...]  # each request's gaps between token-bearing chunks
-    output_tokens: np.ndarray
-    chunks: np.ndarray  # token-bearing chunks per request: one per engine step when streamed
-    duration_s: float
-    failed: int = 0
-    scheduled_end_s: float = math.nan  # when the window's last request was due
-
-    @property
-    def size(self) -> int:
-        return len(self.index)
-
-    @property
-    def throughput(self) -> float:
-        return float(self.output_tokens.sum()) / self.duration_s if self.duration_s > 0 else math.nan
-
-    @staticmethod
-    def from_requests(frame: pd.DataFrame, duration_s: float) -> Sample:
-        """From a window's ``requests.csv`` (one row per request, as the client recorded it)."""
-        import json
-
-        ok = frame[frame["error"].isna()] if "error" in frame else frame
-        chunk_lists = [json.loads(c) if isinstance(c, str) else [] for c in ok.get("chunk_s", [])]
-        return Sample(
-            index=ok["index"].to_numpy(dtype=int),
-            values={name: ok[f"{name}_s"].to_numpy(dtype=float) for name in ("ttft", "tpot", "e2el")},
-            itl=tuple(np.diff(np.asarray(c, dtype=float)) for c in chunk_lists),
-            output_tokens=ok["output_tokens"].fillna(0).to_numpy(dtype=float),
-            chunks=ok["num_chunks"].to_numpy(dtype=float) if "num_chunks" in ok else np.zeros(len(ok)),
-            duration_s=float(duration_s),
-            failed=len(frame) - len(ok),
-            scheduled_end_s=float(frame["scheduled_s"].max()) if "scheduled_s" in frame and len(frame) else math.nan,
-        )
-
-
-# ---- Ratios with intervals ----------------------------------------------------------------
+from pipeline.analysis.samples import Sample, StatsError, StatsOptions
 
 
 @dataclass(frozen=True)
@@ -252,7 +164,7 @@ def _combine_runs(estimates: list[float], replicates: list[np.ndarray], opts: St
     return float(per_run.mean()), within[0] if len(estimates) == 1 else _over_runs(per_run, within, opts, rng)
 
 
-def _interval(metric: str, estimate: float, replicates: np.ndarray, opts: StatsOptions, runs: int,
+def interval_from(metric: str, estimate: float, replicates: np.ndarray, opts: StatsOptions, runs: int,
               requests: int) -> Ratio:  # fmt: skip
     finite = replicates[np.isfinite(replicates)]
     if len(finite) < 0.9 * len(replicates):
@@ -282,7 +194,7 @@ def paired_ratio(metric: str, base: Sequence[Sample], spec: Sequence[Sample], op
     centre = math.log(ratio.estimate)
     replicates = ratio.log_replicates if ratio.resolved else np.full(opts.resamples, centre)
     offset = spread * np.random.default_rng([opts.seed, 7]).standard_t(opts.server_spread.comparisons, len(replicates))
-    return _interval(metric, centre, replicates + offset, opts, ratio.runs, ratio.requests)
+    return interval_from(metric, centre, replicates + offset, opts, ratio.runs, ratio.requests)
 
 
 def _paired_ratio(metric: str, base: Sequence[Sample], spec: Sequence[Sample], opts: StatsOptions,
@@ -311,7 +223,7 @@ def _paired_ratio(metric: str, base: Sequence[Sample], spec: Sequence[Sample], o
         estimates.append(float(log_ratio(np.arange(len(b_rows)))))
         replicates.append(request_replicates(log_ratio, len(b_rows), opts, rng))
     centre, combined = _combine_runs(estimates, replicates, opts, rng)
-    return _interval(metric, centre, combined, opts, runs, int(np.median(sizes)))
+    return interval_from(metric, centre, combined, opts, runs, int(np.median(sizes)))
 
 
 def _window_level_ratio(metric: str, base: Sequence[Sample], spec: Sequence[Sample], opts: StatsOptions,
@@ -326,7 +238,7 @@ def _window_level_ratio(metric: str, base: Sequence[Sample], spec: Sequence[Samp
     if len(base) < 2:
         return Ratio(metric, math.exp(per_run[0]), level=opts.confidence, runs=1, requests=requests,
                      note="throughput is one number per window; repeats.count >= 2 measures its spread")  # fmt: skip
-    return _interval(metric, float(per_run.mean()), _over_runs(per_run, None, opts, rng), opts, len(base), requests)
+    return interval_from(metric, float(per_run.mean()), _over_runs(per_run, None, opts, rng), opts, len(base), requests)
 
 
 def window_interval(field_name: str, percentile: float, windows: Sequence[Sample], opts: StatsOptions,
@@ -351,7 +263,7 @@ def window_interval(field_name: str, percentile: float, windows: Sequence[Sample
         estimates.append(float(log_stat(np.arange(len(rows)))))
         replicates.append(request_replicates(log_stat, len(rows), opts, rng))
     centre, combined = _combine_runs(estimates, replicates, opts, rng)
-    return _interval(field_name, centre, combined, opts, len(windows), int(windows[0].size))
+    return interval_from(field_name, centre, combined, opts, len(windows), int(windows[0].size))
 
 
 def acceptance_length_interval(windows: Sequence[Sample], counter_length: float | None, opts: StatsOptions,
@@ -379,186 +291,4 @@ def acceptance_length_interval(windows: Sequence[Sample], counter_length: float 
     if counter_length is not None and math.isfinite(counter_length) and counter_length > 0:
         combined = combined - centre + math.log(counter_length)
         centre = math.log(counter_length)
-    return _interval("acceptance_length", centre, combined, opts, len(windows), int(windows[0].size))
-
-
-def server_spread(log_ratios: dict[str, Sequence[float]], source: str) -> ServerSpread | None:
-    """From an A/A sweep's comparisons (each a pair of fresh, identical servers): the RMS of
-    their log ratios, per ratio. Within-window noise is in it too, so it errs wide."""
-    sd = {m: float(np.sqrt(np.mean(np.square(v)))) for m, v in log_ratios.items() if len(v) >= 2}
-    counts = [len(v) for v in log_ratios.values() if len(v) >= 2]
-    return ServerSpread(sd, min(counts), source) if sd else None
-
-
-def pooled_log_spread(groups: Sequence[Sequence[float]]) -> tuple[float, int]:
-    """The spread of log values between runs, pooled over groups (e.g. one group per point,
-    one value per past night): sqrt(sum of squared deviations from each group's mean / df),
-    with df = sum(n - 1). Groups with fewer than 2 finite values add nothing."""
-    squares, df = 0.0, 0
-    for values in groups:
-        logs = np.log([v for v in values if v is not None and math.isfinite(v) and v > 0])
-        if len(logs) >= 2:
-            squares += float(np.sum((logs - logs.mean()) ** 2))
-            df += len(logs) - 1
-    return (math.sqrt(squares / df), df) if df else (math.nan, 0)
-
-
-def against_history(metric: str, current: float, history: Sequence[float], spread: float, df: int,
-                    opts: StatsOptions, higher_is_better: bool, rng: np.random.Generator) -> Ratio:  # fmt: skip
-    """One new run's value against the median of past runs of the same point (> 1: better).
-
-    Each past run's value already holds its window's own noise, so the spread between runs
-    (``spread``, on the log scale, with ``df`` degrees of freedom) is the noise of a new run:
-    a prediction interval, t-distributed, with sd spread * sqrt(1 + pi / (2 n)) (the median
-    of n runs as the reference; pi/2 is its variance relative to the mean's)."""
-    past = np.log([v for v in history if v is not None and math.isfinite(v) and v > 0])
-    if not (math.isfinite(current) and current > 0) or not len(past):
-        return Ratio(metric, None, note="no value to compare")
-    sign = 1.0 if higher_is_better else -1.0
-    centre = sign * (math.log(current) - float(np.median(past)))
-    if df < 1 or not math.isfinite(spread):
-        return Ratio(metric, math.exp(centre), level=opts.confidence, runs=len(past),
-                     note="the spread between runs is not measured yet")  # fmt: skip
-    scale = spread * math.sqrt(1 + math.pi / (2 * len(past)))
-    replicates = centre + scale * rng.standard_t(df, size=opts.resamples)
-    return _interval(metric, centre, replicates, opts, len(past), 0)
-
-
-# ---- Decisions ------------------------------------------------------------------------------
-
-HELPS, HURTS, INCONCLUSIVE, TOO_FEW = "helps", "hurts", "inconclusive", "not enough requests"
-
-
-@dataclass(frozen=True)
-class Decision:
-    label: str  # helps | hurts | inconclusive | not enough requests
-    ratio: Ratio
-    p_adjusted: float | None = None  # Benjamini-Hochberg over the report's comparisons
-    detail: str = ""  # for inconclusive: what would resolve it
-
-    @property
-    def text(self) -> str:
-        return f"{self.label}: {self.ratio.text}" + (f"; {self.detail}" if self.detail else "")
-
-
-def tail_p(ratio: Ratio, floor: float) -> tuple[float, float]:
-    """Two-sided bootstrap p-values that the ratio lies above 1 + floor (helps) and below
-    1 - floor (hurts). With one comparison, p < alpha exactly when the interval clears."""
-    rep = ratio.log_replicates
-    count = len(rep)
-    below_helps = int(np.count_nonzero(rep <= math.log1p(floor)))
-    above_hurts = int(np.count_nonzero(rep >= math.log1p(-floor)))
-    return min(1.0, 2 * (below_helps + 1) / (count + 1)), min(1.0, 2 * (above_hurts + 1) / (count + 1))
-
-
-def decide(ratios: Sequence[Ratio], opts: StatsOptions, floor: float | Sequence[float] | None = None) -> list[Decision]:
-    """One family of comparisons (e.g. every median-TPOT ratio of a report), adjusted together.
-    ``floor``: one for all, or one per ratio (the gate's floors differ by metric)."""
-    floors = [opts.floor if floor is None else floor] * len(ratios) if not isinstance(floor, Sequence) else list(floor)
-    tested = [i for i, r in enumerate(ratios) if r.resolved and len(r.log_replicates)]
-    tails = {i: tail_p(ratios[i], floors[i]) for i in tested}
-    adjusted: dict[int, float] = {}
-    if tested:
-        smallest = np.array([min(tails[i]) for i in tested])
-        adjusted = dict(zip(tested, scipy_stats.false_discovery_control(smallest, method="bh"), strict=True))
-    out = []
-    for i, ratio in enumerate(ratios):
-        if ratio.estimate is None or not ratio.resolved:
-            label = TOO_FEW if ratio.note.startswith("not enough") else INCONCLUSIVE
-            out.append(Decision(label, ratio, detail=ratio.note))
-            continue
-        p_helps, p_hurts = tails[i]
-        p = float(adjusted[i])
-        if p < opts.alpha:
-            out.append(Decision(HELPS if p_helps <= p_hurts else HURTS, ratio, p))
-        elif min(p_helps, p_hurts) < opts.alpha:
-            detail = (f"its interval clears the ±{floors[i]:.0%} floor on its own, not after the adjustment for "
-                      f"{len(tested)} comparisons")  # fmt: skip
-            out.append(Decision(INCONCLUSIVE, ratio, p, detail))
-        else:
-            out.append(Decision(INCONCLUSIVE, ratio, p, to_resolve(ratio, floors[i])))
-    return out
-
-
-def to_resolve(ratio: Ratio, floor: float) -> str:
-    """How many requests per window (repeats, for throughput) would likely resolve it, from
-    the observed spread: an interval's half-width shrinks as one over the square root of
-    the number of samples."""
-    assert ratio.estimate is not None and ratio.low is not None and ratio.high is not None
-    effect = abs(math.log(ratio.estimate))
-    margin = effect - (math.log1p(floor) if ratio.estimate >= 1 else -math.log1p(-floor))
-    if margin <= 0:
-        return f"the estimate is within the ±{floor:.0%} floor: no window size would make it helps or hurts"
-    half = (math.log(ratio.high) - math.log(ratio.low)) / 2
-    factor = (half / margin) ** 2
-    if ratio.runs >= 2 or RATIOS.get(ratio.metric, Metric("", 0, True)).field == "throughput":
-        # Across repeats the spread between runs sets the width: more runs, not more
-        # requests per window, narrow it (throughput is one number per window anyway).
-        return f"~{max(3, math.ceil(ratio.runs * factor))} repeats would likely resolve it"
-    return f"~{math.ceil(ratio.requests * factor)} requests per window would likely resolve it"
-
-
-def smallest_resolvable(ratio: Ratio, floor: float) -> float | None:
-    """From an A/A comparison: the smallest speedup this setup would call "helps", given the
-    interval's measured half-width and the floor."""
-    if not ratio.resolved:
-        return None
-    assert ratio.low is not None and ratio.high is not None
-    half = (math.log(ratio.high) - math.log(ratio.low)) / 2
-    return (1 + floor) * math.exp(half)
-
-
-# ---- The load where speculation stops paying ----------------------------------------------
-
-
-@dataclass(frozen=True)
-class Crossing:
-    rate: float | None
-    low: float | None
-    high: float | None
-    text: str
-
-
-def _interpolate(rates: Sequence[float], values: Sequence[float]) -> float | None:
-    for (r0, v0), (r1, v1) in zip(zip(rates, values, strict=True), list(zip(rates, values, strict=True))[1:],
-                                  strict=False):  # fmt: skip
-        if v0 >= 0 > v1:
-            if math.isinf(r1):
-                return r0
-            return r0 + v0 * (r1 - r0) / (v0 - v1)
-    return None
-
-
-def crossing(rates: Sequence[float], decisions: Sequence[Decision], opts: StatsOptions) -> Crossing:
-    """Where the median-TPOT speedup falls through 1.0, as an interval over the bootstrap's
-    replicates; resolved only where a lower rate "helps" and a higher one "hurts"."""
-    pairs = sorted(zip(rates, decisions, strict=True), key=lambda p: p[0])
-    usable = [(r, d) for r, d in pairs if d.ratio.resolved]
-    if len(usable) < 2:
-        return Crossing(None, None, None, "not resolved: needs intervals at two or more request rates")
-    labels = [d.label for _, d in usable]
-    if labels[0] == HURTS:
-        return Crossing(None, None, None, f"below 1.0 already at the lowest rate ({usable[0][0]:g} req/s)")
-    first_helps = next((i for i, label in enumerate(labels) if label == HELPS), None)
-    first_hurts = next((i for i, label in enumerate(labels) if label == HURTS and (first_helps or 0) < i), None)
-    if first_helps is None or first_hurts is None:
-        span = f"{usable[0][0]:g}-{usable[-1][0]:g} req/s"
-        if first_helps is not None and all(lbl == HELPS for lbl in labels[first_helps:]):
-            return Crossing(None, None, None, f"none within {span}: speculation helps at every rate from "
-                                              f"{usable[first_helps][0]:g} req/s")  # fmt: skip
-        return Crossing(None, None, None, f"not resolved within {span}: no rate where it clearly hurts after one "
-                                          "where it clearly helps")  # fmt: skip
-    segment = usable[first_helps : first_hurts + 1]
-    seg_rates = [r for r, _ in segment]
-    point = _interpolate(seg_rates, [math.log(d.ratio.estimate or math.nan) for _, d in segment])
-    size = min(len(d.ratio.log_replicates) for _, d in segment)
-    replicate_rates = [
-        _interpolate(seg_rates, [float(d.ratio.log_replicates[j]) for _, d in segment]) for j in range(size)
-    ]
-    found = np.array([r for r in replicate_rates if r is not None and math.isfinite(r)])
-    if point is None or len(found) < 0.5 * size:
-        return Crossing(None, None, None, "not resolved: the resamples rarely cross 1.0 between the measured rates")
-    low, high = np.quantile(found, [opts.alpha / 2, 1 - opts.alpha / 2])
-    between = f"between {seg_rates[0]:g} and {seg_rates[-1]:g} req/s"
-    return Crossing(point, float(low), float(high), f"crosses 1.0 at ~{point:.2f} req/s [{low:.2f}, {high:.2f}] "
-                                                    f"({between})")  # fmt: skip
+    return interval_from("acceptance_length", centre, combined, opts, len(windows), int(windows[0].size))

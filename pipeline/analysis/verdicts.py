@@ -18,9 +18,11 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from pipeline.acceptance import alpha_from_length
-from pipeline.analysis import stats
-from pipeline.analysis.stats import RATIOS, Decision, Ratio, Sample, StatsOptions
+from pipeline.analysis import decisions, stats
+from pipeline.analysis.decisions import Decision
+from pipeline.analysis.samples import Sample, StatsOptions
+from pipeline.analysis.stats import RATIOS, Ratio
+from pipeline.engines.acceptance import alpha_from_length
 
 CONFIG = ["engine", "method", "k"]
 TPOT = "speedup_median_tpot"
@@ -153,20 +155,20 @@ def compare_points(frame: pd.DataFrame, samples: Mapping[str, Sample], opts: Sta
         row["alpha_low"], row["alpha_high"] = _alpha_bounds(length, k_eff) if length else (None, None)
         row["acceptance_length_text"] = length.text.replace("x", "") if length else "—"
         rows.append(row)
-    decisions = _decide(ratios, load_bound, opts)
+    decided = _decide(ratios, load_bound, opts)
     for row in rows:
-        for metric, decision in decisions[row["point_key"]].items():
+        for metric, decision in decided[row["point_key"]].items():
             ratio = decision.ratio
             row |= {metric: ratio.estimate, f"{metric}_low": ratio.low, f"{metric}_high": ratio.high,
                     f"{metric}_verdict": decision.label, f"{metric}_text": ratio.text,
                     f"{metric}_detail": decision.detail}  # fmt: skip
-        tpot = decisions[row["point_key"]][TPOT]
+        tpot = decided[row["point_key"]][TPOT]
         row |= {"verdict": tpot.label, "low": tpot.ratio.low, "high": tpot.ratio.high,
                 "basis": _basis(tpot.ratio), "load_bound": load_bound[row["point_key"]]}  # fmt: skip
     table = pd.DataFrame(rows)
     if table.empty:
         table = pd.DataFrame(columns=["point_key", *CONFIG, "request_rate", TPOT, "verdict", "low", "high", *MEDIANS])
-    return Comparisons(table.sort_values([*CONFIG, "request_rate"]) if not table.empty else table, decisions, opts)
+    return Comparisons(table.sort_values([*CONFIG, "request_rate"]) if not table.empty else table, decided, opts)
 
 
 def _decide(ratios: dict[str, dict[str, Ratio]], load_bound: dict[str, bool],
@@ -178,7 +180,7 @@ def _decide(ratios: dict[str, dict[str, Ratio]], load_bound: dict[str, bool],
         for key in ratios:
             if key not in keys:
                 out[key][metric] = Decision(LOAD_BOUND, ratios[key][metric], detail=LOAD_BOUND_TEXT)
-        family = stats.decide([ratios[k][metric] for k in keys], opts, floor_for(metric, opts))
+        family = decisions.decide([ratios[k][metric] for k in keys], opts, floor_for(metric, opts))
         for key, decision in zip(keys, family, strict=True):
             out[key][metric] = decision
     return out
@@ -224,8 +226,8 @@ def crossovers(comparisons: Comparisons) -> list[Crossover]:
     curve = [*CONFIG, "setting_key"] if "setting_key" in table and table["setting_key"].notna().all() else CONFIG
     for _, group in table.groupby(curve, sort=True):
         group = group.sort_values("request_rate")
-        decisions = [comparisons.decisions[key][TPOT] for key in group["point_key"]]
-        cross = stats.crossing(list(group["request_rate"]), decisions, comparisons.options)
+        decided = [comparisons.decisions[key][TPOT] for key in group["point_key"]]
+        cross = decisions.crossing(list(group["request_rate"]), decided, comparisons.options)
         first = group.iloc[0]
         found.append(Crossover(str(first["engine"]), str(first["method"]), int(first["k"]), cross.rate, cross.text,
                                cross.low, cross.high))  # fmt: skip
@@ -245,7 +247,7 @@ def between_points(frame: pd.DataFrame, samples: Mapping[str, Sample], slower: s
     if not runs[0] or len(runs[0]) != len(runs[1]) or any(s is None for s in runs[0] + runs[1]):
         return None
     ratio = stats.paired_ratio(TPOT, runs[0], runs[1], opts)  # type: ignore[arg-type]
-    return stats.decide([ratio], opts)[0]
+    return decisions.decide([ratio], opts)[0]
 
 
 def is_aa(frame: pd.DataFrame) -> bool:

@@ -11,21 +11,19 @@ import dataclasses
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
 import httpx
 
+from pipeline.engines.process import free_port, log_tail, port_taken, signal_group, wait_group_gone
 from pipeline.engines.watchdog import live_members
-from pipeline.redact import shell_line
+from pipeline.record.redact import shell_line
 
-LOG_TAIL_LINES = 40
 PORT_RETRIES = 3  # a start that lost its port to another process is retried on a new one
 
 
@@ -80,21 +78,6 @@ def inherited(names: tuple[str, ...]) -> dict[str, str]:
         raise ServerError(f"engine.env_from names {', '.join(missing)}, which this process's environment lacks; "
                           f"export it where the server starts (on a cluster: every node)")  # fmt: skip
     return {n: os.environ[n] for n in names}
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        with path.open(errors="replace") as fh:
-            return "".join(deque(fh, maxlen=lines))
-    except FileNotFoundError:
-        return ""
 
 
 class EngineServer:
@@ -171,7 +154,7 @@ class EngineServer:
                 return self
             except ServerError:
                 self.stop()
-                if attempt < PORT_RETRIES and "--port" in self.spec.command and _port_taken(self.spec.log_path, offset):
+                if attempt < PORT_RETRIES and "--port" in self.spec.command and port_taken(self.spec.log_path, offset):
                     taken = self.spec.port
                     self.spec = self.spec.with_port(free_port(self.spec.host))
                     print(f"[{self.spec.engine}] port {taken} was taken before the server bound it; "
@@ -270,37 +253,8 @@ class EngineServer:
         if proc is None:
             return
         pgid = proc.pid  # start_new_session makes the child its group's leader
-        _signal_group(pgid, signal.SIGTERM)
-        if not _wait_group_gone(proc, pgid, self.grace_s if grace_s is None else grace_s):
-            _signal_group(pgid, signal.SIGKILL)
-            if not _wait_group_gone(proc, pgid, 10.0):
+        signal_group(pgid, signal.SIGTERM)
+        if not wait_group_gone(proc, pgid, self.grace_s if grace_s is None else grace_s):
+            signal_group(pgid, signal.SIGKILL)
+            if not wait_group_gone(proc, pgid, 10.0):
                 raise ServerError(f"processes of group {pgid} survived SIGKILL: {live_members(pgid)}")
-
-
-def _port_taken(log_path: Path, offset: int) -> bool:
-    """Whether the server's log, from ``offset`` on, says its port was already in use."""
-    try:
-        with log_path.open("rb") as fh:
-            fh.seek(offset)
-            text = fh.read().decode(errors="replace").lower()
-    except OSError:
-        return False
-    return "address already in use" in text or "errno 98" in text
-
-
-def _wait_group_gone(proc: subprocess.Popen[bytes], pgid: int, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        proc.poll()  # reap the leader so that it leaves the table
-        if not live_members(pgid):
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass

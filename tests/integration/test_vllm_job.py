@@ -15,11 +15,12 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from pipeline.config import EngineConfig, JobConfig, LoadConfig, SpecConfig, WorkloadConfig
-from pipeline.group import GroupTask, run_group
-from pipeline.models import ensure_embedded
-from pipeline.plan import plan_sweep
-from pipeline.tracking import Tracker, resolve_store
-from pipeline.tracking import prepare as prepare_store
+from pipeline.engines.models import ensure_embedded
+from pipeline.record.tracking import Tracker, resolve_store
+from pipeline.record.tracking import prepare as prepare_store
+from pipeline.run.group import run_group
+from pipeline.run.outcomes import GroupTask
+from pipeline.run.plan import plan_sweep
 from tests.integration.conftest import run_sweep, sigterm_once_serving
 
 pytestmark = pytest.mark.integration

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import vllm_result
 from pipeline.config import EngineConfig, JobConfig, LoadConfig, TrackingConfig, WorkloadConfig
-from pipeline.job import point_requests, resolve_target
-from pipeline.measure import measure
-from pipeline.models import load_tokenizer
+from pipeline.engines.models import load_tokenizer
+from pipeline.record import vllm_result
+from pipeline.run.job import point_requests, resolve_target
+from pipeline.run.measure import measure
 from tests.fakes import FakeServer, chat_script
 from tests.unit.test_acceptance import v1_text
 

@@ -2,7 +2,13 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.acceptance import MetricsFormatError, Scrape, acceptance_between, parse_scrape, prefix_cache_between
+from pipeline.engines.acceptance import (
+    MetricsFormatError,
+    Scrape,
+    acceptance_between,
+    parse_scrape,
+    prefix_cache_between,
+)
 
 
 def v1_text(drafts: float, draft_tokens: float, accepted: float, per_pos: list[float], engines: int = 1) -> str:

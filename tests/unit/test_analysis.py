@@ -7,12 +7,13 @@ import math
 import numpy as np
 import pandas as pd
 
-from pipeline.acceptance import alpha_from_length
 from pipeline.analysis import advisor, model, quality
+from pipeline.analysis.assemble import analyse
 from pipeline.analysis.plots import pareto_mask, speedup_heatmap, speedup_vs_rate, throughput_vs_tpot
-from pipeline.analysis.report import look_table, markdown, page
-from pipeline.analysis.stats import Sample, StatsOptions
-from pipeline.report import analyse
+from pipeline.analysis.report import look_table, markdown
+from pipeline.analysis.report_html import page
+from pipeline.analysis.samples import Sample, StatsOptions
+from pipeline.engines.acceptance import alpha_from_length
 
 OPTS = StatsOptions(resamples=500)
 
@@ -90,7 +91,7 @@ def test_pareto_frontier_keeps_only_undominated_points() -> None:
 
 
 def test_model_recovers_alpha_and_cost_and_predicts_unmeasured_k() -> None:
-    from pipeline.acceptance import expected_length
+    from pipeline.engines.acceptance import expected_length
 
     alpha, c = 0.8, 0.1
     frame = pd.DataFrame()
@@ -280,7 +281,7 @@ def test_plots_carry_their_intervals() -> None:
 def test_the_aa_spread_is_added_where_repeats_shared_their_servers_not_where_they_restarted() -> None:
     import dataclasses
 
-    from pipeline.analysis.stats import ServerSpread
+    from pipeline.analysis.samples import ServerSpread
 
     frame, samples = _sweep({(3, 1.0): 1.5}, runs=3)
     opts = dataclasses.replace(OPTS, server_spread=ServerSpread({"speedup_median_tpot": 0.2}, 10, "aa"))
@@ -298,11 +299,11 @@ def test_interactive_figures_hover_with_config_rate_interval_and_run_link_and_th
     from dataclasses import replace as with_
 
     from pipeline.analysis import iplots
-    from pipeline.report import _interactive
+    from pipeline.analysis.assemble import interactive_figures
 
     frame, samples = _sweep({(3, 1.0): 2.0, (3, 4.0): 1.4, (5, 1.0): 1.8, (5, 4.0): 1.2})
     data = with_(_analyse(frame, samples), run_url="http://mlflow:5000/#/experiments/7/runs/{run}")
-    figures = _interactive(data)
+    figures = interactive_figures(data)
     assert set(figures) == {"Output throughput against median TPOT", "Median-TPOT speedup against request rate",
                             "TTFT against request rate", "Acceptance against k"}  # fmt: skip
     speedup = figures["Median-TPOT speedup against request rate"]

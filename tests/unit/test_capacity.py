@@ -18,7 +18,7 @@ from pipeline.analysis.capacity import (
     pass_replicates,
     window_passes,
 )
-from pipeline.analysis.stats import Sample, StatsOptions
+from pipeline.analysis.samples import Sample, StatsOptions
 
 OPTS = StatsOptions(resamples=500)
 

@@ -4,9 +4,9 @@ import math
 
 import pytest
 
-from pipeline.client import ClientOptions
-from pipeline.loadgen import run_window
-from pipeline.workloads import Request
+from pipeline.load.client import ClientOptions
+from pipeline.load.items import Request
+from pipeline.load.loadgen import run_window
 from tests.fakes import FakeServer, Script, chat_chunk, chat_script, usage_chunk
 
 
@@ -129,7 +129,7 @@ def test_every_request_has_a_deadline() -> None:
 
 
 def test_unreachable_server_is_an_error_record() -> None:
-    from pipeline.engines.base import free_port
+    from pipeline.engines.process import free_port
 
     url = f"http://127.0.0.1:{free_port()}"
     record = run_window([_request()], [0.0], _opts(url, timeout_s=5)).records[0]

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cluster import Need, check_feasible, check_store, probe
-from pipeline.driver import LaunchError
+from pipeline.run.cluster import Need, check_feasible, check_store, probe
+from pipeline.run.driver import LaunchError
 
 
 def test_gpu_request_larger_than_any_node_fails_naming_both() -> None:
@@ -44,8 +44,8 @@ def test_local_ray_starts_its_workers_at_normal_priority(monkeypatch: pytest.Mon
     # Ray's workers default to niceness 15, and a server started from a task inherits it.
     import ray
 
-    from pipeline import cluster
     from pipeline.config import RayConfig
+    from pipeline.run import cluster
 
     seen: dict[str, str | None] = {}
     monkeypatch.delenv(cluster.WORKER_NICENESS, raising=False)
@@ -56,7 +56,7 @@ def test_local_ray_starts_its_workers_at_normal_priority(monkeypatch: pytest.Mon
 
 
 def test_resources_no_node_offers_are_refused_naming_what_the_nodes_have() -> None:
-    from pipeline.cluster import check_resources
+    from pipeline.run.cluster import check_resources
 
     nodes = [{"CPU": 1.0, "specsweep_slot": 1.0, "node:10.0.0.1": 1.0}, {"CPU": 1.0, "GPU": 1.0}]
     check_resources({"specsweep_slot": 1}, nodes)
@@ -83,8 +83,8 @@ def test_group_request_maps_cpu_and_gpu_to_rays_own_arguments() -> None:
 def test_a_job_driver_joins_the_cluster_of_ray_address(monkeypatch: pytest.MonkeyPatch) -> None:
     import ray
 
-    from pipeline import cluster
     from pipeline.config import RayConfig
+    from pipeline.run import cluster
 
     seen: dict[str, object] = {}
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")

@@ -7,6 +7,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
+from pipeline.compose import register_schema, to_job_config
 from pipeline.config import (
     ConfigError,
     GateConfig,
@@ -14,10 +15,8 @@ from pipeline.config import (
     LoadConfig,
     RayConfig,
     SpecConfig,
-    register_schema,
-    to_job_config,
-    validate,
 )
+from pipeline.validate import validate
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name not in ("sweep", "hydra", "engine_spec"))
@@ -48,7 +47,7 @@ def test_every_config_group_option_composes(group: str, option: str) -> None:
 def test_every_named_sweep_composes_and_plans(name: str) -> None:
     import itertools
 
-    from pipeline.plan import plan_sweep
+    from pipeline.run.plan import plan_sweep
 
     register_schema()
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
@@ -153,8 +152,9 @@ def test_concurrency_cap_with_several_client_workers_is_refused() -> None:
 def test_a_server_other_hosts_can_reach_must_be_asked_for_and_then_skips_the_dev_mode_reset() -> None:
     import dataclasses
 
-    from pipeline.config import EngineConfig, JobConfig, is_loopback, validate
-    from pipeline.measure import resets_cache
+    from pipeline.config import EngineConfig, JobConfig
+    from pipeline.run.measure import resets_cache
+    from pipeline.validate import is_loopback, validate
 
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3") and not is_loopback("node-7")
@@ -170,6 +170,6 @@ def test_new_settings_at_their_defaults_leave_every_point_hash_as_it_was() -> No
     # Resume and the regression gate's history key on point hashes: the settings added for
     # faults and searches must not orphan every stored run.
     from pipeline.config import JobConfig
-    from pipeline.plan import point_hash
+    from pipeline.run.plan import point_hash
 
     assert point_hash(JobConfig()) == "04402450571add93"

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.engines.base import EngineServer, ServerError, ServerSpec, free_port
+from pipeline.engines.base import EngineServer, ServerError, ServerSpec
+from pipeline.engines.process import free_port
 
 # Serves /health after a delay, and leaves a grandchild running, as vLLM's engine core does.
 SERVER = textwrap.dedent(

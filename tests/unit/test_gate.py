@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.analysis import stats
+from pipeline.analysis import between_runs, samples
 from pipeline.analysis.gate import (
     IMPROVED,
     INSUFFICIENT,
@@ -25,7 +25,7 @@ from pipeline.analysis.gate import (
     judge,
     markdown,
 )
-from pipeline.analysis.stats import Sample, StatsOptions
+from pipeline.analysis.samples import Sample, StatsOptions
 from pipeline.gate import fingerprint, main
 
 OPTS = StatsOptions(resamples=1000)
@@ -57,22 +57,22 @@ def history(rng: np.random.Generator, nights: int = 5, noise: float = 0.03) -> d
 def test_pooled_spread_known_answer() -> None:
     # Each group's logs lie +-0.1 from their mean: 0.02 of squares each, one df each.
     groups = [[math.exp(0.1), math.exp(-0.1)], [math.exp(1.1), math.exp(0.9)], [5.0]]
-    spread, df = stats.pooled_log_spread(groups)
+    spread, df = between_runs.pooled_log_spread(groups)
     assert df == 2
     assert spread == pytest.approx(math.sqrt(0.04 / 2))
-    spread, df = stats.pooled_log_spread([[1.0], []])
+    spread, df = between_runs.pooled_log_spread([[1.0], []])
     assert df == 0 and math.isnan(spread)
 
 
 def test_against_history_is_a_prediction_interval() -> None:
     rng = np.random.default_rng(0)
-    ratio = stats.against_history("median_tpot_ms", 220.0, [200.0] * 5, 0.05, 20, OPTS, False, rng)
+    ratio = between_runs.against_history("median_tpot_ms", 220.0, [200.0] * 5, 0.05, 20, OPTS, False, rng)
     assert ratio.estimate == pytest.approx(200 / 220)
     assert ratio.low < ratio.estimate < ratio.high
     # Half-width ~ t(20) * 0.05 * sqrt(1 + pi / 10) on the log scale.
     half = (math.log(ratio.high) - math.log(ratio.low)) / 2
     assert half == pytest.approx(2.086 * 0.05 * math.sqrt(1 + math.pi / 10), rel=0.15)
-    unmeasured = stats.against_history("median_tpot_ms", 220.0, [200.0], math.nan, 0, OPTS, False, rng)
+    unmeasured = between_runs.against_history("median_tpot_ms", 220.0, [200.0], math.nan, 0, OPTS, False, rng)
     assert not unmeasured.resolved and "not measured" in unmeasured.note
 
 
@@ -125,7 +125,7 @@ def test_one_past_run_without_a_measured_spread_can_only_be_suspect() -> None:
     assert result.points == {"run9-base": SUSPECT} and result.overall == "pass"
     better = judge([night(9, "base", 150, sample=_sample(rng, 150))], past, OPTS, Floors())
     assert better.points == {"run9-base": PASS}  # not "improved" on an interval without the spread
-    spread = stats.ServerSpread({"speedup_median_tpot": 0.03}, 20, "an A/A sweep")
+    spread = samples.ServerSpread({"speedup_median_tpot": 0.03}, 20, "an A/A sweep")
     with_aa = judge([night(9, "base", 260, sample=_sample(rng, 260))], past, OPTS, Floors(), aa=spread)
     assert with_aa.points == {"run9-base": REGRESSED}
 
@@ -174,7 +174,7 @@ def test_fingerprint_keys_on_point_hardware_and_weights_not_engine_version() -> 
 def _store(tmp_path: Path, nights: list[float]) -> tuple[str, list[str], str]:
     """A local store holding one sweep run per value (median TPOT of its one point)."""
     from pipeline.config import TrackingConfig
-    from pipeline.tracking import Tracker, prepare, resolve_store
+    from pipeline.record.tracking import Tracker, prepare, resolve_store
 
     store = resolve_store(TrackingConfig(), tmp_path)
     tracker = Tracker(store, prepare(store, "nightly"))

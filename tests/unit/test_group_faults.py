@@ -6,12 +6,13 @@ import dataclasses
 import errno
 from pathlib import Path
 
-from pipeline import diskfull
 from pipeline.config import EngineConfig, JobConfig, LoadConfig
-from pipeline.group import LOST, GroupTask, PointOutcome, _earlier_attempt, _measure_all
-from pipeline.measure import WINDOW_STOPPED
-from pipeline.plan import plan_sweep
-from pipeline.tracking import PointRun
+from pipeline.record.tracking import PointRun
+from pipeline.run import diskfull
+from pipeline.run.group import LOST, _earlier_attempt, _measure_all
+from pipeline.run.measure import WINDOW_STOPPED
+from pipeline.run.outcomes import GroupTask, PointOutcome
+from pipeline.run.plan import plan_sweep
 
 
 class ScriptedServer:
@@ -102,7 +103,7 @@ def test_a_window_stopped_for_errors_is_not_a_server_fault(tmp_path: Path) -> No
     group = _group()
     server = ScriptedServer(tmp_path / "log")
     outcome = PointOutcome("h", "r", error=WINDOW_STOPPED + "12 of the first 12 requests failed")
-    from pipeline.group import _server_fault
+    from pipeline.run.group import _server_fault
 
     assert _server_fault(server, outcome) is None  # type: ignore[arg-type]
     assert group.points

@@ -9,8 +9,8 @@ from mlflow.tracking import MlflowClient
 
 from pipeline import sync
 from pipeline.config import TrackingConfig
-from pipeline.journal import JOURNAL_NAME, JournaledTracker, journals, replay
-from pipeline.tracking import Tracker, prepare, resolve_store
+from pipeline.record.journal import JOURNAL_NAME, JournaledTracker, journals, replay
+from pipeline.record.tracking import Tracker, prepare, resolve_store
 
 
 class Flaky:

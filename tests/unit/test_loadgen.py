@@ -3,10 +3,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.client import ClientOptions, RequestRecord
-from pipeline.loadgen import StopRule, arrival_offsets, arrivals_within, run_window
-from pipeline.metrics import client_health
-from pipeline.workloads import Request
+from pipeline.load.client import ClientOptions, RequestRecord
+from pipeline.load.items import Request
+from pipeline.load.loadgen import StopRule, arrival_offsets, arrivals_within, run_window
+from pipeline.load.metrics import client_health
 from tests.fakes import FakeServer, chat_script
 
 

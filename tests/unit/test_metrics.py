@@ -4,9 +4,9 @@ import math
 
 import pytest
 
-from pipeline.client import RequestRecord
 from pipeline.config import SloConfig
-from pipeline.metrics import compare, summarize
+from pipeline.load.client import RequestRecord
+from pipeline.load.metrics import compare, summarize
 
 
 def rec(i: int, sent: float, chunks: list[float], tokens: int | None, error: str | None = None) -> RequestRecord:

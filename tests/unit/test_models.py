@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import models
-from pipeline.models import ModelError, ensure_embedded, resolve_model
+from pipeline.engines import models
+from pipeline.engines.models import ModelError, ensure_embedded, resolve_model
 
 
 @pytest.fixture()

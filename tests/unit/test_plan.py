@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from pipeline.config import ConfigError, JobConfig, LoadConfig, RepeatsConfig, SpecConfig
-from pipeline.plan import ServerLine, describe, estimate_s, plan_sweep, point_hash, server_key
+from pipeline.run.plan import ServerLine, describe, estimate_s, plan_sweep, point_hash, server_key
 
 
 def _grid(ks: list[int], rates: list[float], method: str = "ngram") -> list[JobConfig]:
@@ -118,7 +118,7 @@ def test_aa_pairs_each_baseline_with_an_identical_twin_server() -> None:
 
 
 def test_aa_with_speculation_is_refused() -> None:
-    from pipeline.config import validate
+    from pipeline.validate import validate
 
     with pytest.raises(ConfigError, match="aa=true compares two servers without speculation; set spec=none"):
         validate(dataclasses.replace(JobConfig(), aa=True))

@@ -19,7 +19,7 @@ from pipeline.analysis.predict import (
     step_cost,
     to_confirm,
 )
-from pipeline.analysis.stats import StatsOptions
+from pipeline.analysis.samples import StatsOptions
 
 OPTS = StatsOptions(resamples=500)
 B = OPTS.resamples

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from pipeline import progress, progress_display
-from pipeline.progress import Event, Hub, Reporter
-from pipeline.progress_display import Display, SweepState
+from pipeline.run import progress, progress_display
+from pipeline.run.progress import Event, Hub, Reporter
+from pipeline.run.progress_display import Display, SweepState
 
 
 def _scripted_group(reporter: Reporter, points: list[str], total: int) -> None:

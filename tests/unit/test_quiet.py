@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from pipeline import quiet
+from pipeline.run import quiet
 
 AUTH_NOTICE = "ray._private.authentication.authentication_token_setup"
 

@@ -11,14 +11,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline import search_capacity, search_predict
 from pipeline.analysis import search_report
 from pipeline.analysis.capacity import SloTarget
+from pipeline.analysis.samples import Sample, StatsOptions
 from pipeline.analysis.search_report import slo_target
-from pipeline.analysis.stats import Sample, StatsOptions
-from pipeline.config import CapacityConfig, ConfigError, JobConfig, LoadConfig, SloConfig, SpecConfig, validate
-from pipeline.group import GroupOutcome, PointOutcome
-from pipeline.plan import Point, SweepPlan, plan_sweep, point_hash
+from pipeline.config import CapacityConfig, ConfigError, JobConfig, LoadConfig, SloConfig, SpecConfig
+from pipeline.run import predict_plan, search_capacity, search_predict
+from pipeline.run.outcomes import GroupOutcome, PointOutcome
+from pipeline.run.plan import Point, SweepPlan, plan_sweep, point_hash
+from pipeline.validate import validate
 
 OPTS = StatsOptions(resamples=400)
 
@@ -31,7 +32,7 @@ def grid(ks: tuple[int, ...], rates: tuple[float, ...], method: str = "ngram") -
 
 def test_first_phase_measures_the_baseline_and_the_largest_k_at_every_rate() -> None:
     plan = grid((1, 2, 3), (1.0, 4.0))
-    first = search_predict.first_phase(plan)
+    first = predict_plan.first_phase(plan)
     assert len(plan.groups) == 4 and len(first.groups) == 2
     assert sorted((p.role, p.job.spec.k, p.job.load.request_rate) for p in first.points) == [
         ("baseline", 0, 1.0), ("baseline", 0, 4.0), ("speculative", 3, 1.0), ("speculative", 3, 4.0)]  # fmt: skip
@@ -39,8 +40,8 @@ def test_first_phase_measures_the_baseline_and_the_largest_k_at_every_rate() -> 
 
 def test_a_curve_with_one_k_is_refused() -> None:
     with pytest.raises(ConfigError, match="at least 2 values of spec.k"):
-        search_predict.check_plan(grid((3,), (1.0,)))
-    search_predict.check_plan(grid((2, 3), (1.0,)))
+        predict_plan.check_plan(grid((3,), (1.0,)))
+    predict_plan.check_plan(grid((2, 3), (1.0,)))
 
 
 @pytest.mark.parametrize(
@@ -117,7 +118,7 @@ def test_predictor_predicts_every_unmeasured_k_and_proposes_the_best_for_confirm
     plan = grid((1, 2, 3, 4), (1.0, 8.0))
     outcomes, samples = measured_outcomes(plan, {4})
     predictor = search_predict.Predictor(plan, OPTS, lambda found: [samples.get(str(o.run_id)) for o in found])
-    (setting, points), = search_predict.curves(plan).items()  # fmt: skip
+    (setting, points), = predict_plan.curves(plan).items()  # fmt: skip
     result = predictor.curve(setting, points, outcomes, None, cap=1)
     assert sorted(result.final) == [(k, r) for k in (1, 2, 3) for r in (1.0, 8.0)]
     for (k, rate), prediction in result.final.items():
@@ -138,7 +139,7 @@ def test_confirmations_become_anchors_and_the_table_sets_prediction_against_meas
     first_outcomes = {h: o for h, o in outcomes.items() if not any(p.hash == h and p.job.spec.k == 2
                                                                      for p in plan.points)}  # fmt: skip
     predictor = search_predict.Predictor(plan, OPTS, lambda found: [samples.get(str(o.run_id)) for o in found])
-    (setting, points), = search_predict.curves(plan).items()  # fmt: skip
+    (setting, points), = predict_plan.curves(plan).items()  # fmt: skip
     first = predictor.curve(setting, points, first_outcomes, None, cap=2)
     final = predictor.curve(setting, points, outcomes, first.first, cap=2)
     assert (2, 2.0) in first.final and (2, 2.0) not in final.final  # measured now, no longer predicted
@@ -233,7 +234,7 @@ def test_the_final_table_shows_a_predicted_point() -> None:
 
     from rich.console import Console
 
-    from pipeline import table
+    from pipeline.record import table
 
     out = io.StringIO()
     frame = pd.DataFrame([{"point": "ngram-k2-r1", "status": "predicted", "median_tpot_ms": 80.0, "error": ""}])

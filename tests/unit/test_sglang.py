@@ -10,20 +10,15 @@ import sys
 import pytest
 from packaging.version import Version
 
-from pipeline.acceptance import (
-    alpha_from_length,
-    expected_length,
-    normalized,
-    parse_scrape,
-    server_info_accept_length,
-    sglang_acceptance,
-)
-from pipeline.client import ClientOptions
-from pipeline.config import ConfigError, EngineConfig, JobConfig, SpecConfig, WorkloadConfig, validate
+from pipeline.config import ConfigError, EngineConfig, JobConfig, SpecConfig, WorkloadConfig
 from pipeline.engines import sglang
+from pipeline.engines.acceptance import alpha_from_length, expected_length, normalized, parse_scrape
+from pipeline.engines.sglang_acceptance import server_info_accept_length, sglang_acceptance
 from pipeline.engines.vllm import EngineNotInstalled
-from pipeline.loadgen import run_window
-from pipeline.workloads import Request
+from pipeline.load.client import ClientOptions
+from pipeline.load.items import Request
+from pipeline.load.loadgen import run_window
+from pipeline.validate import validate
 from tests.fakes import FakeServer, generate_script
 
 INSTALL = sglang.recorded("/env/sglang/bin/python", installed=True)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.sse import SSEDecoder
+from pipeline.load.sse import SSEDecoder
 
 
 def _all(chunks: list[bytes]) -> list[bytes]:

@@ -9,8 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.analysis import stats
-from pipeline.analysis.stats import Sample, StatsError, StatsOptions, decide, paired_ratio
+from pipeline.analysis import decisions, samples, stats
+from pipeline.analysis.decisions import decide
+from pipeline.analysis.samples import Sample, StatsError, StatsOptions
+from pipeline.analysis.stats import paired_ratio
 
 OPTS = StatsOptions(resamples=1000)
 
@@ -93,7 +95,7 @@ def test_fewer_than_five_requests_is_not_enough_never_a_verdict() -> None:
     base, spec = pair(0, 4, 3.0)
     ratio = paired_ratio("speedup_median_tpot", base, spec, OPTS)
     assert ratio.estimate is None and "not enough requests" in ratio.note
-    assert decide([ratio], OPTS)[0].label == stats.TOO_FEW
+    assert decide([ratio], OPTS)[0].label == decisions.TOO_FEW
 
 
 def test_decisions_need_the_interval_beyond_the_floor() -> None:
@@ -109,12 +111,12 @@ def test_decisions_need_the_interval_beyond_the_floor() -> None:
 def test_to_resolve_scales_the_window_with_the_squared_interval() -> None:
     ratio = stats.Ratio("speedup_median_tpot", 1.10, 1.01, 1.20, 0.95, 1, 50, log_replicates=np.zeros(10))
     half, margin = (math.log(1.20) - math.log(1.01)) / 2, math.log(1.10) - math.log(1.02)
-    assert f"~{math.ceil(50 * (half / margin) ** 2)} requests" in stats.to_resolve(ratio, 0.02)
+    assert f"~{math.ceil(50 * (half / margin) ** 2)} requests" in decisions.to_resolve(ratio, 0.02)
     inside = stats.Ratio("speedup_median_tpot", 1.01, 0.95, 1.07, 0.95, 1, 50)
-    assert "within the ±2% floor" in stats.to_resolve(inside, 0.02)
+    assert "within the ±2% floor" in decisions.to_resolve(inside, 0.02)
     # With repeats, the spread between runs sets the width: the lever is more runs.
     repeated = stats.Ratio("speedup_median_tpot", 1.10, 1.01, 1.20, 0.95, 2, 50)
-    assert "repeats would likely resolve it" in stats.to_resolve(repeated, 0.02)
+    assert "repeats would likely resolve it" in decisions.to_resolve(repeated, 0.02)
 
 
 def test_benjamini_hochberg_can_withdraw_a_lone_borderline_call() -> None:
@@ -133,10 +135,10 @@ def test_crossing_is_an_interval_only_where_helps_turns_into_hurts() -> None:
     rates = [1.0, 4.0, 16.0]
     ratios = [paired_ratio("speedup_median_tpot", *pair(s, 128, t), OPTS, np.random.default_rng(s))
               for s, t in enumerate((2.0, 1.4, 0.7))]  # fmt: skip
-    cross = stats.crossing(rates, decide(ratios, OPTS), OPTS)
+    cross = decisions.crossing(rates, decide(ratios, OPTS), OPTS)
     assert cross.rate is not None and 4.0 < cross.low <= cross.rate <= cross.high < 16.0  # type: ignore[operator]
     flat = [paired_ratio("speedup_median_tpot", *pair(s, 64, 1.0), OPTS, np.random.default_rng(s)) for s in range(3)]
-    assert stats.crossing(rates, decide(flat, OPTS), OPTS).rate is None
+    assert decisions.crossing(rates, decide(flat, OPTS), OPTS).rate is None
 
 
 def test_acceptance_length_interval_is_centred_on_the_counters() -> None:
@@ -164,7 +166,7 @@ def test_bad_options_are_refused(kw: dict, match: str) -> None:
 
 
 def test_the_aa_spread_between_servers_widens_one_server_comparisons_only() -> None:
-    spread = stats.server_spread({"speedup_median_tpot": [0.06, -0.08, 0.02, -0.05], "output_throughput_ratio":
+    spread = samples.server_spread({"speedup_median_tpot": [0.06, -0.08, 0.02, -0.05], "output_throughput_ratio":
                                   [0.03, -0.02, 0.04, -0.01]}, "aa")  # fmt: skip
     assert spread is not None and spread.comparisons == 4
     assert spread.sd["speedup_median_tpot"] == pytest.approx(math.sqrt((0.06**2 + 0.08**2 + 0.02**2 + 0.05**2) / 4))

@@ -11,7 +11,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from pipeline.config import EngineConfig, JobConfig
-from pipeline.tracking import Tracker, flatten_params, prepare, resolve_store
+from pipeline.record.tracking import Tracker, flatten_params, prepare, resolve_store
 
 
 def test_params_are_flat_and_secrets_masked() -> None:
@@ -62,7 +62,7 @@ def test_unreachable_tracking_server_fails_fast_naming_the_fix() -> None:
     import time
 
     from pipeline.config import TrackingConfig
-    from pipeline.tracking import TrackingError, check_reachable
+    from pipeline.record.tracking import TrackingError, check_reachable
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -75,7 +75,8 @@ def test_unreachable_tracking_server_fails_fast_naming_the_fix() -> None:
 
 
 def test_sweep_reader_finds_the_newest_sweep_run_of_an_experiment(tmp_path: Path) -> None:
-    from pipeline.tracking import SweepReader, TrackingError
+    from pipeline.record.readers import SweepReader
+    from pipeline.record.tracking import TrackingError
 
     store = resolve_store(JobConfig().tracking, tmp_path)
     tracker = Tracker(store, prepare(store, "reader"))
@@ -103,7 +104,7 @@ def test_two_sweeps_creating_one_new_store_at_once_both_succeed(tmp_path: Path) 
     script = (
         "import sys, time; from pathlib import Path\n"
         "from pipeline.config import TrackingConfig\n"
-        "from pipeline.tracking import prepare, resolve_store\n"
+        "from pipeline.record.tracking import prepare, resolve_store\n"
         "store = resolve_store(TrackingConfig(), Path(sys.argv[1]))\n"
         "time.sleep(max(0.0, float(sys.argv[2]) - time.time()))\n"
         "print(prepare(store, sys.argv[3]))\n"

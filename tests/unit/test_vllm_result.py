@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
-from pipeline import vllm_result
-from pipeline.client import RequestRecord
 from pipeline.config import SloConfig
-from pipeline.metrics import summarize
+from pipeline.load.client import RequestRecord
+from pipeline.load.metrics import summarize
+from pipeline.record import vllm_result
 
 SETUP = vllm_result.Setup("chat", "m", "m", 2, 2, 1.0, None, "p")
 

@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import ConfigError, WorkloadConfig
-from pipeline.datasets import DatasetError
-from pipeline.workloads import BUNDLED, build_requests, split_warmup
+from pipeline.load.bundled import BUNDLED
+from pipeline.load.datasets import DatasetError
+from pipeline.load.workloads import build_requests, split_warmup
 
 
 class WordTokenizer:

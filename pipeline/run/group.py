@@ -8,130 +8,27 @@ this function.
 
 from __future__ import annotations
 
-import json
 import os
-import pickle
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
-from pipeline import diskfull, progress, search_capacity, vllm_result
-from pipeline.acceptance import normalized
-from pipeline.client import ClientOptions
 from pipeline.config import JobConfig
-from pipeline.engines.base import EngineServer, ServerError, log_tail
-from pipeline.hardware import hardware_tags, where_am_i
-from pipeline.job import Target, point_requests, resolve_target, server_spec
-from pipeline.journal import JOURNAL_NAME, JournaledTracker
-from pipeline.loadgen import Window, run_window
-from pipeline.measure import WINDOW_STOPPED, Measurement, MeasurementError, measure
-from pipeline.models import load_tokenizer, revision
-from pipeline.plan import Point, ServerGroup
-from pipeline.redact import redact_text, secret_values
-from pipeline.tracking import CONFIRMATION_TAG, Store, Tracker, flatten_params
-
-
-@dataclass(frozen=True)
-class GroupTask:
-    """Everything a worker needs to run a group; pickled to a file the launched job reads."""
-
-    group: ServerGroup
-    store: Store
-    experiment_id: str
-    parent_run_id: str
-    gpus: int  # what the group's server needs, for the launcher's resource request
-    # A regression gate's re-measurement: point hash -> the run it confirms (tagged on its run).
-    confirms: dict[str, str] = field(default_factory=dict)
-    # search=capacity: probe rates on this server from its one planned point (pipeline.search_capacity).
-    capacity: bool = False
-    progress: str | None = None  # the driver's live display (pipeline.progress)
-
-    def save(self, path: Path) -> Path:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(pickle.dumps(self))
-        return path.resolve()
-
-    @staticmethod
-    def load(path: str | Path) -> GroupTask:
-        return GroupTask.load_bytes(Path(path).read_bytes(), str(path))
-
-    @staticmethod
-    def load_bytes(data: bytes, source: str = "the launched job's data") -> GroupTask:
-        task = pickle.loads(data)
-        if not isinstance(task, GroupTask):
-            raise TypeError(f"{source} holds a {type(task).__name__}, not a GroupTask")
-        return task
-
-
-@dataclass(frozen=True)
-class PointOutcome:
-    hash: str
-    run_id: str | None
-    metrics: dict[str, float] = field(default_factory=dict)  # summary + acceptance + prefix cache
-    error: str | None = None
-    resumed: bool = False  # measured by an earlier run of the sweep, not this one
-    predicted: bool = False  # search=predict's model, not a measurement (its run has no requests)
-
-
-@dataclass(frozen=True)
-class ProbeOutput:
-    """One answer to the lossless probe: the same prompt, temperature 0, one request at a time."""
-
-    index: int
-    text: str
-    token_ids: tuple[int, ...]  # the text re-tokenized with the model's tokenizer
-    error: str | None = None
-
-
-@dataclass(frozen=True)
-class GroupOutcome:
-    index: int
-    points: tuple[PointOutcome, ...]
-    started: bool = False  # whether a server process was launched
-    startup_s: float | None = None
-    probe: tuple[ProbeOutput, ...] = ()
-    probe_s: float = 0.0  # time spent on the lossless probe (a measurement of its own)
-    probed: tuple[Point, ...] = ()  # search=capacity: the points its probes measured, in order
-    restarts: int = 0  # the server was restarted this often after dying or hanging mid-window
-
-    @staticmethod
-    def failed(task: GroupTask, error: str) -> GroupOutcome:
-        return GroupOutcome(task.group.index, tuple(PointOutcome(p.hash, None, error=error) for p in task.group.points))
-
-
-def _tags(point: Point, target: Target, version: str, confirms: str | None = None) -> dict[str, str]:
-    return {
-        **({CONFIRMATION_TAG: confirms} if confirms else {}),
-        "role": point.role,
-        "engine": point.job.engine.name,
-        "engine.version": version,
-        "engine.distribution": target.install.distribution,
-        "spec.method": point.job.spec.method,
-        "point_hash": point.hash,
-        **({"baseline_hash": point.baseline_hash} if point.baseline_hash else {}),
-        "model.revision": revision(target.model_path),
-        **hardware_tags(target.on_gpu),
-        **where_am_i(),
-    }
-
-
-def _metrics(measurement: Measurement, k: int, startup_s: float | None) -> dict[str, float]:
-    # One scale for every engine: L over the window (vLLM's counters, SGLang's per-request
-    # verify counts) and the alpha it implies at k. Each engine's native rate keeps its own name.
-    sglang = measurement.sglang
-    length = sglang.window_length if sglang else measurement.acceptance.acceptance_length
-    k_eff = measurement.acceptance.effective_k or k
-    return {
-        **measurement.summary,
-        **measurement.acceptance.as_metrics(),
-        **(sglang.as_metrics() if sglang else {}),
-        **normalized(length, k_eff),
-        **measurement.prefix_cache.as_metrics(),
-        **({"server_startup_s": startup_s} if startup_s is not None else {}),
-    }
+from pipeline.engines.base import EngineServer, ServerError
+from pipeline.engines.models import load_tokenizer
+from pipeline.engines.process import log_tail
+from pipeline.load.client import ClientOptions
+from pipeline.load.loadgen import run_window
+from pipeline.record.journal import JOURNAL_NAME, JournaledTracker
+from pipeline.record.redact import redact_text, secret_values
+from pipeline.record.tracking import Tracker, flatten_params
+from pipeline.run import diskfull, progress, search_capacity
+from pipeline.run.job import point_requests, resolve_target, server_spec
+from pipeline.run.measure import WINDOW_STOPPED
+from pipeline.run.outcomes import GroupOutcome, GroupTask, PointOutcome, ProbeOutput
+from pipeline.run.plan import Point, ServerGroup
+from pipeline.run.point import finish_run, measure_point, point_tags
 
 
 def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
@@ -163,7 +60,7 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
     points: list[Point] = []  # every point given a run, in order (capacity probes are added as they run)
 
     def open_run(p: Point) -> Point:
-        tags = _tags(p, target, spec.engine_version, task.confirms.get(p.hash))
+        tags = point_tags(p, target, spec.engine_version, task.confirms.get(p.hash))
         run_ids[p.hash] = tracker.start_run(p.label, tags | ({"search": "capacity"} if task.capacity else {}),
                                             task.parent_run_id)  # fmt: skip
         tracker.log_params(run_ids[p.hash], flatten_params(p.job))
@@ -189,7 +86,7 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
                       f"CPU to other processes; on a Ray cluster start its nodes with RAY_worker_niceness=0")  # fmt: skip
 
             def measure_one(point: Point, first: bool) -> PointOutcome:
-                results[point.hash] = _measure_point(point, server, tokenizer, tracker, run_ids, out_dir, first,
+                results[point.hash] = measure_point(point, server, tokenizer, tracker, run_ids, out_dir, first,
                                                      reporter)  # fmt: skip
                 reporter.emit("point_done", point.label, failed=results[point.hash].error is not None)
                 reported.add(point.hash)
@@ -227,7 +124,7 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
         _redact_log(spec.log_path, secrets)
         for p in points:  # a point left without an outcome was cut short by an interrupt
             outcome = results.get(p.hash) or PointOutcome(p.hash, run_ids[p.hash], error="interrupted")
-            _finish_run(tracker, outcome, out_dir, interrupted)
+            finish_run(tracker, outcome, out_dir, interrupted)
             if p.hash not in reported:  # never measured: its server failed, or the disk filled, first
                 reporter.emit("point_done", p.label, failed=True)
     startup = server.startup_s if server else None
@@ -334,88 +231,6 @@ def lossless_probe(base_url: str, job: JobConfig, tokenizer: Any) -> tuple[Probe
         ids = tuple(tokenizer.encode(record.text, add_special_tokens=False)) if tokenizer and record.ok else ()
         outputs.append(ProbeOutput(request.index, record.text, ids, record.error))
     return tuple(outputs)
-
-
-def _measure_point(
-    point: Point,
-    server: EngineServer,
-    tokenizer: Any,
-    tracker: JournaledTracker,
-    run_ids: dict[str, str],
-    out_dir: Path,
-    first: bool,
-    reporter: progress.Reporter,
-) -> PointOutcome:
-    run_id = run_ids[point.hash]
-    sends = point_requests(point.job, tokenizer)
-    try:
-        measurement = measure(
-            server.base_url,
-            point.job.model.id,
-            point.job,
-            sends.warmup if first else (),  # the server is warm after its first point
-            sends.requests,
-            sends.offsets,
-            point.label,
-            reporter,
-        )
-    except Exception as exc:  # noqa: BLE001 - one point's failure is data; the next point still runs
-        message = str(exc) if isinstance(exc, MeasurementError) else f"{type(exc).__name__}: {exc}"
-        print(f"[{point.label}] FAILED: {message}")
-        window = exc.window if isinstance(exc, MeasurementError) else None
-        if window is not None:  # a window stopped early: what it recorded is kept
-            tracker.log_file(run_id, _write_requests(out_dir / point.label, window))
-            tracker.set_tags(run_id, {"window.stopped": message})
-        return PointOutcome(point.hash, run_id, error=message)
-    metrics = _metrics(measurement, point.job.spec.k, server.startup_s if first else None)
-    rss = server.rss_mib()
-    if rss is not None:
-        metrics["server_rss_mib"] = rss
-    nice = server.niceness()
-    if nice is not None:
-        metrics["server_niceness"] = float(nice)
-    # On disk first: whatever happens to MLflow, the measurement is in the sweep's outputs.
-    try:
-        point_dir = _write_requests(out_dir / point.label, measurement.window).parent
-        (point_dir / "summary.json").write_text(json.dumps(metrics, indent=2, default=str))
-        (point_dir / "config.json").write_text(json.dumps(flatten_params(point.job), indent=2))
-        if point.job.tracking.vllm_result != "off":
-            vllm_result.write(point_dir / vllm_result.FILE_NAME, point.job, point.label, metrics,
-                              measurement.window.records, {r.index: r.prompt_tokens for r in sends.requests})  # fmt: skip
-    except OSError as exc:
-        if not diskfull.is_disk_full(exc):
-            raise
-        message = diskfull.message(exc, out_dir / point.label)
-        print(f"[{point.label}] FAILED: {message}")
-        tracker.log_metrics(run_id, metrics)  # MLflow may live on another disk: the numbers are kept there
-        return PointOutcome(point.hash, run_id, metrics, error=message)
-    tracker.log_metrics(run_id, metrics)
-    tracker.log_file(run_id, point_dir / "summary.json")
-    tracker.log_file(run_id, point_dir / "requests.csv")
-    tracker.log_file(run_id, point_dir / vllm_result.FILE_NAME)  # where tracking.vllm_result wrote one
-    source = "sglang-per-request" if measurement.sglang and measurement.sglang.window_length else None
-    tags = {"acceptance.source": source or measurement.acceptance.source}
-    if measurement.acceptance.note:
-        print(f"[{point.label}] {measurement.acceptance.note}")
-        tags["acceptance.note"] = measurement.acceptance.note
-    tags["prefix_cache.policy"] = point.job.engine.prefix_cache
-    tracker.set_tags(run_id, tags)
-    return PointOutcome(point.hash, run_id, metrics)
-
-
-def _write_requests(folder: Path, window: Window) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame([r.as_row() for r in window.records]).to_csv(folder / "requests.csv", index=False)
-    return folder / "requests.csv"
-
-
-def _finish_run(tracker: JournaledTracker, outcome: PointOutcome, out_dir: Path, interrupted: bool) -> None:
-    assert outcome.run_id is not None
-    tracker.log_file(outcome.run_id, out_dir / "server_command.txt")
-    tracker.log_file(outcome.run_id, out_dir / "server.log")
-    if outcome.error is None:
-        tracker.set_tags(outcome.run_id, {"status": "finished"})
-    tracker.end_run(outcome.run_id, error=outcome.error, killed=interrupted and outcome.error == "interrupted")
 
 
 def _redact_log(path: Path, secrets: list[str]) -> None:

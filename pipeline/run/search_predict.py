@@ -25,45 +25,14 @@ import numpy as np
 import pandas as pd
 
 from pipeline.analysis import predict, search_report
-from pipeline.analysis.stats import Sample, StatsOptions, acceptance_length_interval, window_interval
-from pipeline.config import ConfigError
-from pipeline.group import GroupOutcome, PointOutcome
-from pipeline.plan import Point, SweepPlan, point_key, setting_key
-from pipeline.report import window_sample
-from pipeline.tracking import SweepReader, Tracker, flatten_params
-
-
-def curves(plan: SweepPlan) -> dict[str, list[Point]]:
-    """The speculative points of each curve (setting_key: every k and rate of one configuration)."""
-    found: dict[str, list[Point]] = {}
-    for point in plan.points:
-        if point.role == "speculative":
-            found.setdefault(setting_key(point.job), []).append(point)
-    return found
-
-
-def check_plan(plan: SweepPlan) -> None:
-    """Refuse a grid the model cannot serve: each curve needs two or more k values."""
-    if not curves(plan):
-        raise ConfigError("search=predict needs speculative points; give a method and k values, e.g. spec.k=1,2,3")
-    for points in curves(plan).values():
-        ks = sorted({p.job.spec.k for p in points})
-        if len(ks) < 2:
-            spec = points[0].job.spec
-            raise ConfigError(
-                f"search=predict needs at least 2 values of spec.k per method (got k={ks[0]} for {spec.method}); "
-                f"e.g. spec.k=1,2,3,4,5, or search=grid for one k"
-            )
-
-
-def k_max(points: Sequence[Point]) -> int:
-    return max(p.job.spec.k for p in points)
-
-
-def first_phase(plan: SweepPlan) -> SweepPlan:
-    """The baseline and the largest k of every curve, at every rate."""
-    tops = {p.hash for points in curves(plan).values() for p in points if p.job.spec.k == k_max(points)}
-    return plan.without(p.hash for p in plan.points if p.role == "speculative" and p.hash not in tops)
+from pipeline.analysis.samples import Sample, StatsOptions
+from pipeline.analysis.stats import acceptance_length_interval, window_interval
+from pipeline.record.readers import SweepReader
+from pipeline.record.tracking import Tracker, flatten_params
+from pipeline.record.windows import window_sample
+from pipeline.run.outcomes import GroupOutcome, PointOutcome
+from pipeline.run.plan import Point, SweepPlan, point_key, setting_key
+from pipeline.run.predict_plan import curves, first_phase, k_max
 
 
 @dataclass(frozen=True)
@@ -211,16 +180,6 @@ def _estimate(source: predict.Window | predict.Prediction, is_measured: bool, op
     return predict.Estimate(source.k, source.tpot_s, source.tpot_low_s, source.tpot_high_s, is_measured)
 
 
-def confirmation_plan(plan: SweepPlan, results: Sequence[CurveResult]) -> SweepPlan:
-    """The points each curve's confirmations measure: k at the rates where it is a candidate."""
-    wanted = set()
-    for result in results:
-        for point in curves(plan)[result.setting]:
-            if point.job.load.request_rate in result.confirm.get(point.job.spec.k, ()):
-                wanted.add(point.hash)
-    return plan.without(p.hash for p in plan.points if p.hash not in wanted)
-
-
 def predicted_metrics(prediction: predict.Prediction) -> dict[str, float]:
     """A predicted point's MLflow metrics: the sweep table's names, each with its interval."""
     return {
@@ -303,3 +262,13 @@ def log_predicted(tracker: Tracker, parent: str, point: Point, metrics: dict[str
     tracker.log_metrics(run_id, metrics)
     tracker.end_run(run_id)
     return run_id
+
+
+def confirmation_plan(plan: SweepPlan, results: Sequence[CurveResult]) -> SweepPlan:
+    """The points each curve's confirmations measure: k at the rates where it is a candidate."""
+    wanted = set()
+    for result in results:
+        for point in curves(plan)[result.setting]:
+            if point.job.load.request_rate in result.confirm.get(point.job.spec.k, ()):
+                wanted.add(point.hash)
+    return plan.without(p.hash for p in plan.points if p.hash not in wanted)

@@ -13,22 +13,21 @@ from dataclasses import dataclass, replace
 
 import httpx
 
-from pipeline.acceptance import (
+from pipeline.config import JobConfig, LoadConfig
+from pipeline.engines.acceptance import (
     Acceptance,
     PrefixCacheWindow,
     Scrape,
-    SglangAcceptance,
     acceptance_between,
     parse_scrape,
     prefix_cache_between,
-    sglang_acceptance,
 )
-from pipeline.client import ClientOptions, RequestRecord
-from pipeline.config import JobConfig, LoadConfig
-from pipeline.loadgen import StopRule, Window, run_window
-from pipeline.metrics import summarize
-from pipeline.progress import Reporter
-from pipeline.workloads import Request
+from pipeline.engines.sglang_acceptance import SglangAcceptance, sglang_acceptance
+from pipeline.load.client import ClientOptions, RequestRecord
+from pipeline.load.items import Request
+from pipeline.load.loadgen import StopRule, Window, run_window
+from pipeline.load.metrics import summarize
+from pipeline.run.progress import Reporter
 
 
 class MeasurementError(RuntimeError):

@@ -1,6 +1,6 @@
 """Nothing measured is lost when MLflow fails: writes that cannot be made are journaled.
 
-A :class:`JournaledTracker` stands in for :class:`~pipeline.tracking.Tracker`. Each write goes to
+A :class:`JournaledTracker` stands in for :class:`~pipeline.record.tracking.Tracker`. Each write goes to
 MLflow; the first that fails (the tracking server went away, or errors) starts a journal, a JSON
 line per write, in the sweep's output folder, and from then on every write of that tracker is
 journaled in order, so that a run is never ended before its metrics arrive. A run started while

@@ -11,12 +11,14 @@ from pathlib import Path
 
 from pipeline.config import JobConfig
 from pipeline.engines import sglang, vllm
-from pipeline.engines.base import ServerSpec, free_port
-from pipeline.hardware import resolve_device
-from pipeline.loadgen import schedule
-from pipeline.models import cache_root, resolve_model
-from pipeline.plan import WARMUP_MAX_TOKENS
-from pipeline.workloads import Request, Tokenizer, split_warmup
+from pipeline.engines.base import ServerSpec
+from pipeline.engines.hardware import resolve_device
+from pipeline.engines.models import cache_root, resolve_model
+from pipeline.engines.process import free_port
+from pipeline.load.items import Request, Tokenizer
+from pipeline.load.loadgen import schedule
+from pipeline.load.workloads import split_warmup
+from pipeline.run.plan import WARMUP_MAX_TOKENS
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,7 @@
-"""Prompt sets: bundled ones built from text that ships with Python, and users' files.
+"""The bundled prompt sets, built from text that ships with Python: code editing, summaries, Q&A, chat.
 
-Every set is seeded: the same (name, seed, count) gives the same prompts on any machine
-with the same Python. Acceptance depends on the kind of text, so every request carries its
-category, and the bundled sets span code editing, summarisation, chat and question answering.
+Acceptance depends on the kind of text, so every item carries its category. A set is a
+function of a seeded generator and a count: the same seed gives the same prompts.
 """
 
 from __future__ import annotations
@@ -15,40 +14,10 @@ import inspect
 import random
 import textwrap
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
 from functools import cache
-from typing import Protocol
 
-from pipeline.config import ConfigError, WorkloadConfig
-
-
-@dataclass(frozen=True)
-class Item:
-    """One prompt as a source gives it, before it becomes a numbered request."""
-
-    prompt: str
-    category: str
-    output_tokens: int | None = None  # a dataset's reference output length, where it has one
-
-
-@dataclass(frozen=True)
-class Request:
-    index: int
-    prompt: str
-    category: str
-    max_tokens: int
-    prompt_tokens: int | None = None  # by the model's own tokenizer
-
-
-class Tokenizer(Protocol):
-    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
-    def decode(self, ids: Sequence[int]) -> str: ...
-
-    @property
-    def vocab_size(self) -> int: ...
-
-
-# ---- bundled sets ---------------------------------------------------------------------
+from pipeline.config import ConfigError
+from pipeline.load.items import Item
 
 # Pure-Python standard-library modules whose functions make realistic edit targets.
 _CODE_MODULES = (
@@ -126,7 +95,7 @@ def _nonempty(name: str, what: str, values: list) -> tuple:
     return tuple(sorted(set(values)))
 
 
-def _draw(rng: random.Random, pool: Sequence, count: int) -> list:
+def draw(rng: random.Random, pool: Sequence, count: int) -> list:
     """Without repeats while the pool lasts, then with: any count works on any pool."""
     picks = rng.sample(list(pool), k=min(count, len(pool)))
     picks += [rng.choice(pool) for _ in range(count - len(picks))]
@@ -136,27 +105,27 @@ def _draw(rng: random.Random, pool: Sequence, count: int) -> list:
 def code_edit(rng: random.Random, count: int) -> list[Item]:
     return [
         Item(f"{rng.choice(_EDIT_INSTRUCTIONS)}\n\n```python\n{src}\n```", "code_edit")
-        for src in _draw(rng, _stdlib_functions(), count)
+        for src in draw(rng, _stdlib_functions(), count)
     ]
 
 
 def summarize(rng: random.Random, count: int) -> list[Item]:
     return [
         Item(f"{rng.choice(_SUMMARY_INSTRUCTIONS)}\n\n{text}", "summarize")
-        for _, text in _draw(rng, _reference_passages(1500, 5000), count)
+        for _, text in draw(rng, _reference_passages(1500, 5000), count)
     ]
 
 
 def qa(rng: random.Random, count: int) -> list[Item]:
     return [
         Item(rng.choice(_QA_TEMPLATES).format(passage=text, topic=topic.replace("-", " ")), "qa")
-        for topic, text in _draw(rng, _reference_passages(600, 2500), count)
+        for topic, text in draw(rng, _reference_passages(600, 2500), count)
     ]
 
 
 def chat(rng: random.Random, count: int) -> list[Item]:
     items = []
-    for line in _draw(rng, _zen_lines(), count):
+    for line in draw(rng, _zen_lines(), count):
         category, template = rng.choice(_CHAT_TEMPLATES)
         items.append(Item(template.format(line=line), category))
     return items
@@ -176,52 +145,3 @@ BUNDLED: dict[str, Callable[[random.Random, int], list[Item]]] = {
     "qa": qa,
     "mixed": mixed,
 }
-FILE_FORMATS = ("sharegpt", "spec_bench", "jsonl")
-WORKLOAD_NAMES = (*BUNDLED, *FILE_FORMATS, "random")
-
-
-# ---- requests -------------------------------------------------------------------------
-
-
-def load_items(workload: WorkloadConfig, count: int, seed: int, tokenizer: Tokenizer | None) -> list[Item]:
-    from pipeline import datasets  # file parsing stays out of the bundled sets' way
-
-    rng = random.Random(f"{workload.name}:{seed}")
-    if workload.name in BUNDLED:
-        return BUNDLED[workload.name](rng, count)
-    if workload.name == "random":
-        if tokenizer is None:
-            raise ConfigError("workload.name=random needs the model's tokenizer to build prompts of exact lengths")
-        return datasets.random_items(workload, count, rng, tokenizer)
-    if workload.name in FILE_FORMATS:
-        if not workload.path:
-            raise ConfigError(f"workload.name={workload.name} reads a file: set workload.path=/path/to/file")
-        items = datasets.read(workload.name, workload.path, tokenizer)
-        return _draw(rng, items, count)
-    raise ConfigError(f"workload.name={workload.name!r} is not valid; choose one of: {', '.join(WORKLOAD_NAMES)}")
-
-
-def to_requests(items: Sequence[Item], workload: WorkloadConfig, tokenizer: Tokenizer | None) -> list[Request]:
-    requests = []
-    for i, item in enumerate(items):
-        # A dataset's reference length is honoured, but never above the configured cap.
-        cap = min(item.output_tokens, workload.max_tokens) if item.output_tokens else workload.max_tokens
-        length = len(tokenizer.encode(item.prompt, add_special_tokens=False)) if tokenizer is not None else None
-        requests.append(
-            Request(index=i, prompt=item.prompt, category=item.category, max_tokens=max(cap, 1), prompt_tokens=length)
-        )
-    return requests
-
-
-def build_requests(
-    workload: WorkloadConfig, count: int, seed: int, tokenizer: Tokenizer | None = None
-) -> list[Request]:
-    return to_requests(load_items(workload, count, seed, tokenizer), workload, tokenizer)
-
-
-def split_warmup(
-    workload: WorkloadConfig, measured: int, warmup: int, seed: int, tokenizer: Tokenizer | None = None
-) -> tuple[list[Request], list[Request]]:
-    """Warm-up prompts are drawn apart from the measured ones, so they never warm their cache."""
-    both = build_requests(workload, measured + warmup, seed, tokenizer)
-    return [replace(r, index=i) for i, r in enumerate(both[measured:])], both[:measured]

@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.client import RequestRecord
 from pipeline.config import JobConfig
-from pipeline.metrics import PERCENTILES
+from pipeline.load.client import RequestRecord
+from pipeline.load.metrics import PERCENTILES
 
 FILE_NAME = "vllm_result.json"
 # Our endpoint -> vLLM bench serve's --backend for it.

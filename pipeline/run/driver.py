@@ -13,22 +13,33 @@ import dataclasses
 import functools
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from pipeline import diskfull, progress_display, quiet, search_capacity, search_predict
 from pipeline.analysis.search_report import PREDICTIONS_CSV
-from pipeline.config import ConfigError, JobConfig, StatsConfig
+from pipeline.config import ConfigError, JobConfig
+from pipeline.engines.models import ModelError
 from pipeline.engines.sglang import RECORDED_VERSION, SglangInstall
 from pipeline.engines.vllm import EngineNotInstalled
-from pipeline.group import GroupOutcome, GroupTask, PointOutcome, run_group
-from pipeline.job import Target, resolve_target, server_spec
-from pipeline.journal import JOURNAL_NAME, JournaledTracker
-from pipeline.models import ModelError
-from pipeline.plan import SWEEP_LEVEL, ServerGroup, ServerLine, SweepPlan, describe, estimate_s, plan_sweep, search_note
-from pipeline.redact import redact_args, redact_mapping
-from pipeline.workloads import load_items
+from pipeline.load.workloads import load_items
+from pipeline.record.journal import JOURNAL_NAME, JournaledTracker
+from pipeline.record.redact import redact_args, redact_mapping
+from pipeline.run import diskfull, predict_plan, progress_display, quiet, search_capacity, search_predict
+from pipeline.run.group import run_group
+from pipeline.run.job import Target, resolve_target, server_spec
+from pipeline.run.outcomes import Executor, GroupOutcome, GroupTask, PointOutcome
+from pipeline.run.plan import (
+    SWEEP_LEVEL,
+    ServerGroup,
+    ServerLine,
+    SweepPlan,
+    describe,
+    estimate_s,
+    plan_sweep,
+    search_note,
+)
+from pipeline.run.sweep_end import gate_sweep, log_probes, report_sweep, sweep_identity, sync_journals
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILED_POINT = 3
@@ -42,11 +53,6 @@ class LaunchError(RuntimeError):
 
 class Unreachable(LaunchError):
     """The cluster does not answer: infrastructure, not input."""
-
-
-class Executor(Protocol):
-    def preflight(self, tasks: Sequence[GroupTask]) -> None: ...
-    def run(self, tasks: Sequence[GroupTask]) -> list[GroupOutcome]: ...
 
 
 class InProcess:
@@ -101,7 +107,7 @@ def run_guarded(jobs: Sequence[JobConfig], executor: Executor, project_root: Pat
 
 
 def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path) -> int:
-    from pipeline import summary, table, tracking
+    from pipeline.record import readers, summary, table, tracking
 
     try:
         plan = plan_sweep(jobs)
@@ -110,7 +116,7 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
         if first.search == "capacity":
             plan = plan_sweep(search_capacity.seed_jobs(jobs))
         if first.search == "predict":
-            search_predict.check_plan(plan)
+            predict_plan.check_plan(plan)
         for workload in {repr(j.workload): j.workload for j in jobs}.values():
             if workload.name != "random":  # a missing or malformed file is refused here, not in a worker
                 load_items(workload, 1, 0, None)
@@ -120,7 +126,7 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
     quiet.apply(first.verbose)  # before Ray starts: its workers inherit the environment
     on_gpu = any(t.on_gpu for t in targets.values())
     if first.dry_run:
-        shown = search_predict.first_phase(plan) if first.search == "predict" else plan
+        shown = predict_plan.first_phase(plan) if first.search == "predict" else plan
         print(describe(shown, [_server_line(targets[g.index], g.server_job) for g in shown.groups], on_gpu))
         print(search_note(first))
         return 0
@@ -136,9 +142,9 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
         return EXIT_INFRA
     except tracking.TrackingError as exc:
         return _error(str(exc))
-    identity = _identity(plan, targets)
+    identity = sweep_identity(plan, targets)
     if first.gate.skip_if_done:
-        earlier = tracking.HistoryReader(store.tracking_uri).ran_before(tracker.experiment_id, *identity)
+        earlier = readers.HistoryReader(store.tracking_uri).ran_before(tracker.experiment_id, *identity)
         if earlier:
             print(f"skipped: engine {identity[1]} already ran this sweep's fingerprint (sweep run {earlier}); "
                   f"gate.skip_if_done=false measures it again")  # fmt: skip
@@ -164,7 +170,7 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
         return _error(str(exc))
 
     skipped = len(plan.points) - len(todo.points)
-    shown = search_predict.first_phase(plan).without(done) if first.search == "predict" else todo
+    shown = predict_plan.first_phase(plan).without(done) if first.search == "predict" else todo
     print(
         f"plan: {len(shown.groups)} server(s), {len(shown.points)} point(s) to measure"
         + (f", {skipped} already finished (force=true re-measures them)" if skipped else "")
@@ -186,9 +192,9 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
     try:
         with progress_display.live(channel, len(shown.points), estimate_s(shown, on_gpu), first.progress_every_s):
             if first.search == "predict":
-                from pipeline.report import stats_options
+                from pipeline.record.windows import stats_options
 
-                reader = tracking.SweepReader(store.tracking_uri)
+                reader = readers.SweepReader(store.tracking_uri)
                 resumed = {h: PointOutcome(h, f.run_id, f.metrics, resumed=True) for h, f in done.items()}
                 predicted = search_predict.run(
                     plan, lambda part: executor.run(tasks_of(part.without(done), parent)),
@@ -238,13 +244,13 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
                 "sweep_wall_s": time.monotonic() - started,
             },
         )
-        _log_probes(tracker, parent, plan, outcomes)
+        log_probes(tracker, parent, plan, outcomes)
         tracker.end_run(parent)  # the sweep ran to its end; failed points are marked in their own runs
     except KeyboardInterrupt:
         tracker.end_run(parent, killed=True)
         print("interrupted: every server was stopped; finished points are in MLflow", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except SystemExit:  # SIGTERM (pipeline.signals): stopped, like Ctrl-C, not failed
+    except SystemExit:  # SIGTERM (pipeline.run.signals): stopped, like Ctrl-C, not failed
         tracker.end_run(parent, killed=True)
         print("terminated: every server was stopped; finished points are in MLflow", file=sys.stderr)
         raise
@@ -254,7 +260,7 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
         raise
     table.render(frame, f"sweep {first.sweep_name!r}: {len(plan.points)} points on {first.model.id}")
     print(f"summary: {out_dir / 'summary.csv'}; MLflow parent run {parent}")
-    synced = _synced(out_dir)
+    synced = sync_journals(out_dir)
     if synced is None:
         return EXIT_INFRA  # every measurement is on disk; MLflow gets it from `python -m pipeline.sync`
     parent = synced.get(parent, parent)  # a parent run started while MLflow was down has its real id now
@@ -265,116 +271,12 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
     code = 0
     if first.gate.enabled:
         confirm_task = functools.partial(_confirm_task, store, tracker.experiment_id, parent, targets)
-        code = _gate(first, store.tracking_uri, parent, plan, by_hash, executor, confirm_task, out_dir)
-    _report(store.tracking_uri, parent, out_dir, first.stats)
+        code = gate_sweep(first, store.tracking_uri, parent, plan, by_hash, executor, confirm_task, out_dir)
+    report_sweep(store.tracking_uri, parent, out_dir, first.stats)
     return EXIT_FAILED_POINT if failed else code
-
-
-def _synced(out_dir: Path) -> dict[str, str] | None:
-    """Make the MLflow writes that failed during the sweep (its groups' and its own); say so if
-    some still fail. The report and the gate read MLflow, so they wait for it."""
-    from pipeline.journal import journals, placeholders, replay
-    from pipeline.sync import make_tracker
-
-    found = journals(out_dir)
-    if not found:
-        return {}
-    made, left = replay(found, make_tracker)
-    if left:
-        print(f"MLflow: {left} write(s) could not be made and are kept in {len(found)} journal(s) under {out_dir}; "
-              f"once the tracking server answers: python -m pipeline.sync {out_dir}", file=sys.stderr)  # fmt: skip
-        return None
-    print(f"MLflow: {made} write(s) that failed during the sweep were made at its end")
-    return placeholders(found)
-
-
-def _identity(plan: SweepPlan, targets: dict[int, Target]) -> tuple[str, str]:
-    """The sweep's fingerprint (its points, the model weights, this machine's hardware) and
-    its engine versions, for gate.skip_if_done: each new engine version is measured once."""
-    import hashlib
-
-    from pipeline.gate import HARDWARE_KEYS
-    from pipeline.hardware import hardware_tags
-    from pipeline.models import revision
-
-    versions = sorted({server_spec(targets[g.index], g.server_job, Path("server.log"), port=0).engine_version
-                       for g in plan.groups})  # fmt: skip
-    # The same hardware keys as a point's fingerprint in the gate (the kernel string left out).
-    tags = hardware_tags(any(t.on_gpu for t in targets.values()))
-    hardware = {k: tags[k] for k in HARDWARE_KEYS if k in tags}
-    revisions = sorted({revision(t.model_path) for t in targets.values()})
-    parts = [*sorted(p.hash for p in plan.points), *revisions, *(f"{k}={v}" for k, v in sorted(hardware.items()))]
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16], ",".join(versions)
 
 
 def _confirm_task(store: Any, experiment_id: str, parent: str, targets: dict[int, Target], group: ServerGroup,
                   confirms: dict[str, str]) -> GroupTask:  # fmt: skip
     gpus = targets[group.index].engine_gpus(group.server_job)
     return GroupTask(group, store, experiment_id, parent, gpus, confirms)
-
-
-def _gate(first: JobConfig, tracking_uri: str, parent: str, plan: SweepPlan, by_hash: dict[str, PointOutcome],
-          executor: Executor, confirm_task: Callable[..., GroupTask], out_dir: Path) -> int:  # fmt: skip
-    """gate.enabled: judge this run against its reference; with gate.confirm, re-measure the
-    flagged points once on fresh servers and judge again."""
-    from pipeline import gate
-    from pipeline.analysis.stats import StatsOptions
-    from pipeline.tracking import HistoryReader, Store, TrackingError, check_reachable
-
-    opts = StatsOptions(confidence=first.stats.confidence, resamples=first.stats.resamples)
-    try:
-        reader = HistoryReader(tracking_uri)
-        result, summary = gate.run(reader, parent, first.gate, opts, out_dir)
-        flagged = set(result.flagged())
-        if first.gate.confirm and flagged:
-            originals = {h: o.run_id for h, o in by_hash.items() if o.run_id in flagged}
-            print(f"gate: {len(originals)} point(s) flagged; re-measuring them on fresh servers to confirm")
-            again = plan.without(p.hash for p in plan.points if p.hash not in originals)
-            tasks = [confirm_task(g, {h: originals[h] for h in originals if h in {p.hash for p in g.points}})
-                     for g in again.groups]  # fmt: skip
-            executor.run(tasks)
-            result, summary = gate.run(reader, parent, first.gate, opts, out_dir)
-    except Exception as exc:
-        try:
-            check_reachable(Store(tracking_uri, None))
-        except TrackingError:  # the server went away: infrastructure; the measurements are in MLflow
-            print(f"gate: not decided, the tracking server failed ({type(exc).__name__}: {exc}); once it is back, "
-                  f"run `python -m pipeline.gate {parent} --tracking-uri {tracking_uri}`", file=sys.stderr)  # fmt: skip
-            return gate.EXIT_INFRA
-        raise
-    print(summary)
-    return gate.EXIT_CODES[result.overall]
-
-
-def _log_probes(tracker: Any, parent: str, plan: SweepPlan, outcomes: Sequence[GroupOutcome]) -> None:
-    """Each server's lossless-probe answers, beside the sweep table: the report pairs them."""
-    groups = {g.index: g for g in plan.groups}
-    group_of = {p.hash: g for g in plan.groups for p in g.points}
-    for outcome in outcomes:
-        group = groups[outcome.index]
-        if not outcome.probe:
-            continue
-        job = group.server_job
-        base_hash = group.points[0].baseline_hash
-        record = {
-            "group": group.label, "role": group.role, "engine": job.engine.name, "method": job.spec.method,
-            "k": job.spec.k, "dtype": job.engine.dtype,
-            "baseline_group": group_of[base_hash].label if base_hash in group_of else None,
-            "outputs": [dataclasses.asdict(o) for o in outcome.probe],
-        }  # fmt: skip
-        tracker.log_json(parent, record, f"lossless/{group.label}.json")
-
-
-def _report(tracking_uri: str, parent: str, out_dir: Path, stats: StatsConfig) -> None:
-    """The sweep's report; a failure here loses no measurement, so it is reported, not raised."""
-    from pipeline import report
-    from pipeline.analysis.stats import StatsOptions
-    from pipeline.tracking import SweepReader
-
-    try:
-        opts = StatsOptions(confidence=stats.confidence, floor=stats.floor, resamples=stats.resamples)
-        paths = report.build(SweepReader(tracking_uri), parent, out_dir, opts)
-    except Exception as exc:  # noqa: BLE001 - the measurements are already safe in MLflow
-        print(f"report: not written ({type(exc).__name__}: {exc}); retry with `python -m pipeline.report {parent}`")
-        return
-    print(f"report: {paths['html']}")

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.client import RequestRecord
 from pipeline.config import SloConfig
+from pipeline.load.client import RequestRecord
 
 PERCENTILES = (90, 99)
 

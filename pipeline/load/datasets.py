@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import ConfigError, WorkloadConfig
-from pipeline.workloads import Item, Tokenizer
+from pipeline.load.items import Item, Tokenizer
 
 
 class DatasetError(ConfigError):

@@ -24,9 +24,9 @@ try:
 except ImportError:  # optional: a faster event loop where it installs
     uvloop = None  # type: ignore[assignment]
 
-from pipeline.client import ClientOptions, RequestRecord, clock, send
 from pipeline.config import LoadConfig
-from pipeline.workloads import Request
+from pipeline.load.client import ClientOptions, RequestRecord, clock, send
+from pipeline.load.items import Request
 
 WORKER_START_TIMEOUT_S = 60.0
 TIMER_SLACK_S = 0.001

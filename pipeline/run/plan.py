@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from pipeline.config import ConfigError, JobConfig
-from pipeline.loadgen import schedule
+from pipeline.load.loadgen import schedule
 
 # Settings of the whole sweep: a grid may not vary them, and no point's identity includes them.
 SWEEP_LEVEL = ("tracking", "sweep_name", "dry_run", "force", "ray", "repeats", "lossless", "stats", "aa", "gate",
@@ -213,7 +213,7 @@ class ServerLine:
 
 
 def describe(plan: SweepPlan, servers: Sequence[ServerLine], on_gpu: bool) -> str:
-    from pipeline.redact import shell_line
+    from pipeline.record.redact import shell_line
 
     lines = ["dry run: nothing was started.", ""]
     n = len(plan.groups)

@@ -17,8 +17,9 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from pipeline.sse import SSEDecoder
-from pipeline.workloads import Request
+from pipeline.load.chunks import Delta, GenerateChunk, decode_chunk, decode_generate
+from pipeline.load.items import Request
+from pipeline.load.sse import SSEDecoder
 
 clock = time.monotonic
 
@@ -123,55 +124,6 @@ def request_body(req: Request, opts: ClientOptions) -> tuple[str, dict[str, Any]
     return "/v1/completions", body
 
 
-class _Delta(msgspec.Struct):
-    role: str | None = None
-    content: str | None = None
-    # A reasoning parser streams thinking here (vLLM: reasoning_content, later reasoning).
-    reasoning_content: str | None = None
-    reasoning: str | None = None
-    tool_calls: list[Any] | None = None
-
-
-class _Choice(msgspec.Struct):
-    delta: _Delta | None = None  # chat
-    text: str | None = None  # completions
-    finish_reason: str | None = None
-
-
-class _Usage(msgspec.Struct):
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-
-
-class _Chunk(msgspec.Struct):
-    """The fields of a streamed chunk that the measurement reads; the rest is skipped."""
-
-    choices: list[_Choice] = []
-    usage: _Usage | None = None
-    error: Any = None
-
-
-_decode_chunk = msgspec.json.Decoder(_Chunk).decode
-
-
-class _MetaInfo(msgspec.Struct):
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    spec_verify_ct: int | None = None
-    finish_reason: Any = None  # null, or {"type": "length" | "stop" | ..., ...}
-
-
-class _GenerateChunk(msgspec.Struct):
-    """A chunk of SGLang's native ``/generate`` stream."""
-
-    text: str = ""
-    meta_info: _MetaInfo | None = None
-    error: Any = None
-
-
-_decode_generate = msgspec.json.Decoder(_GenerateChunk).decode
-
-
 class _Stream:
     """What a stream has said so far, fed one payload at a time; tells which chunks carry tokens."""
 
@@ -191,8 +143,8 @@ class _Stream:
     def feed(self, payload: bytes) -> bool:
         """Take one payload; True if it carried output tokens."""
         if self.endpoint == "generate":
-            return self._feed_generate(_decode_generate(payload))
-        chunk = _decode_chunk(payload)
+            return self._feed_generate(decode_generate(payload))
+        chunk = decode_chunk(payload)
         if chunk.error is not None:
             raise _HTTPStatus(f"server error in stream: {chunk.error}")
         if chunk.usage is not None:
@@ -207,7 +159,7 @@ class _Stream:
             # empty (a special token), and the finish chunk marks the last decode step.
             self.pieces.append(choice.text or "")
             return True
-        delta = choice.delta or _Delta()
+        delta = choice.delta or Delta()
         self.pieces.append(delta.content or "")
         # vLLM's bench counts every chunk with a choice. One exception, on purpose: a chunk
         # that carries only the role is no token (vLLM sends it with the first token, but a
@@ -215,7 +167,7 @@ class _Stream:
         role_only = not (delta.content or delta.reasoning_content or delta.reasoning or delta.tool_calls)
         return not (role_only and delta.role is not None and choice.finish_reason is None)
 
-    def _feed_generate(self, chunk: _GenerateChunk) -> bool:
+    def _feed_generate(self, chunk: GenerateChunk) -> bool:
         if chunk.error is not None:
             raise _HTTPStatus(f"server error in stream: {chunk.error}")
         meta = chunk.meta_info

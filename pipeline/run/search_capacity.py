@@ -14,17 +14,14 @@ import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from pipeline.analysis.capacity import SearchSettings, SloTarget, next_rate, window_passes
-from pipeline.analysis.stats import Sample
+from pipeline.analysis.samples import Sample
 from pipeline.config import ConfigError, JobConfig
-from pipeline.plan import Point, SweepPlan, point_hash
-
-if TYPE_CHECKING:  # the worker's group module imports this one
-    from pipeline.group import GroupOutcome
+from pipeline.run.outcomes import GroupOutcome
+from pipeline.run.plan import Point, SweepPlan, point_hash
 
 
 def slo_target(job: JobConfig) -> SloTarget:

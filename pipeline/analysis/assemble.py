@@ -1,0 +1,176 @@
+"""From the sweep's table and its windows' requests to everything the report shows.
+
+Pure: frames and samples in, a :class:`~pipeline.analysis.report.ReportData` (and its figures' inputs) out.
+Reading MLflow is :mod:`pipeline.report`'s job.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+import pandas as pd
+
+from pipeline.analysis import advisor, iplots, model, quality, search_report, stats, verdicts
+from pipeline.analysis.report import ReportData, conditions, run_names
+from pipeline.analysis.samples import Sample, StatsOptions
+from pipeline.engines.acceptance import alpha_from_length
+
+
+def load_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """Columns the analysis reads, present even where a run lacks them (then empty)."""
+    frame = frame.copy()
+    for column in ("speedup_median_tpot", "speedup_median_ttft", "output_throughput_ratio", "speedup_p99_tpot",
+                   "spec_decode_acceptance_rate", "acceptance_length", "acceptance_alpha", "median_tpot_ms",
+                   "output_throughput", "median_ttft_ms", "median_e2el_ms"):  # fmt: skip
+        if column not in frame:
+            frame[column] = math.nan
+    if "spec_decode_acceptance_length" in frame:  # runs from before acceptance_length existed
+        frame["acceptance_length"] = frame["acceptance_length"].fillna(frame["spec_decode_acceptance_length"])
+    missing = frame["acceptance_alpha"].isna() & frame["acceptance_length"].notna()
+    frame.loc[missing, "acceptance_alpha"] = [
+        alpha_from_length(length, int(k)) for length, k in zip(frame.loc[missing, "acceptance_length"],
+                                                                frame.loc[missing, "k"], strict=True)
+    ]  # fmt: skip
+    return frame
+
+
+def analyse(title: str, frame: pd.DataFrame, probes: list[dict], length_tests: list,
+            samples: Mapping[str, Sample] | None = None, opts: StatsOptions | None = None,
+            target: search_report.SloTarget | None = None, predictions: pd.DataFrame | None = None) -> ReportData:  # fmt: skip
+    """Everything the report says, from the sweep table and each window's requests
+    (``samples``: run id -> its requests; without them no ratio gets an interval)."""
+    frame = load_frame(frame)
+    samples = samples or {}
+    opts = opts or StatsOptions()
+    gaps = []
+    if not (frame["role"] == "baseline").any():
+        gaps.append("speedups, crossover and verdicts: the sweep has no baseline point")
+    failed = frame[frame["status"] == "failed"]
+    if not failed.empty:
+        gaps.append(f"{len(failed)} failed point(s) left out: " + ", ".join(failed["point"]))
+    missing = [str(p) for p, r in zip(verdicts.measured(frame)["point"], verdicts.measured(frame)["run_id"], strict=True)
+               if str(r) not in samples]  # fmt: skip
+    if missing:
+        gaps.append("intervals: no per-request data (requests.csv) for " + ", ".join(missing))
+    comparisons = verdicts.compare_points(frame, samples, opts)
+    points = comparisons.table
+    if not points.empty and points["request_rate"].nunique() < 2:
+        gaps.append("crossover: only one request rate was measured")
+    if not points.empty and points["acceptance_length"].isna().all():
+        gaps.append("acceptance, alpha and the model: the engine reported no acceptance metrics")
+    crossings = verdicts.crossovers(comparisons)
+    fits, skipped = model.fit(points)
+    gaps += [f"model: {s}" for s in skipped]
+    base = verdicts.measured(frame, "baseline")
+    vllm_base = base[base["engine"] == "vllm"]
+    e2el = {float(r): float(g["median_e2el_ms"].median()) / 1000 for r, g in vllm_base.groupby("request_rate")}
+    vllm_points = points[points["engine"] == "vllm"] if not points.empty else points
+
+    def resolved_faster(slower: str, faster: str) -> bool:
+        decision = verdicts.between_points(frame, samples, slower, faster, opts)
+        return decision is not None and decision.label == "helps"
+
+    vllm_view = verdicts.Comparisons(vllm_points, comparisons.decisions, opts)
+    methods = sorted(vllm_points["method"].unique()) if not vllm_points.empty else []
+    schedules = [s for m in methods if (s := advisor.k_schedule(vllm_view, e2el, m, resolved_faster))]
+    if not schedules:
+        gaps.append("k schedule: needs vLLM speculative points and baseline latencies")
+    if not points.empty and (points["engine"] == "sglang").any():
+        gaps.append("k schedule for SGLang: its adaptive-speculation tiers are not emitted (format not verified here)")
+    memory = _memory_ratios(frame)
+    advice = advisor.advise(comparisons, crossings, memory)
+    lossless = _lossless(probes)
+    if not probes:
+        gaps.append("losslessness: no probe outputs in this sweep run (lossless.prompts=0, or all points resumed)")
+    curves = search_report.capacity(frame, samples, target, opts) if target is not None else []
+    sections = search_report.capacity_lines(curves, target, opts) if target is not None else []
+    sections += search_report.predict_lines(predictions if predictions is not None else pd.DataFrame())
+    lead = search_report.capacity_headline(curves, target) if target is not None else ""
+    return ReportData(title, frame, points, crossings, fits, advice, schedules, lossless, length_tests, gaps,
+                      conditions(frame), comparisons, _window_levels(frame, samples, opts), lead, sections,
+                      curves, predictions)  # fmt: skip
+
+
+def _window_levels(frame: pd.DataFrame, samples: Mapping[str, Sample], opts: StatsOptions) -> pd.DataFrame:
+    """Each point's own median TPOT with its interval (the plots' error bars), repeats together."""
+    data = verdicts.measured(frame)
+    key = verdicts.key_column(data)
+    rows = []
+    for i, (_, group) in enumerate(data.groupby(key, sort=False)):
+        windows = [samples.get(str(r)) for r in group["run_id"]]
+        first = group.iloc[0]
+        row = {c: first.get(c) for c in ("role", "engine", "method", "k", "request_rate", "setting_key", "replica")}
+        row["output_throughput"] = float(group["output_throughput"].median())
+        row["median_tpot_ms"] = float(group["median_tpot_ms"].median())
+        row["run_ids"] = " ".join(str(r) for r in group["run_id"])
+        if windows and all(w is not None for w in windows):
+            level = stats.window_interval("tpot", 50, windows, opts, np.random.default_rng([opts.seed, 99, i]))  # type: ignore[arg-type]
+            if level.resolved:
+                row["median_tpot_ms_low"], row["median_tpot_ms_high"] = 1000 * level.low, 1000 * level.high  # type: ignore[operator]
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _memory_ratios(frame: pd.DataFrame) -> dict[str, tuple[float, float, float]]:
+    """Draft-model server memory over the baseline's: (lowest, median, highest) over every
+    window's reading, so the rule tests a measured range, not one sample."""
+    if "server_rss_mib" not in frame:
+        return {}
+    base = frame[frame["role"] == "baseline"]["server_rss_mib"].dropna()
+    out = {}
+    drafts = frame[(frame["role"] == "speculative") & (frame["method"] == "draft")]
+    for (method, k), group in drafts.groupby(["method", "k"]):
+        values = group["server_rss_mib"].dropna()
+        if base.empty or values.empty or base.min() <= 0:
+            continue
+        out[f"{method} k={k}"] = (values.min() / base.max(), values.median() / base.median(), values.max() / base.min())
+    return out
+
+
+def _lossless(probes: list[dict]) -> list[quality.Lossless]:
+    by_group = {p["group"]: p for p in probes}
+    found = []
+    for probe in probes:
+        base = by_group.get(probe.get("baseline_group") or "")
+        if probe["role"] == "speculative" and base:
+            found.append(
+                quality.compare(probe["group"], base["group"], probe["dtype"], probe["outputs"], base["outputs"])
+            )
+    return found
+
+
+def interactive_figures(data: ReportData) -> dict:
+    """The figures with a Plotly twin, by the same names as their PNGs."""
+    names = run_names(data.frame)
+
+    def url(run: str) -> str:
+        return data.run_url.format(run=run)
+
+    made = {
+        "Output throughput against median TPOT": iplots.throughput_vs_tpot(data.levels, names, url),
+        "Median-TPOT speedup against request rate": iplots.speedup_vs_rate(data.points, names, url),
+        "TTFT against request rate": iplots.ttft_vs_rate(data.frame, names, url),
+        "Acceptance against k": iplots.acceptance_vs_k(data.points, names, url),
+    }
+    return {name: fig for name, fig in made.items() if fig is not None}
+
+
+def output_length_tests(frame: pd.DataFrame, requests: Mapping[str, pd.DataFrame]) -> list[tuple[str, float, float]]:
+    """At temperature > 0, outputs may differ legitimately: compare the length distributions."""
+    if "temperature" not in frame or not (frame["temperature"] > 0).any():
+        return []
+    by_hash = frame.set_index("point_hash")
+    tests = []
+    for row in frame[(frame["role"] == "speculative") & (frame["temperature"] > 0)].itertuples():
+        if row.baseline_hash not in by_hash.index:
+            continue
+        spec, base = requests.get(str(row.run_id)), requests.get(str(by_hash.loc[row.baseline_hash, "run_id"]))
+        if spec is not None and base is not None:
+            result = quality.length_test(
+                spec["output_tokens"].dropna().tolist(), base["output_tokens"].dropna().tolist()
+            )
+            if result:
+                tests.append((row.point, *result))
+    return tests

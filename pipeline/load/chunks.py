@@ -1,0 +1,60 @@
+"""The fields of a streamed chunk that the load client reads (OpenAI-style and SGLang's /generate), decoded by msgspec.
+
+Only these fields are decoded; the rest of a chunk is skipped, which keeps the client's
+per-token cost low enough for the rates it must drive.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+
+class Delta(msgspec.Struct):
+    role: str | None = None
+    content: str | None = None
+    # A reasoning parser streams thinking here (vLLM: reasoning_content, later reasoning).
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[Any] | None = None
+
+
+class Choice(msgspec.Struct):
+    delta: Delta | None = None  # chat
+    text: str | None = None  # completions
+    finish_reason: str | None = None
+
+
+class Usage(msgspec.Struct):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+class Chunk(msgspec.Struct):
+    """The fields of a streamed chunk that the measurement reads; the rest is skipped."""
+
+    choices: list[Choice] = []
+    usage: Usage | None = None
+    error: Any = None
+
+
+decode_chunk = msgspec.json.Decoder(Chunk).decode
+
+
+class MetaInfo(msgspec.Struct):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    spec_verify_ct: int | None = None
+    finish_reason: Any = None  # null, or {"type": "length" | "stop" | ..., ...}
+
+
+class GenerateChunk(msgspec.Struct):
+    """A chunk of SGLang's native ``/generate`` stream."""
+
+    text: str = ""
+    meta_info: MetaInfo | None = None
+    error: Any = None
+
+
+decode_generate = msgspec.json.Decoder(GenerateChunk).decode

@@ -1,0 +1,62 @@
+"""Prompt sets: bundled ones built from text that ships with Python, and users' files.
+
+Every set is seeded: the same (name, seed, count) gives the same prompts on any machine
+with the same Python. Acceptance depends on the kind of text, so every request carries its
+category, and the bundled sets span code editing, summarisation, chat and question answering.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import replace
+
+from pipeline.config import ConfigError, WorkloadConfig
+from pipeline.load import datasets
+from pipeline.load.bundled import BUNDLED, draw
+from pipeline.load.items import Item, Request, Tokenizer
+
+FILE_FORMATS = ("sharegpt", "spec_bench", "jsonl")
+WORKLOAD_NAMES = (*BUNDLED, *FILE_FORMATS, "random")
+
+
+def load_items(workload: WorkloadConfig, count: int, seed: int, tokenizer: Tokenizer | None) -> list[Item]:
+    rng = random.Random(f"{workload.name}:{seed}")
+    if workload.name in BUNDLED:
+        return BUNDLED[workload.name](rng, count)
+    if workload.name == "random":
+        if tokenizer is None:
+            raise ConfigError("workload.name=random needs the model's tokenizer to build prompts of exact lengths")
+        return datasets.random_items(workload, count, rng, tokenizer)
+    if workload.name in FILE_FORMATS:
+        if not workload.path:
+            raise ConfigError(f"workload.name={workload.name} reads a file: set workload.path=/path/to/file")
+        items = datasets.read(workload.name, workload.path, tokenizer)
+        return draw(rng, items, count)
+    raise ConfigError(f"workload.name={workload.name!r} is not valid; choose one of: {', '.join(WORKLOAD_NAMES)}")
+
+
+def to_requests(items: Sequence[Item], workload: WorkloadConfig, tokenizer: Tokenizer | None) -> list[Request]:
+    requests = []
+    for i, item in enumerate(items):
+        # A dataset's reference length is honoured, but never above the configured cap.
+        cap = min(item.output_tokens, workload.max_tokens) if item.output_tokens else workload.max_tokens
+        length = len(tokenizer.encode(item.prompt, add_special_tokens=False)) if tokenizer is not None else None
+        requests.append(
+            Request(index=i, prompt=item.prompt, category=item.category, max_tokens=max(cap, 1), prompt_tokens=length)
+        )
+    return requests
+
+
+def build_requests(
+    workload: WorkloadConfig, count: int, seed: int, tokenizer: Tokenizer | None = None
+) -> list[Request]:
+    return to_requests(load_items(workload, count, seed, tokenizer), workload, tokenizer)
+
+
+def split_warmup(
+    workload: WorkloadConfig, measured: int, warmup: int, seed: int, tokenizer: Tokenizer | None = None
+) -> tuple[list[Request], list[Request]]:
+    """Warm-up prompts are drawn apart from the measured ones, so they never warm their cache."""
+    both = build_requests(workload, measured + warmup, seed, tokenizer)
+    return [replace(r, index=i) for i, r in enumerate(both[measured:])], both[:measured]

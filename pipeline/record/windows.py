@@ -1,0 +1,75 @@
+"""A sweep's windows read back from MLflow: per-request samples, and the server spread an A/A sweep stored.
+
+The report, the gate and search=predict read windows through here; the numbers they
+compute from them are :mod:`pipeline.analysis`'s.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+
+from pipeline.analysis import verdicts
+from pipeline.analysis.samples import Sample, ServerSpread, StatsOptions, server_spread
+from pipeline.config import StatsConfig
+from pipeline.record.readers import SweepReader
+
+AA_PREFIX = "aa_sd_"
+
+
+AA_COUNT = "aa_comparisons"
+
+
+def with_server_spread(reader: SweepReader, parent_id: str, frame: pd.DataFrame, opts: StatsOptions) -> StatsOptions:
+    """An A/A sweep records the spread between fresh servers on its parent run; every other
+    sweep of the store adds the newest such spread to its one-server comparisons."""
+    if verdicts.is_aa(frame):
+        spread = server_spread(verdicts.aa_log_ratios(frame), reader.title(parent_id))
+        if spread is not None:
+            reader.log_metrics(parent_id, {AA_COUNT: float(spread.comparisons),
+                                           **{AA_PREFIX + m: v for m, v in spread.sd.items()}})  # fmt: skip
+        return opts
+    spread = stored_server_spread(reader)
+    return opts if spread is None else replace(opts, server_spread=spread)
+
+
+def stored_server_spread(reader: SweepReader) -> ServerSpread | None:
+    """The newest A/A spread between fresh servers recorded anywhere in the store."""
+    found = reader.newest_with_metric(AA_COUNT)
+    if found is None:
+        return None
+    _, metrics, title = found
+    sd = {k.removeprefix(AA_PREFIX): v for k, v in metrics.items() if k.startswith(AA_PREFIX)}
+    return ServerSpread(sd, int(metrics[AA_COUNT]), title)
+
+
+def window_sample(reader: SweepReader, run_id: str, duration: float, work: Path) -> Sample | None:
+    """A window's requests as the statistics core resamples them, from its run's requests.csv
+    (the workers that measured it may be on other nodes); None where the run has none."""
+    path = reader.download(run_id, "requests.csv", work / run_id) if run_id else None
+    if path is None or not math.isfinite(duration):
+        return None
+    return Sample.from_requests(pd.read_csv(path), duration)
+
+
+def stats_options(stats: StatsConfig, reader: SweepReader) -> StatsOptions:
+    """The sweep's decision settings, with the store's newest A/A spread between fresh servers."""
+    return StatsOptions(confidence=stats.confidence, floor=stats.floor, resamples=stats.resamples,
+                        server_spread=stored_server_spread(reader))  # fmt: skip
+
+
+def window_requests(reader: SweepReader, frame: pd.DataFrame, work: Path) -> dict[str, tuple[pd.DataFrame, float]]:
+    """Each measured window's requests.csv and duration, by run id: what every interval resamples."""
+    found = {}
+    for row in verdicts.measured(frame).itertuples():
+        run = str(row.run_id)
+        duration = getattr(row, "duration", math.nan)
+        if not run or run == "nan" or not isinstance(duration, (int, float)) or not math.isfinite(duration):
+            continue
+        path = reader.download(run, "requests.csv", work / run)
+        if path is not None:
+            found[run] = (pd.read_csv(path), float(duration))
+    return found

@@ -1,0 +1,87 @@
+"""What a server group is given and gives back (plain records a Ray worker can pickle), and who runs groups."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from pipeline.record.tracking import Store
+from pipeline.run.plan import Point, ServerGroup
+
+
+@dataclass(frozen=True)
+class GroupTask:
+    """Everything a worker needs to run a group; pickled to a file the launched job reads."""
+
+    group: ServerGroup
+    store: Store
+    experiment_id: str
+    parent_run_id: str
+    gpus: int  # what the group's server needs, for the launcher's resource request
+    # A regression gate's re-measurement: point hash -> the run it confirms (tagged on its run).
+    confirms: dict[str, str] = field(default_factory=dict)
+    # search=capacity: probe rates on this server from its one planned point (pipeline.run.search_capacity).
+    capacity: bool = False
+    progress: str | None = None  # the driver's live display (pipeline.run.progress)
+
+    def save(self, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(pickle.dumps(self))
+        return path.resolve()
+
+    @staticmethod
+    def load(path: str | Path) -> GroupTask:
+        return GroupTask.load_bytes(Path(path).read_bytes(), str(path))
+
+    @staticmethod
+    def load_bytes(data: bytes, source: str = "the launched job's data") -> GroupTask:
+        task = pickle.loads(data)
+        if not isinstance(task, GroupTask):
+            raise TypeError(f"{source} holds a {type(task).__name__}, not a GroupTask")
+        return task
+
+
+@dataclass(frozen=True)
+class PointOutcome:
+    hash: str
+    run_id: str | None
+    metrics: dict[str, float] = field(default_factory=dict)  # summary + acceptance + prefix cache
+    error: str | None = None
+    resumed: bool = False  # measured by an earlier run of the sweep, not this one
+    predicted: bool = False  # search=predict's model, not a measurement (its run has no requests)
+
+
+@dataclass(frozen=True)
+class ProbeOutput:
+    """One answer to the lossless probe: the same prompt, temperature 0, one request at a time."""
+
+    index: int
+    text: str
+    token_ids: tuple[int, ...]  # the text re-tokenized with the model's tokenizer
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class GroupOutcome:
+    index: int
+    points: tuple[PointOutcome, ...]
+    started: bool = False  # whether a server process was launched
+    startup_s: float | None = None
+    probe: tuple[ProbeOutput, ...] = ()
+    probe_s: float = 0.0  # time spent on the lossless probe (a measurement of its own)
+    probed: tuple[Point, ...] = ()  # search=capacity: the points its probes measured, in order
+    restarts: int = 0  # the server was restarted this often after dying or hanging mid-window
+
+    @staticmethod
+    def failed(task: GroupTask, error: str) -> GroupOutcome:
+        return GroupOutcome(task.group.index, tuple(PointOutcome(p.hash, None, error=error) for p in task.group.points))
+
+
+class Executor(Protocol):
+    """Runs server groups: in this process (the driver's ``InProcess``) or as Ray tasks (the launcher)."""
+
+    def preflight(self, tasks: Sequence[GroupTask]) -> None: ...
+    def run(self, tasks: Sequence[GroupTask]) -> list[GroupOutcome]: ...

@@ -1,0 +1,137 @@
+"""One point on a running server: measure its window, keep it on disk, record it in its MLflow run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from pipeline.engines.acceptance import normalized
+from pipeline.engines.base import EngineServer
+from pipeline.engines.hardware import hardware_tags, where_am_i
+from pipeline.engines.models import revision
+from pipeline.load.loadgen import Window
+from pipeline.record import vllm_result
+from pipeline.record.journal import JournaledTracker
+from pipeline.record.tracking import CONFIRMATION_TAG, flatten_params
+from pipeline.run import diskfull, progress
+from pipeline.run.job import Target, point_requests
+from pipeline.run.measure import Measurement, MeasurementError, measure
+from pipeline.run.outcomes import PointOutcome
+from pipeline.run.plan import Point
+
+
+def point_tags(point: Point, target: Target, version: str, confirms: str | None = None) -> dict[str, str]:
+    return {
+        **({CONFIRMATION_TAG: confirms} if confirms else {}),
+        "role": point.role,
+        "engine": point.job.engine.name,
+        "engine.version": version,
+        "engine.distribution": target.install.distribution,
+        "spec.method": point.job.spec.method,
+        "point_hash": point.hash,
+        **({"baseline_hash": point.baseline_hash} if point.baseline_hash else {}),
+        "model.revision": revision(target.model_path),
+        **hardware_tags(target.on_gpu),
+        **where_am_i(),
+    }
+
+
+def point_metrics(measurement: Measurement, k: int, startup_s: float | None) -> dict[str, float]:
+    # One scale for every engine: L over the window (vLLM's counters, SGLang's per-request
+    # verify counts) and the alpha it implies at k. Each engine's native rate keeps its own name.
+    sglang = measurement.sglang
+    length = sglang.window_length if sglang else measurement.acceptance.acceptance_length
+    k_eff = measurement.acceptance.effective_k or k
+    return {
+        **measurement.summary,
+        **measurement.acceptance.as_metrics(),
+        **(sglang.as_metrics() if sglang else {}),
+        **normalized(length, k_eff),
+        **measurement.prefix_cache.as_metrics(),
+        **({"server_startup_s": startup_s} if startup_s is not None else {}),
+    }
+
+
+def measure_point(
+    point: Point,
+    server: EngineServer,
+    tokenizer: Any,
+    tracker: JournaledTracker,
+    run_ids: dict[str, str],
+    out_dir: Path,
+    first: bool,
+    reporter: progress.Reporter,
+) -> PointOutcome:
+    run_id = run_ids[point.hash]
+    sends = point_requests(point.job, tokenizer)
+    try:
+        measurement = measure(
+            server.base_url,
+            point.job.model.id,
+            point.job,
+            sends.warmup if first else (),  # the server is warm after its first point
+            sends.requests,
+            sends.offsets,
+            point.label,
+            reporter,
+        )
+    except Exception as exc:  # noqa: BLE001 - one point's failure is data; the next point still runs
+        message = str(exc) if isinstance(exc, MeasurementError) else f"{type(exc).__name__}: {exc}"
+        print(f"[{point.label}] FAILED: {message}")
+        window = exc.window if isinstance(exc, MeasurementError) else None
+        if window is not None:  # a window stopped early: what it recorded is kept
+            tracker.log_file(run_id, write_requests(out_dir / point.label, window))
+            tracker.set_tags(run_id, {"window.stopped": message})
+        return PointOutcome(point.hash, run_id, error=message)
+    metrics = point_metrics(measurement, point.job.spec.k, server.startup_s if first else None)
+    rss = server.rss_mib()
+    if rss is not None:
+        metrics["server_rss_mib"] = rss
+    nice = server.niceness()
+    if nice is not None:
+        metrics["server_niceness"] = float(nice)
+    # On disk first: whatever happens to MLflow, the measurement is in the sweep's outputs.
+    try:
+        point_dir = write_requests(out_dir / point.label, measurement.window).parent
+        (point_dir / "summary.json").write_text(json.dumps(metrics, indent=2, default=str))
+        (point_dir / "config.json").write_text(json.dumps(flatten_params(point.job), indent=2))
+        if point.job.tracking.vllm_result != "off":
+            vllm_result.write(point_dir / vllm_result.FILE_NAME, point.job, point.label, metrics,
+                              measurement.window.records, {r.index: r.prompt_tokens for r in sends.requests})  # fmt: skip
+    except OSError as exc:
+        if not diskfull.is_disk_full(exc):
+            raise
+        message = diskfull.message(exc, out_dir / point.label)
+        print(f"[{point.label}] FAILED: {message}")
+        tracker.log_metrics(run_id, metrics)  # MLflow may live on another disk: the numbers are kept there
+        return PointOutcome(point.hash, run_id, metrics, error=message)
+    tracker.log_metrics(run_id, metrics)
+    tracker.log_file(run_id, point_dir / "summary.json")
+    tracker.log_file(run_id, point_dir / "requests.csv")
+    tracker.log_file(run_id, point_dir / vllm_result.FILE_NAME)  # where tracking.vllm_result wrote one
+    source = "sglang-per-request" if measurement.sglang and measurement.sglang.window_length else None
+    tags = {"acceptance.source": source or measurement.acceptance.source}
+    if measurement.acceptance.note:
+        print(f"[{point.label}] {measurement.acceptance.note}")
+        tags["acceptance.note"] = measurement.acceptance.note
+    tags["prefix_cache.policy"] = point.job.engine.prefix_cache
+    tracker.set_tags(run_id, tags)
+    return PointOutcome(point.hash, run_id, metrics)
+
+
+def write_requests(folder: Path, window: Window) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame([r.as_row() for r in window.records]).to_csv(folder / "requests.csv", index=False)
+    return folder / "requests.csv"
+
+
+def finish_run(tracker: JournaledTracker, outcome: PointOutcome, out_dir: Path, interrupted: bool) -> None:
+    assert outcome.run_id is not None
+    tracker.log_file(outcome.run_id, out_dir / "server_command.txt")
+    tracker.log_file(outcome.run_id, out_dir / "server.log")
+    if outcome.error is None:
+        tracker.set_tags(outcome.run_id, {"status": "finished"})
+    tracker.end_run(outcome.run_id, error=outcome.error, killed=interrupted and outcome.error == "interrupted")

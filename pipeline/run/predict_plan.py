@@ -1,0 +1,41 @@
+"""search=predict's plans: its curves (one per method, draft and rate set), the first phase, and the confirmations."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pipeline.config import ConfigError
+from pipeline.run.plan import Point, SweepPlan, setting_key
+
+
+def curves(plan: SweepPlan) -> dict[str, list[Point]]:
+    """The speculative points of each curve (setting_key: every k and rate of one configuration)."""
+    found: dict[str, list[Point]] = {}
+    for point in plan.points:
+        if point.role == "speculative":
+            found.setdefault(setting_key(point.job), []).append(point)
+    return found
+
+
+def check_plan(plan: SweepPlan) -> None:
+    """Refuse a grid the model cannot serve: each curve needs two or more k values."""
+    if not curves(plan):
+        raise ConfigError("search=predict needs speculative points; give a method and k values, e.g. spec.k=1,2,3")
+    for points in curves(plan).values():
+        ks = sorted({p.job.spec.k for p in points})
+        if len(ks) < 2:
+            spec = points[0].job.spec
+            raise ConfigError(
+                f"search=predict needs at least 2 values of spec.k per method (got k={ks[0]} for {spec.method}); "
+                f"e.g. spec.k=1,2,3,4,5, or search=grid for one k"
+            )
+
+
+def k_max(points: Sequence[Point]) -> int:
+    return max(p.job.spec.k for p in points)
+
+
+def first_phase(plan: SweepPlan) -> SweepPlan:
+    """The baseline and the largest k of every curve, at every rate."""
+    tops = {p.hash for points in curves(plan).values() for p in points if p.job.spec.k == k_max(points)}
+    return plan.without(p.hash for p in plan.points if p.role == "speculative" and p.hash not in tops)

@@ -1,0 +1,123 @@
+"""After the groups: the journaled writes made, the gate judged, the probes and the report logged.
+
+The driver calls these once every server group has run. Each reads MLflow, so each waits
+for the journal's replay; a failure in the report loses no measurement.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import JobConfig, StatsConfig
+from pipeline.run.job import Target, server_spec
+from pipeline.run.outcomes import Executor, GroupOutcome, GroupTask, PointOutcome
+from pipeline.run.plan import SweepPlan
+
+
+def sync_journals(out_dir: Path) -> dict[str, str] | None:
+    """Make the MLflow writes that failed during the sweep (its groups' and its own); say so if
+    some still fail. The report and the gate read MLflow, so they wait for it."""
+    from pipeline.record.journal import journals, placeholders, replay
+    from pipeline.sync import make_tracker
+
+    found = journals(out_dir)
+    if not found:
+        return {}
+    made, left = replay(found, make_tracker)
+    if left:
+        print(f"MLflow: {left} write(s) could not be made and are kept in {len(found)} journal(s) under {out_dir}; "
+              f"once the tracking server answers: python -m pipeline.sync {out_dir}", file=sys.stderr)  # fmt: skip
+        return None
+    print(f"MLflow: {made} write(s) that failed during the sweep were made at its end")
+    return placeholders(found)
+
+
+def sweep_identity(plan: SweepPlan, targets: dict[int, Target]) -> tuple[str, str]:
+    """The sweep's fingerprint (its points, the model weights, this machine's hardware) and
+    its engine versions, for gate.skip_if_done: each new engine version is measured once."""
+    import hashlib
+
+    from pipeline.engines.hardware import hardware_tags
+    from pipeline.engines.models import revision
+    from pipeline.gate import HARDWARE_KEYS
+
+    versions = sorted({server_spec(targets[g.index], g.server_job, Path("server.log"), port=0).engine_version
+                       for g in plan.groups})  # fmt: skip
+    # The same hardware keys as a point's fingerprint in the gate (the kernel string left out).
+    tags = hardware_tags(any(t.on_gpu for t in targets.values()))
+    hardware = {k: tags[k] for k in HARDWARE_KEYS if k in tags}
+    revisions = sorted({revision(t.model_path) for t in targets.values()})
+    parts = [*sorted(p.hash for p in plan.points), *revisions, *(f"{k}={v}" for k, v in sorted(hardware.items()))]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16], ",".join(versions)
+
+
+def gate_sweep(first: JobConfig, tracking_uri: str, parent: str, plan: SweepPlan, by_hash: dict[str, PointOutcome],
+          executor: Executor, confirm_task: Callable[..., GroupTask], out_dir: Path) -> int:  # fmt: skip
+    """gate.enabled: judge this run against its reference; with gate.confirm, re-measure the
+    flagged points once on fresh servers and judge again."""
+    from pipeline import gate
+    from pipeline.analysis.samples import StatsOptions
+    from pipeline.record.readers import HistoryReader
+    from pipeline.record.tracking import Store, TrackingError, check_reachable
+
+    opts = StatsOptions(confidence=first.stats.confidence, resamples=first.stats.resamples)
+    try:
+        reader = HistoryReader(tracking_uri)
+        result, summary = gate.run(reader, parent, first.gate, opts, out_dir)
+        flagged = set(result.flagged())
+        if first.gate.confirm and flagged:
+            originals = {h: o.run_id for h, o in by_hash.items() if o.run_id in flagged}
+            print(f"gate: {len(originals)} point(s) flagged; re-measuring them on fresh servers to confirm")
+            again = plan.without(p.hash for p in plan.points if p.hash not in originals)
+            tasks = [confirm_task(g, {h: originals[h] for h in originals if h in {p.hash for p in g.points}})
+                     for g in again.groups]  # fmt: skip
+            executor.run(tasks)
+            result, summary = gate.run(reader, parent, first.gate, opts, out_dir)
+    except Exception as exc:
+        try:
+            check_reachable(Store(tracking_uri, None))
+        except TrackingError:  # the server went away: infrastructure; the measurements are in MLflow
+            print(f"gate: not decided, the tracking server failed ({type(exc).__name__}: {exc}); once it is back, "
+                  f"run `python -m pipeline.gate {parent} --tracking-uri {tracking_uri}`", file=sys.stderr)  # fmt: skip
+            return gate.EXIT_INFRA
+        raise
+    print(summary)
+    return gate.EXIT_CODES[result.overall]
+
+
+def log_probes(tracker: Any, parent: str, plan: SweepPlan, outcomes: Sequence[GroupOutcome]) -> None:
+    """Each server's lossless-probe answers, beside the sweep table: the report pairs them."""
+    groups = {g.index: g for g in plan.groups}
+    group_of = {p.hash: g for g in plan.groups for p in g.points}
+    for outcome in outcomes:
+        group = groups[outcome.index]
+        if not outcome.probe:
+            continue
+        job = group.server_job
+        base_hash = group.points[0].baseline_hash
+        record = {
+            "group": group.label, "role": group.role, "engine": job.engine.name, "method": job.spec.method,
+            "k": job.spec.k, "dtype": job.engine.dtype,
+            "baseline_group": group_of[base_hash].label if base_hash in group_of else None,
+            "outputs": [dataclasses.asdict(o) for o in outcome.probe],
+        }  # fmt: skip
+        tracker.log_json(parent, record, f"lossless/{group.label}.json")
+
+
+def report_sweep(tracking_uri: str, parent: str, out_dir: Path, stats: StatsConfig) -> None:
+    """The sweep's report; a failure here loses no measurement, so it is reported, not raised."""
+    from pipeline import report
+    from pipeline.analysis.samples import StatsOptions
+    from pipeline.record.readers import SweepReader
+
+    try:
+        opts = StatsOptions(confidence=stats.confidence, floor=stats.floor, resamples=stats.resamples)
+        paths = report.build(SweepReader(tracking_uri), parent, out_dir, opts)
+    except Exception as exc:  # noqa: BLE001 - the measurements are already safe in MLflow
+        print(f"report: not written ({type(exc).__name__}: {exc}); retry with `python -m pipeline.report {parent}`")
+        return
+    print(f"report: {paths['html']}")

@@ -1,0 +1,222 @@
+"""The checks that refuse a config before anything runs: each error names the key and the fix.
+
+Engine-independent; each engine adds its own checks (``pipeline.engines.vllm``, ``.sglang``).
+"""
+
+from __future__ import annotations
+
+import math
+
+from pipeline.config import (
+    DEVICES,
+    DTYPES,
+    ENDPOINTS,
+    ENGINES,
+    NO_PREFIX_CACHE_FLAGS,
+    PREFIX_CACHE_POLICIES,
+    SEARCH_MODES,
+    SPEC_METHODS,
+    VLLM_RESULT_MODES,
+    ConfigError,
+    EngineConfig,
+    JobConfig,
+    stats_problem,
+)
+
+
+def _choice(key: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{key}={value!r} is not valid; choose one of: {', '.join(choices)}")
+
+
+def validate(job: JobConfig) -> None:
+    spec, load, engine, workload = job.spec, job.load, job.engine, job.workload
+    _choice("engine.name", engine.name, ENGINES)
+    _choice("spec.method", spec.method, SPEC_METHODS)
+    _choice("engine.device", engine.device, DEVICES)
+    _choice("engine.dtype", engine.dtype, DTYPES)
+    _choice("workload.endpoint", workload.endpoint, ENDPOINTS)
+    _choice("engine.prefix_cache", engine.prefix_cache, PREFIX_CACHE_POLICIES)
+    _choice("tracking.vllm_result", job.tracking.vllm_result, VLLM_RESULT_MODES)
+    if not job.progress_every_s > 0:
+        raise ConfigError(f"progress_every_s={job.progress_every_s} must be > 0 (seconds between progress lines)")
+    no_cache_flag = NO_PREFIX_CACHE_FLAGS.get(engine.name)
+    if engine.prefix_cache != "off" and no_cache_flag in engine.extra_args:
+        raise ConfigError(
+            f"engine.prefix_cache={engine.prefix_cache} needs prefix caching, but engine.extra_args turns it "
+            f"off ({no_cache_flag}); remove the flag and set engine.prefix_cache=off"
+        )
+    _validate_exposure(engine)
+    if workload.endpoint == "generate" and engine.name != "sglang":
+        raise ConfigError("workload.endpoint=generate is SGLang's native API; with engine=vllm use chat or completions")
+    if spec.method != "none" and spec.k < 1:
+        raise ConfigError(f"spec.k={spec.k} is not valid: speculation drafts at least 1 token per step; use spec.k>=1")
+    if spec.method in ("draft", "eagle", "eagle3", "medusa") and not spec.draft_model:
+        hint = (
+            "embedded:smollm2-135m-l4, self, a folder or a hub id"
+            if spec.method == "draft"
+            else "a folder or hub id of the head"
+        )
+        raise ConfigError(f"spec.method={spec.method} needs spec.draft_model ({hint}); e.g. spec=draft")
+    if spec.method in ("none", "ngram", "suffix", "mtp") and spec.draft_model:
+        raise ConfigError(f"spec.method={spec.method} takes no spec.draft_model; remove it or use spec.method=draft")
+    if not (load.request_rate > 0):
+        raise ConfigError(f"load.request_rate={load.request_rate} must be > 0 (use inf to send all at once)")
+    if not (load.burstiness > 0) or math.isinf(load.burstiness):
+        raise ConfigError(f"load.burstiness={load.burstiness} must be a positive number (1.0 is Poisson)")
+    if load.num_requests < 1:
+        raise ConfigError(f"load.num_requests={load.num_requests} must be >= 1")
+    if load.duration_s is not None:
+        if not load.duration_s > 0 or math.isinf(load.duration_s):
+            raise ConfigError(f"load.duration_s={load.duration_s} must be a positive number of seconds or null")
+        if math.isinf(load.request_rate):
+            raise ConfigError("load.duration_s needs a finite load.request_rate; for closed loop use load.num_requests")
+    if load.max_concurrency is not None and load.max_concurrency < 1:
+        raise ConfigError(f"load.max_concurrency={load.max_concurrency} must be >= 1 or null")
+    if load.client_workers < 1:
+        raise ConfigError(f"load.client_workers={load.client_workers} must be >= 1")
+    if load.max_concurrency is not None and load.client_workers > 1:
+        # Split into per-worker caps, one worker's free slot could not take another's
+        # queued request: the cap would not be vLLM's one global --max-concurrency.
+        raise ConfigError(
+            f"load.max_concurrency={load.max_concurrency} with load.client_workers={load.client_workers}: a "
+            f"concurrency cap needs one client process; set load.client_workers=1 (a capped load rarely needs more)"
+        )
+    if load.max_error_rate is not None and not 0 <= load.max_error_rate < 1:
+        raise ConfigError(f"load.max_error_rate={load.max_error_rate} must lie in [0, 1), e.g. 0.5, or null")
+    if load.window_timeout_s is not None and not load.window_timeout_s > 0:
+        raise ConfigError(f"load.window_timeout_s={load.window_timeout_s} must be a positive number of seconds or null")
+    if load.warmup_requests < 0:
+        raise ConfigError(f"load.warmup_requests={load.warmup_requests} must be >= 0")
+    if load.request_timeout_s <= 0:
+        raise ConfigError(f"load.request_timeout_s={load.request_timeout_s} must be > 0")
+    if not 0 <= workload.random_range_ratio < 1:
+        raise ConfigError(f"workload.random_range_ratio={workload.random_range_ratio} must be in [0, 1)")
+    if workload.random_input_len < 1 or workload.random_output_len < 1:
+        raise ConfigError("workload.random_input_len and workload.random_output_len must be >= 1")
+    if workload.max_tokens < 1:
+        raise ConfigError(f"workload.max_tokens={workload.max_tokens} must be >= 1")
+    if engine.max_model_len < workload.max_tokens + 1:
+        raise ConfigError(
+            f"engine.max_model_len={engine.max_model_len} leaves no room for workload.max_tokens={workload.max_tokens}"
+        )
+    if job.repeats.count < 1:
+        raise ConfigError(f"repeats.count={job.repeats.count} must be >= 1")
+    problem = stats_problem(job.stats.confidence, job.stats.floor, job.stats.resamples)
+    if problem:
+        raise ConfigError(problem)
+    if job.aa and spec.method != "none":
+        raise ConfigError(
+            f"aa=true compares two servers without speculation; set spec=none (got spec.method={spec.method})"
+        )
+    if job.lossless.prompts < 0 or job.lossless.max_tokens < 1:
+        raise ConfigError("lossless.prompts must be >= 0 and lossless.max_tokens >= 1")
+    if job.ray.connect_timeout_s <= 0:
+        raise ConfigError(f"ray.connect_timeout_s={job.ray.connect_timeout_s} must be > 0")
+    for name, amount in job.ray.resources_per_group.items():
+        if not isinstance(amount, (int, float)) or not amount > 0:
+            raise ConfigError(f"ray.resources_per_group.{name}={amount!r} must be a positive number, e.g. 1")
+    gate = job.gate
+    if gate.history < 1:
+        raise ConfigError(f"gate.history={gate.history} must be >= 1 (the number of past runs in the reference)")
+    for key in ("floor_median", "floor_p99"):
+        if not 0 <= getattr(gate, key) < 1:
+            raise ConfigError(f"gate.{key}={getattr(gate, key)} must lie in [0, 1), e.g. 0.05 for 5 %")
+    if not 0 <= gate.floor_acceptance_pp < 100:
+        raise ConfigError(f"gate.floor_acceptance_pp={gate.floor_acceptance_pp} must lie in [0, 100)")
+    for key in ("ttft_ms", "tpot_ms", "e2el_ms"):
+        value = getattr(job.slo, key)
+        if value is not None and value <= 0:
+            raise ConfigError(f"slo.{key}={value} must be > 0 or null")
+    if not 0 < job.slo.percentile <= 100:
+        raise ConfigError(f"slo.percentile={job.slo.percentile} must lie in (0, 100], e.g. 99 for p99")
+    if not 0 < job.slo.min_goodput <= 1:
+        raise ConfigError(f"slo.min_goodput={job.slo.min_goodput} must lie in (0, 1], e.g. 0.99")
+    _validate_search(job)
+
+
+def is_loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _validate_exposure(engine: EngineConfig) -> None:
+    """Nothing reachable from other hosts, and no secret in a config, unless asked for."""
+    from pipeline.record.redact import SECRET_FLAGS, is_secret_name
+
+    if not is_loopback(engine.host) and not engine.allow_remote:
+        raise ConfigError(
+            f"engine.host={engine.host} makes the server reachable from other machines; bind 127.0.0.1, or set "
+            f"engine.allow_remote=true to mean it (vLLM then runs without its dev-mode endpoints, and the "
+            f"prefix-cache resets they serve are skipped)"
+        )
+    for name, value in engine.env.items():
+        if is_secret_name(name) and value:
+            raise ConfigError(
+                f"engine.env.{name} puts a secret into the config, which outputs and logs would keep; export "
+                f"{name} in the environment and pass engine.env_from=[{name}] instead"
+            )
+    flags = [a for a in engine.extra_args if a.split("=", 1)[0] in SECRET_FLAGS]
+    if flags:
+        raise ConfigError(
+            f"engine.extra_args holds {flags[0].split('=', 1)[0]} with its value, which outputs and logs would "
+            f"keep; vLLM reads VLLM_API_KEY from its environment: export it and pass engine.env_from=[VLLM_API_KEY]"
+        )
+    import os
+
+    for name in engine.env_from:
+        if not name.isidentifier():
+            raise ConfigError(f"engine.env_from entry {name!r} is not a variable name; e.g. engine.env_from=[HF_TOKEN]")
+        if name not in os.environ:
+            raise ConfigError(f"engine.env_from names {name}, which this environment does not set; export {name}=...")
+
+
+def _validate_search(job: JobConfig) -> None:
+    """One job's search settings; what needs the whole grid (two k values) is checked by the planner."""
+    _choice("search", job.search, SEARCH_MODES)
+    if job.predict.max_confirm < 0:
+        raise ConfigError(f"predict.max_confirm={job.predict.max_confirm} must be >= 0 (0 measures no prediction)")
+    cap = job.capacity
+    if not (0 < cap.start_rate < math.inf):
+        raise ConfigError(f"capacity.start_rate={cap.start_rate} must be a positive, finite rate, e.g. 1")
+    if not 0 < cap.min_rate <= cap.start_rate:
+        raise ConfigError(f"capacity.min_rate={cap.min_rate} must lie in (0, capacity.start_rate={cap.start_rate}]")
+    if not 0 < cap.resolution < 1:
+        raise ConfigError(f"capacity.resolution={cap.resolution} must lie in (0, 1), e.g. 0.1 for 10 %")
+    if cap.max_probes < 2:
+        raise ConfigError(f"capacity.max_probes={cap.max_probes} must be >= 2 (a bracket needs two probes)")
+    if job.search == "capacity":
+        slo = job.slo
+        if slo.ttft_ms is None and slo.tpot_ms is None and slo.e2el_ms is None:
+            raise ConfigError(
+                "search=capacity needs an SLO to search under; set at least one of slo.ttft_ms, slo.tpot_ms, "
+                "slo.e2el_ms, e.g. slo.tpot_ms=50"
+            )
+        if job.repeats.count > 1 or job.aa:
+            raise ConfigError("search=capacity measures each server once; drop repeats.count and aa")
+        if job.gate.enabled:
+            raise ConfigError("search=capacity probes adaptive rates that no reference shares; set gate.enabled=false")
+    if job.search == "predict":
+        from pipeline.analysis.predict import VALIDATED_METHODS
+
+        if job.spec.method not in ("none", *VALIDATED_METHODS):
+            raise ConfigError(
+                f"search=predict is validated for spec.method in {', '.join(VALIDATED_METHODS)} only (chain drafters "
+                f"whose k-draft is the start of a longer one); spec.method={job.spec.method} needs search=grid"
+            )
+        if job.engine.name != "vllm":
+            raise ConfigError(
+                f"search=predict reads vLLM's per-position acceptance counters; engine={job.engine.name} needs "
+                "search=grid (SGLang's trees with topk > 1 break the prefix property it rests on)"
+            )
+        if job.workload.temperature > 0:
+            raise ConfigError(
+                f"search=predict is validated for greedy decoding only; workload.temperature="
+                f"{job.workload.temperature} needs search=grid or workload.temperature=0"
+            )
+        if job.aa:
+            raise ConfigError("search=predict compares speculative k values; aa=true needs search=grid")
