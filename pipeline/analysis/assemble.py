@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
-from pipeline.analysis import advisor, iplots, model, quality, search_report, stats, verdicts
+from pipeline.analysis import advisor, iplots, iplots_search, model, quality, search_report, stats, verdicts
 from pipeline.analysis.report import ReportData, conditions, run_names
 from pipeline.analysis.samples import Sample, StatsOptions
 from pipeline.engines.acceptance import alpha_from_length
@@ -142,7 +142,7 @@ def _lossless(probes: list[dict]) -> list[quality.Lossless]:
 
 
 def interactive_figures(data: ReportData) -> dict:
-    """The figures with a Plotly twin, by the same names as their PNGs."""
+    """Every figure of the report as Plotly, by the same names as their PNGs (the gate's trends stay PNGs)."""
     names = run_names(data.frame)
 
     def url(run: str) -> str:
@@ -150,9 +150,15 @@ def interactive_figures(data: ReportData) -> dict:
 
     made = {
         "Output throughput against median TPOT": iplots.throughput_vs_tpot(data.levels, names, url),
+        "Output throughput against p99 TPOT": iplots.throughput_vs_p99_tpot(data.frame, names, url),
         "Median-TPOT speedup against request rate": iplots.speedup_vs_rate(data.points, names, url),
         "TTFT against request rate": iplots.ttft_vs_rate(data.frame, names, url),
         "Acceptance against k": iplots.acceptance_vs_k(data.points, names, url),
+        "Median-TPOT speedup over k x request rate": iplots.speedup_heatmap(data.points, names, url),
+        "Capacity under the SLO": iplots_search.capacity_curve(data.capacity, names, url),
+        "Median TPOT against k: measured and predicted": iplots_search.k_curve(
+            data.predictions, data.frame, names, url
+        ),
     }
     return {name: fig for name, fig in made.items() if fig is not None}
 

@@ -1,8 +1,9 @@
-"""The report's interactive figures (Plotly), for the HTML page. The only module that imports plotly.
+"""The report's interactive figures (Plotly), for the HTML page; with ``iplots_search``, the only plotly importers.
 
 Each point's tooltip names its configuration and rate, gives its value with its interval, and
-links to its MLflow run; a click opens that run. The PNGs of the Markdown report and of the
-figures without a twin here still come from :mod:`pipeline.analysis.plots` (matplotlib):
+links to its MLflow run; a click opens that run. Every figure of the report has a twin here
+or in :mod:`pipeline.analysis.iplots_search`; the PNGs of the Markdown report (and the gate's
+trend charts, which the gate draws) come from :mod:`pipeline.analysis.plots` (matplotlib):
 Plotly's static export needs a browser (kaleido), which a plain install does not have.
 """
 
@@ -27,19 +28,19 @@ CLICK_JS = """window.addEventListener('load', function () {
 });"""
 
 
-def _config(row: pd.Series) -> str:
+def config_label(row: pd.Series) -> str:
     if row.get("role") == "baseline":
         return f"{row['engine']} baseline"
     return f"{row['engine']} {row['method']} k={int(row['k'])}"
 
 
-def _interval(value: float, low: object, high: object, fmt: str, unit: str = "") -> str:
+def interval_text(value: float, low: object, high: object, fmt: str, unit: str = "") -> str:
     if isinstance(low, float) and isinstance(high, float) and math.isfinite(low) and math.isfinite(high):
         return f"{value:{fmt}}{unit} [{low:{fmt}}, {high:{fmt}}]"
     return f"{value:{fmt}}{unit} (no interval: a summary of the window only)"
 
 
-def _link(run_ids: str, names: dict[str, str], url: RunUrl) -> tuple[str, str]:
+def run_link(run_ids: str, names: dict[str, str], url: RunUrl) -> tuple[str, str]:
     """The tooltip's link line and the click target: the point's first run."""
     ids = [r for r in str(run_ids or "").split() if r]
     if not ids:
@@ -48,7 +49,7 @@ def _link(run_ids: str, names: dict[str, str], url: RunUrl) -> tuple[str, str]:
     return f'<a href="{url(ids[0])}">MLflow run: {shown}</a> (click the point)', url(ids[0])
 
 
-def _layout(fig: go.Figure, title: str, x: str, y: str) -> go.Figure:
+def layout(fig: go.Figure, title: str, x: str, y: str) -> go.Figure:
     fig.update_layout(title=title, xaxis_title=x, yaxis_title=y, hovermode="closest", template="plotly_white",
                       height=460, legend={"font": {"size": 10}})  # fmt: skip
     return fig
@@ -64,10 +65,10 @@ def throughput_vs_tpot(levels: pd.DataFrame | None, names: dict[str, str], url: 
         low, high = curve.get("median_tpot_ms_low"), curve.get("median_tpot_ms_high")
         custom = []
         for _, row in curve.iterrows():
-            text = "median TPOT " + _interval(row["median_tpot_ms"], row.get("median_tpot_ms_low"),
+            text = "median TPOT " + interval_text(row["median_tpot_ms"], row.get("median_tpot_ms_low"),
                                               row.get("median_tpot_ms_high"), ".1f", " ms")  # fmt: skip
-            link, target = _link(row.get("run_ids", ""), names, url)
-            custom.append([_config(row), f"{row['request_rate']:g}", f"{text}<br>throughput "
+            link, target = run_link(row.get("run_ids", ""), names, url)
+            custom.append([config_label(row), f"{row['request_rate']:g}", f"{text}<br>throughput "
                            f"{row['output_throughput']:.1f} tok/s", link, target])  # fmt: skip
         error = None
         if low is not None and high is not None:
@@ -75,9 +76,9 @@ def throughput_vs_tpot(levels: pd.DataFrame | None, names: dict[str, str], url: 
                      "arrayminus": (curve["median_tpot_ms"] - low).tolist(), "thickness": 1}  # fmt: skip
         baseline = curve.iloc[0]["role"] == "baseline"
         fig.add_trace(go.Scatter(x=curve["median_tpot_ms"], y=curve["output_throughput"], mode="lines+markers",
-                                 name=_config(curve.iloc[0]), customdata=custom, hovertemplate=HOVER, error_x=error,
+                                 name=config_label(curve.iloc[0]), customdata=custom, hovertemplate=HOVER, error_x=error,
                                  line={"dash": "dash", "color": "black"} if baseline else None))  # fmt: skip
-    return _layout(fig, "Throughput against median TPOT, across request rates", "median TPOT, ms (lower is better)",
+    return layout(fig, "Throughput against median TPOT, across request rates", "median TPOT, ms (lower is better)",
                    "output throughput, tok/s (higher is better)")  # fmt: skip
 
 
@@ -91,17 +92,19 @@ def speedup_vs_rate(points: pd.DataFrame, names: dict[str, str], url: RunUrl) ->
         estimate = group["speedup_median_tpot"].astype(float)
         custom = []
         for _, row in group.iterrows():
-            text = "median-TPOT speedup " + _interval(float(row["speedup_median_tpot"]), row["speedup_median_tpot_low"],
+            text = "median-TPOT speedup " + interval_text(float(row["speedup_median_tpot"]), row["speedup_median_tpot_low"],
                                                       row["speedup_median_tpot_high"], ".2f", "x")  # fmt: skip
-            link, target = _link(row.get("run_ids", ""), names, url)
-            custom.append([_config(row), f"{row['request_rate']:g}", f"{text}: {row.get('verdict', '')}", link, target])
+            link, target = run_link(row.get("run_ids", ""), names, url)
+            custom.append(
+                [config_label(row), f"{row['request_rate']:g}", f"{text}: {row.get('verdict', '')}", link, target]
+            )
         error = {"type": "data", "symmetric": False, "thickness": 1,
                  "array": (group["speedup_median_tpot_high"].astype(float) - estimate).fillna(0).tolist(),
                  "arrayminus": (estimate - group["speedup_median_tpot_low"].astype(float)).fillna(0).tolist()}  # fmt: skip
-        fig.add_trace(go.Scatter(x=group["request_rate"], y=estimate, mode="lines+markers", name=_config(group.iloc[0]),
+        fig.add_trace(go.Scatter(x=group["request_rate"], y=estimate, mode="lines+markers", name=config_label(group.iloc[0]),
                                  customdata=custom, hovertemplate=HOVER, error_y=error))  # fmt: skip
     fig.add_hline(y=1.0, line={"color": "black", "width": 1})
-    return _layout(fig, "Median-TPOT speedup with its interval, against load", "request rate (req/s)",
+    return layout(fig, "Median-TPOT speedup with its interval, against load", "request rate (req/s)",
                    "median-TPOT speedup (> 1: speculation faster)")  # fmt: skip
 
 
@@ -115,18 +118,66 @@ def ttft_vs_rate(frame: pd.DataFrame, names: dict[str, str], url: RunUrl) -> go.
         for rate, at in curve.groupby("request_rate", sort=True):
             first = at.iloc[0]
             value = float(at["median_ttft_ms"].median())
-            link, target = _link(" ".join(at["run_id"].astype(str)), names, url)
+            link, target = run_link(" ".join(at["run_id"].astype(str)), names, url)
             spread = (
                 f" (runs {at['median_ttft_ms'].min():.1f} to {at['median_ttft_ms'].max():.1f})" if len(at) > 1 else ""
             )
             rows.append(
-                (rate, value, [_config(first), f"{rate:g}", f"median TTFT {value:.1f} ms{spread}", link, target])
+                (rate, value, [config_label(first), f"{rate:g}", f"median TTFT {value:.1f} ms{spread}", link, target])
             )
         baseline = curve.iloc[0]["role"] == "baseline"
         fig.add_trace(go.Scatter(x=[r[0] for r in rows], y=[r[1] for r in rows], mode="lines+markers",
-                                 name=_config(curve.iloc[0]), customdata=[r[2] for r in rows], hovertemplate=HOVER,
+                                 name=config_label(curve.iloc[0]), customdata=[r[2] for r in rows], hovertemplate=HOVER,
                                  line={"dash": "dash", "color": "black"} if baseline else None))  # fmt: skip
-    return _layout(fig, "Time to first token against load", "request rate (req/s)", "median TTFT (ms)")
+    return layout(fig, "Time to first token against load", "request rate (req/s)", "median TTFT (ms)")
+
+
+def throughput_vs_p99_tpot(frame: pd.DataFrame, names: dict[str, str], url: RunUrl) -> go.Figure | None:
+    """Throughput against p99 TPOT: the tail users feel. Each point is the median over its runs."""
+    data = measured(frame).dropna(subset=["p99_tpot_ms", "output_throughput"]) if "p99_tpot_ms" in frame else frame
+    if data.empty or "p99_tpot_ms" not in data:
+        return None
+    fig = go.Figure()
+    for _, curve in data.groupby(["engine", "role", "method", "k"], sort=True):
+        xs, ys, custom = [], [], []
+        for rate, at in curve.groupby("request_rate", sort=True):
+            p99, throughput = float(at["p99_tpot_ms"].median()), float(at["output_throughput"].median())
+            spread = f" (runs {at['p99_tpot_ms'].min():.1f} to {at['p99_tpot_ms'].max():.1f})" if len(at) > 1 else ""
+            link, target = run_link(" ".join(at["run_id"].astype(str)), names, url)
+            xs.append(p99)
+            ys.append(throughput)
+            custom.append([config_label(at.iloc[0]), f"{rate:g}", f"p99 TPOT {p99:.1f} ms{spread}<br>throughput "
+                           f"{throughput:.1f} tok/s (the speedup table gives p99 ratios with intervals)", link, target])  # fmt: skip
+        baseline = curve.iloc[0]["role"] == "baseline"
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=config_label(curve.iloc[0]), customdata=custom,
+                                 hovertemplate=HOVER, line={"dash": "dash", "color": "black"} if baseline else None))  # fmt: skip
+    return layout(fig, "Throughput against p99 TPOT, across request rates", "p99 TPOT, ms (lower is better)",
+                  "output throughput, tok/s (higher is better)")  # fmt: skip
+
+
+def speedup_heatmap(points: pd.DataFrame, names: dict[str, str], url: RunUrl) -> go.Figure | None:
+    """Median-TPOT speedup per configuration and rate; a cell's tooltip gives its interval and verdict."""
+    if points.empty or "speedup_median_tpot_low" not in points:
+        return None
+    rows = points.assign(config=[config_label(r) for _, r in points.iterrows()])
+    configs, rates = sorted(rows["config"].unique()), sorted(rows["request_rate"].unique())
+    z = [[math.nan] * len(rates) for _ in configs]
+    custom = [[["", "", "", "", ""] for _ in rates] for _ in configs]
+    labels = [["" for _ in rates] for _ in configs]
+    for _, row in rows.iterrows():
+        i, j = configs.index(row["config"]), rates.index(row["request_rate"])
+        value = float(row["speedup_median_tpot"])
+        verdict = str(row.get("verdict", ""))
+        z[i][j] = value
+        labels[i][j] = f"{value:.2f}x" + ("" if verdict in ("helps", "hurts") else " ?")
+        text = "median-TPOT speedup " + interval_text(value, row["speedup_median_tpot_low"],
+                                                      row["speedup_median_tpot_high"], ".2f", "x")  # fmt: skip
+        link, target = run_link(row.get("run_ids", ""), names, url)
+        custom[i][j] = [row["config"], f"{row['request_rate']:g}", f"{text}: {verdict}", link, target]
+    fig = go.Figure(go.Heatmap(z=z, x=[f"{r:g}" for r in rates], y=configs, customdata=custom, hovertemplate=HOVER,
+                               text=labels, texttemplate="%{text}", colorscale="RdYlGn", zmin=0.5, zmax=1.5))  # fmt: skip
+    return layout(fig, "Median-TPOT speedup over k x request rate ('?': inconclusive, its colour is no finding)",
+                  "request rate (req/s)", "configuration")  # fmt: skip
 
 
 def acceptance_vs_k(points: pd.DataFrame, names: dict[str, str], url: RunUrl) -> go.Figure | None:
@@ -137,12 +188,12 @@ def acceptance_vs_k(points: pd.DataFrame, names: dict[str, str], url: RunUrl) ->
         group = group.sort_values("k")
         custom = []
         for _, row in group.iterrows():
-            link, target = _link(row.get("run_ids", ""), names, url)
-            custom.append([_config(row), f"{rate:g}", f"acceptance length L {row.get('acceptance_length_text', '')}",
+            link, target = run_link(row.get("run_ids", ""), names, url)
+            custom.append([config_label(row), f"{rate:g}", f"acceptance length L {row.get('acceptance_length_text', '')}",
                            link, target])  # fmt: skip
         fig.add_trace(go.Scatter(x=group["k"], y=group["acceptance_length"], mode="lines+markers",
                                  name=f"{engine} {method} @ {rate:g}/s", customdata=custom, hovertemplate=HOVER))  # fmt: skip
-    return _layout(fig, "Acceptance against k", "k (draft tokens per step)", "acceptance length L (tokens per step)")
+    return layout(fig, "Acceptance against k", "k (draft tokens per step)", "acceptance length L (tokens per step)")
 
 
 def html(figures: dict[str, go.Figure]) -> str:

@@ -37,6 +37,7 @@ class CapacityCurve:
     probes: tuple[tuple[float, float, bool], ...]  # (rate, the SLO metric's percentile in ms, passed), by rate
     boundary: Boundary
     ratio: CapacityRatio | None  # against its baseline (speculative curves)
+    run_ids: tuple[str, ...] = ()  # each probe's MLflow run, in the order of ``probes``
 
 
 def _label(row: pd.Series) -> str:
@@ -55,7 +56,7 @@ def capacity(frame: pd.DataFrame, samples: Mapping[str, Sample], target: SloTarg
     first_base: dict[str, int] = {}  # a baseline probe's point hash -> its server
     for i, (server, group) in enumerate(rows.groupby("server", sort=True)):
         group = group.sort_values("request_rate")
-        probes, shown = [], []
+        probes, shown, runs = [], [], []
         for j, row in enumerate(group.itertuples()):
             sample = samples.get(str(row.run_id))
             if sample is None:
@@ -66,12 +67,15 @@ def capacity(frame: pd.DataFrame, samples: Mapping[str, Sample], target: SloTarg
             values = sample.values[metric][np.isfinite(sample.values[metric])]
             level = float(np.percentile(values, target.percentile)) * 1000 if len(values) else math.nan
             shown.append((float(row.request_rate), level, passed))
+            runs.append(str(row.run_id))
         if not probes:
             continue
         head = group.iloc[0]
         if head["role"] == "baseline":
             first_base.update({str(h): int(server) for h in group["point_hash"]})
-        curves[int(server)] = CapacityCurve(_label(head), str(head["role"]), tuple(shown), boundary(probes, opts), None)
+        curves[int(server)] = CapacityCurve(
+            _label(head), str(head["role"]), tuple(shown), boundary(probes, opts), None, tuple(runs)
+        )
     out = []
     for server, curve in curves.items():
         if curve.role == "speculative":
@@ -79,7 +83,7 @@ def capacity(frame: pd.DataFrame, samples: Mapping[str, Sample], target: SloTarg
             base_server = next((first_base[str(h)] for h in group["baseline_hash"] if str(h) in first_base), None)
             if base_server is not None:
                 curve = CapacityCurve(curve.label, curve.role, curve.probes, curve.boundary,
-                                      capacity_ratio(curves[base_server].boundary, curve.boundary, opts))  # fmt: skip
+                                      capacity_ratio(curves[base_server].boundary, curve.boundary, opts), curve.run_ids)  # fmt: skip
         out.append(curve)
     return sorted(out, key=lambda c: (c.role != "baseline", c.label))
 

@@ -304,8 +304,17 @@ def test_interactive_figures_hover_with_config_rate_interval_and_run_link_and_th
     frame, samples = _sweep({(3, 1.0): 2.0, (3, 4.0): 1.4, (5, 1.0): 1.8, (5, 4.0): 1.2})
     data = with_(_analyse(frame, samples), run_url="http://mlflow:5000/#/experiments/7/runs/{run}")
     figures = interactive_figures(data)
-    assert set(figures) == {"Output throughput against median TPOT", "Median-TPOT speedup against request rate",
-                            "TTFT against request rate", "Acceptance against k"}  # fmt: skip
+    assert set(figures) == {"Output throughput against median TPOT", "Output throughput against p99 TPOT",
+                            "Median-TPOT speedup against request rate", "TTFT against request rate",
+                            "Acceptance against k", "Median-TPOT speedup over k x request rate"}  # fmt: skip
+    (heat,) = figures["Median-TPOT speedup over k x request rate"].data
+    cell = heat.customdata[list(heat.y).index("vllm ngram k=3")][list(heat.x).index("1")]
+    assert cell[2].startswith("median-TPOT speedup 2.") and "x [" in cell[2] and cell[2].endswith(": helps")
+    assert cell[4] == "http://mlflow:5000/#/experiments/7/runs/ngram-k3-r1-code_edit-rep0"
+    p99 = figures["Output throughput against p99 TPOT"]
+    assert all(
+        c[2].startswith("p99 TPOT ") and c[4].startswith("http://mlflow:5000/") for t in p99.data for c in t.customdata
+    )
     speedup = figures["Median-TPOT speedup against request rate"]
     (k3,) = [t for t in speedup.data if t.name == "vllm ngram k=3"]
     config, rate, value, link, target = k3.customdata[0]
@@ -316,7 +325,7 @@ def test_interactive_figures_hover_with_config_rate_interval_and_run_link_and_th
     pareto = figures["Output throughput against median TPOT"]
     assert any("median TPOT " in c[2] and " ms [" in c[2] for t in pareto.data for c in t.customdata)
     html = page(data, {}, iplots.html(figures))
-    assert html.count("Plotly.newPlot") == 4 and "plotly_click" in html and "<script src=" not in html  # offline
+    assert html.count("Plotly.newPlot") == 6 and "plotly_click" in html and "<script src=" not in html  # offline
     assert "<th>MLflow runs</th>" in html
     assert (
         '<a href="http://mlflow:5000/#/experiments/7/runs/ngram-k5-r4-code_edit-rep0">ngram-k5-r4-code_edit-rep0</a>'

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.analysis import search_report
+from pipeline.analysis import iplots_search, search_report
 from pipeline.analysis.capacity import SloTarget
 from pipeline.analysis.samples import Sample, StatsOptions
 from pipeline.analysis.search_report import slo_target
@@ -148,6 +148,17 @@ def test_confirmations_become_anchors_and_the_table_sets_prediction_against_meas
     assert row["confirmed"] and row["predicted"] and math.isfinite(row["tpot_error"]) and row["tpot_error"] < 0.1
     lines = "\n".join(search_report.predict_lines(search_report.predictions_table([final])))
     assert "Prediction error over 1 confirmed point(s)" in lines and "| 2 | 2 |" in lines
+    # The interactive k curve: a measured point links to its run, a predicted one says it has none.
+    table = search_report.predictions_table([final])
+    frame = pd.DataFrame([{"run_id": f"run-k{k}", "setting_key": setting, "k": k, "request_rate": 2.0,
+                           "role": "speculative", "status": "finished"} for k in (2, 4)])  # fmt: skip
+    figure = iplots_search.k_curve(table, frame, {}, lambda run: f"http://ui/#/runs/{run}")
+    seen = [c for trace in figure.data if trace.name.endswith("measured") for c in trace.customdata]
+    guessed = [c for trace in figure.data if trace.name.endswith("predicted") for c in trace.customdata]
+    assert {c[4] for c in seen} == {"http://ui/#/runs/run-k2", "http://ui/#/runs/run-k4"}
+    assert all(" ms [" in c[2] for c in seen)  # the measured value with its interval
+    assert {c[0].rsplit("=", 1)[1] for c in guessed} >= {"1", "3"} and all(c[4] == "" for c in guessed)
+    assert all(c[3].startswith("predicted, not measured") and " ms [" in c[2] for c in guessed)
 
 
 # ---- Capacity: the probe loop and the report ----------------------------------------------------
@@ -221,6 +232,12 @@ def test_report_capacity_headline_gives_each_boundary_and_the_ratio_with_interva
     assert spec.ratio is not None and spec.ratio.low <= 3.0 / 2.2 <= spec.ratio.high
     headline = search_report.capacity_headline(curves, target)
     assert headline.startswith("Max sustainable req/s under the SLO (p99 TPOT <= 50 ms") and "baseline 2" in headline
+    figure = iplots_search.capacity_curve(curves, {"s0p2": "baseline-4rps"}, lambda run: f"http://ui/#/runs/{run}")
+    (base_trace, _) = figure.data
+    by_rate = {c[1]: c for c in base_trace.customdata}
+    assert by_rate["4"][2].endswith("missed<br>boundary " + base.boundary.text) and by_rate["1"][2].count(": met")
+    assert by_rate["4"][4] == "http://ui/#/runs/s0p2" and "MLflow run: baseline-4rps" in by_rate["4"][3]
+    assert list(base_trace.marker.symbol) == ["circle" if met else "x" for *_, met in base.probes]
 
 
 def test_slo_target_comes_back_from_the_parent_runs_params() -> None:
