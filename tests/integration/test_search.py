@@ -67,6 +67,7 @@ def test_predict_starts_at_most_three_servers_and_sets_prediction_against_measur
     assert "## Predicted k curve (search=predict)" in text and "the best k per rate: 2 req/s: k=" in text
     page = next((tmp_path / "outputs" / "ipredict").glob("*/report/report.html")).read_text()
     assert "Median TPOT against k: measured and predicted" in page  # the k-curve figure, predicted points hollow
+    assert "predicted, not measured: no MLflow run" in page and "measured median TPOT " in page  # its tooltips
 
 
 def test_capacity_search_on_the_baseline_stays_within_its_probe_cap(tmp_path: Path) -> None:

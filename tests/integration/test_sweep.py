@@ -225,10 +225,11 @@ def test_report_first_screen_answers_with_the_verdict_table(
         page.screenshot(path=str(tmp_path / "report-first-screen.png"))
         # Every row of the table links to its MLflow runs; the figures answer a hover with the point.
         assert page.locator("table a[href*='#/experiments/'][href*='/runs/']").count() >= 8
-        point = page.locator("#figure-1 .scatterlayer .trace .points path").first  # speedup against rate
+        figure = page.locator(f"xpath=//h3[text()='{SPEEDUP_FIGURE}']/following-sibling::div[1]")
+        point = figure.locator(".scatterlayer .trace .points path").first
         point.scroll_into_view_if_needed()
         point.hover(force=True)
-        tooltip = page.locator("#figure-1 .hoverlayer .hovertext").first
+        tooltip = figure.locator(".hoverlayer .hovertext").first
         tooltip.wait_for(timeout=10_000)
         text = tooltip.text_content() or ""
         assert re.search(r"vllm ngram k=\d.*rate \d+ req/s.*median-TPOT speedup \d+\.\d\dx \[", text), text
@@ -237,6 +238,8 @@ def test_report_first_screen_answers_with_the_verdict_table(
         browser.close()
     assert (tmp_path / "report-first-screen.png").stat().st_size > 10_000
 
+
+SPEEDUP_FIGURE = "Median-TPOT speedup against request rate"  # found by its heading, not its place
 
 # Headless Chromium on a machine without network: no background connections, no sandbox (root).
 CHROMIUM_ARGS = [
