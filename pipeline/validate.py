@@ -57,7 +57,10 @@ def validate(job: JobConfig) -> None:
             if spec.method == "draft"
             else "a folder or hub id of the head"
         )
-        raise ConfigError(f"spec.method={spec.method} needs spec.draft_model ({hint}); e.g. spec=draft")
+        example = {"draft": "spec=draft", "eagle3": "spec=eagle3 (its head is for Llama-3.1-8B-Instruct)"}.get(
+            spec.method, "spec.draft_model=/path/to/the/head"
+        )
+        raise ConfigError(f"spec.method={spec.method} needs spec.draft_model ({hint}); e.g. {example}")
     if spec.method in ("none", "ngram", "suffix", "mtp") and spec.draft_model:
         raise ConfigError(f"spec.method={spec.method} takes no spec.draft_model; remove it or use spec.method=draft")
     if not (load.request_rate > 0):

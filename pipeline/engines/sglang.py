@@ -23,8 +23,6 @@ from pipeline.engines.vllm import EngineNotInstalled, LaunchPlan, run_probe
 
 NAME = "sglang"
 LABEL = "SGLang"
-# Prefix-cache reset between windows: SGLang's radix cache is flushed by this endpoint.
-RESET_PATH = "/flush_cache"
 ALGORITHMS = {"eagle": "EAGLE", "eagle3": "EAGLE3", "draft": "STANDALONE", "ngram": "NGRAM", "mtp": "NEXTN"}
 NEEDS_DRAFT_PATH = ("eagle", "eagle3", "draft")
 # spec.options key -> flag. Tree shape for every method; the ngram cache for NGRAM.

@@ -20,6 +20,8 @@ from packaging.version import InvalidVersion, Version
 from pipeline.config import ConfigError, EngineConfig, SpecConfig
 
 JSON_CONFIG_SINCE = Version("0.8.0")
+# --speculative-config keys that spec.method, spec.k and spec.draft_model own.
+OWNED_KEYS = {"method": "spec.method", "num_speculative_tokens": "spec.k", "model": "spec.draft_model"}
 # Our method name -> vLLM's speculative-config method.
 JSON_METHODS = {
     "ngram": "ngram",
@@ -109,6 +111,13 @@ def validate_spec(spec: SpecConfig, version: Version) -> None:
     if version < JSON_CONFIG_SINCE and spec.method not in LEGACY_METHODS:
         raise ConfigError(
             f"spec.method={spec.method} needs vLLM >= {JSON_CONFIG_SINCE}; the installed vLLM is {version}"
+        )
+    owned = sorted(k for k in OWNED_KEYS if k in spec.options)
+    if owned:
+        # They would replace what the config says in --speculative-config, silently.
+        raise ConfigError(
+            f"spec.options {owned} would override {', '.join(OWNED_KEYS[k] for k in owned)}; set "
+            f"{' and '.join(OWNED_KEYS[k] for k in owned)} instead"
         )
     misplaced = [k for k in NGRAM_OPTIONS if k in spec.options and spec.method != "ngram"]
     if misplaced:

@@ -98,8 +98,8 @@ def test_baseline_is_same_point_without_speculation() -> None:
     [
         ({"spec": SpecConfig(method="lookahead")}, "spec.method='lookahead' is not valid; choose one of: none, ngram"),
         ({"spec": SpecConfig(method="ngram", k=0)}, "spec.k=0"),
-        ({"spec": SpecConfig(method="draft")}, "needs spec.draft_model"),
-        ({"spec": SpecConfig(method="eagle")}, "needs spec.draft_model"),
+        ({"spec": SpecConfig(method="eagle")}, "needs spec.draft_model.*e.g. spec.draft_model=/path/to/the/head"),
+        ({"spec": SpecConfig(method="draft")}, "needs spec.draft_model.*e.g. spec=draft"),
         ({"spec": SpecConfig(method="ngram", draft_model="x")}, "takes no spec.draft_model"),
         ({"load": LoadConfig(request_rate=0)}, "load.request_rate=0"),
         ({"load": LoadConfig(request_rate=-1)}, "must be > 0"),

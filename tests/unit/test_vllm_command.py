@@ -129,6 +129,19 @@ def test_ngram_options_with_another_method_are_refused() -> None:
         vllm.validate_spec(SpecConfig(method="draft", k=3, draft_model="/d", options={"prompt_lookup_max": 4}), NEW)
 
 
+@pytest.mark.parametrize(
+    ("options", "owner"),
+    [
+        ({"method": "eagle"}, "spec.method"),
+        ({"num_speculative_tokens": 7}, "spec.k"),
+        ({"model": "/m"}, "spec.draft_model"),
+    ],
+)
+def test_options_that_would_override_method_k_or_draft_are_refused(options: dict, owner: str) -> None:
+    with pytest.raises(ConfigError, match=f"would override {owner}; set {owner} instead"):
+        vllm.validate_spec(SpecConfig(method="ngram", k=3, options=options), NEW)
+
+
 def test_our_method_names_exist_in_installed_vllm() -> None:
     # Guards JSON_METHODS against renames in vLLM's own SpeculativeConfig.
     speculative = pytest.importorskip("vllm.config.speculative")
