@@ -10,13 +10,13 @@ Plotly's static export needs a browser (kaleido), which a plain install does not
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from html import escape
 
 import pandas as pd
 import plotly.graph_objects as go
 
-from pipeline.analysis.verdicts import measured
+from pipeline.analysis.verdicts import config_label, measured
 
 RunUrl = Callable[[str], str]  # run id -> its page in the MLflow UI
 HOVER = "<b>%{customdata[0]}</b><br>rate %{customdata[1]} req/s<br>%{customdata[2]}<br>%{customdata[3]}<extra></extra>"
@@ -26,12 +26,6 @@ CLICK_JS = """window.addEventListener('load', function () {
     div.on('plotly_click', function (e) { var u = e.points[0].customdata[4]; if (u) { window.open(u, '_blank'); } });
   });
 });"""
-
-
-def config_label(row: pd.Series) -> str:
-    if row.get("role") == "baseline":
-        return f"{row['engine']} baseline"
-    return f"{row['engine']} {row['method']} k={int(row['k'])}"
 
 
 def interval_text(value: float, low: object, high: object, fmt: str, unit: str = "") -> str:
@@ -47,6 +41,14 @@ def run_link(run_ids: str, names: dict[str, str], url: RunUrl) -> tuple[str, str
         return "no MLflow run", ""
     shown = ", ".join(names.get(r, r[:8]) for r in ids[:4]) + (" ..." if len(ids) > 4 else "")
     return f'<a href="{url(ids[0])}">MLflow run: {shown}</a> (click the point)', url(ids[0])
+
+
+def error_bars(value: pd.Series, low: pd.Series, high: pd.Series, fill: float | None = None) -> dict:
+    """Asymmetric error bars from an interval; ``fill`` stands in where a bound is missing."""
+    above, below = high - value, value - low
+    if fill is not None:
+        above, below = above.fillna(fill), below.fillna(fill)
+    return {"type": "data", "symmetric": False, "array": above.tolist(), "arrayminus": below.tolist(), "thickness": 1}
 
 
 def layout(fig: go.Figure, title: str, x: str, y: str) -> go.Figure:
@@ -70,10 +72,7 @@ def throughput_vs_tpot(levels: pd.DataFrame | None, names: dict[str, str], url: 
             link, target = run_link(row.get("run_ids", ""), names, url)
             custom.append([config_label(row), f"{row['request_rate']:g}", f"{text}<br>throughput "
                            f"{row['output_throughput']:.1f} tok/s", link, target])  # fmt: skip
-        error = None
-        if low is not None and high is not None:
-            error = {"type": "data", "symmetric": False, "array": (high - curve["median_tpot_ms"]).tolist(),
-                     "arrayminus": (curve["median_tpot_ms"] - low).tolist(), "thickness": 1}  # fmt: skip
+        error = error_bars(curve["median_tpot_ms"], low, high) if low is not None and high is not None else None
         baseline = curve.iloc[0]["role"] == "baseline"
         fig.add_trace(go.Scatter(x=curve["median_tpot_ms"], y=curve["output_throughput"], mode="lines+markers",
                                  name=config_label(curve.iloc[0]), customdata=custom, hovertemplate=HOVER, error_x=error,
@@ -98,14 +97,30 @@ def speedup_vs_rate(points: pd.DataFrame, names: dict[str, str], url: RunUrl) ->
             custom.append(
                 [config_label(row), f"{row['request_rate']:g}", f"{text}: {row.get('verdict', '')}", link, target]
             )
-        error = {"type": "data", "symmetric": False, "thickness": 1,
-                 "array": (group["speedup_median_tpot_high"].astype(float) - estimate).fillna(0).tolist(),
-                 "arrayminus": (estimate - group["speedup_median_tpot_low"].astype(float)).fillna(0).tolist()}  # fmt: skip
+        error = error_bars(estimate, group["speedup_median_tpot_low"].astype(float),
+                           group["speedup_median_tpot_high"].astype(float), fill=0)  # fmt: skip
         fig.add_trace(go.Scatter(x=group["request_rate"], y=estimate, mode="lines+markers", name=config_label(group.iloc[0]),
                                  customdata=custom, hovertemplate=HOVER, error_y=error))  # fmt: skip
     fig.add_hline(y=1.0, line={"color": "black", "width": 1})
     return layout(fig, "Median-TPOT speedup with its interval, against load", "request rate (req/s)",
                    "median-TPOT speedup (> 1: speculation faster)")  # fmt: skip
+
+
+def _median_over_runs(
+    curve: pd.DataFrame, column: str, names: dict[str, str], url: RunUrl
+) -> Iterator[tuple[float, pd.DataFrame, float, str, str, str]]:
+    """Per rate of one configuration: its runs, the column's median over them, their range (none
+    for one run), and the link to them."""
+    for rate, at in curve.groupby("request_rate", sort=True):
+        spread = f" (runs {at[column].min():.1f} to {at[column].max():.1f})" if len(at) > 1 else ""
+        yield (rate, at, float(at[column].median()), spread, *run_link(" ".join(at["run_id"].astype(str)), names, url))
+
+
+def _config_trace(curve: pd.DataFrame, xs: list, ys: list, custom: list) -> go.Scatter:
+    """One configuration's curve; the baseline dashed black, as in the PNGs."""
+    baseline = curve.iloc[0]["role"] == "baseline"
+    return go.Scatter(x=xs, y=ys, mode="lines+markers", name=config_label(curve.iloc[0]), customdata=custom,
+                      hovertemplate=HOVER, line={"dash": "dash", "color": "black"} if baseline else None)  # fmt: skip
 
 
 def ttft_vs_rate(frame: pd.DataFrame, names: dict[str, str], url: RunUrl) -> go.Figure | None:
@@ -114,21 +129,12 @@ def ttft_vs_rate(frame: pd.DataFrame, names: dict[str, str], url: RunUrl) -> go.
         return None
     fig = go.Figure()
     for _, curve in data.groupby(["engine", "role", "method", "k"], sort=True):
-        rows = []
-        for rate, at in curve.groupby("request_rate", sort=True):
-            first = at.iloc[0]
-            value = float(at["median_ttft_ms"].median())
-            link, target = run_link(" ".join(at["run_id"].astype(str)), names, url)
-            spread = (
-                f" (runs {at['median_ttft_ms'].min():.1f} to {at['median_ttft_ms'].max():.1f})" if len(at) > 1 else ""
-            )
-            rows.append(
-                (rate, value, [config_label(first), f"{rate:g}", f"median TTFT {value:.1f} ms{spread}", link, target])
-            )
-        baseline = curve.iloc[0]["role"] == "baseline"
-        fig.add_trace(go.Scatter(x=[r[0] for r in rows], y=[r[1] for r in rows], mode="lines+markers",
-                                 name=config_label(curve.iloc[0]), customdata=[r[2] for r in rows], hovertemplate=HOVER,
-                                 line={"dash": "dash", "color": "black"} if baseline else None))  # fmt: skip
+        xs, ys, custom = [], [], []
+        for rate, at, value, spread, link, target in _median_over_runs(curve, "median_ttft_ms", names, url):
+            xs.append(rate)
+            ys.append(value)
+            custom.append([config_label(at.iloc[0]), f"{rate:g}", f"median TTFT {value:.1f} ms{spread}", link, target])
+        fig.add_trace(_config_trace(curve, xs, ys, custom))
     return layout(fig, "Time to first token against load", "request rate (req/s)", "median TTFT (ms)")
 
 
@@ -140,17 +146,13 @@ def throughput_vs_p99_tpot(frame: pd.DataFrame, names: dict[str, str], url: RunU
     fig = go.Figure()
     for _, curve in data.groupby(["engine", "role", "method", "k"], sort=True):
         xs, ys, custom = [], [], []
-        for rate, at in curve.groupby("request_rate", sort=True):
-            p99, throughput = float(at["p99_tpot_ms"].median()), float(at["output_throughput"].median())
-            spread = f" (runs {at['p99_tpot_ms'].min():.1f} to {at['p99_tpot_ms'].max():.1f})" if len(at) > 1 else ""
-            link, target = run_link(" ".join(at["run_id"].astype(str)), names, url)
+        for rate, at, p99, spread, link, target in _median_over_runs(curve, "p99_tpot_ms", names, url):
+            throughput = float(at["output_throughput"].median())
             xs.append(p99)
             ys.append(throughput)
             custom.append([config_label(at.iloc[0]), f"{rate:g}", f"p99 TPOT {p99:.1f} ms{spread}<br>throughput "
                            f"{throughput:.1f} tok/s (the speedup table gives p99 ratios with intervals)", link, target])  # fmt: skip
-        baseline = curve.iloc[0]["role"] == "baseline"
-        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=config_label(curve.iloc[0]), customdata=custom,
-                                 hovertemplate=HOVER, line={"dash": "dash", "color": "black"} if baseline else None))  # fmt: skip
+        fig.add_trace(_config_trace(curve, xs, ys, custom))
     return layout(fig, "Throughput against p99 TPOT, across request rates", "p99 TPOT, ms (lower is better)",
                   "output throughput, tok/s (higher is better)")  # fmt: skip
 

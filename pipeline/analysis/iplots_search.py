@@ -7,14 +7,13 @@ and says so.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import pandas as pd
 import plotly.graph_objects as go
 
-from pipeline.analysis.iplots import HOVER, RunUrl, interval_text, layout, run_link
-from pipeline.analysis.search_report import CapacityCurve
+from pipeline.analysis.iplots import HOVER, RunUrl, error_bars, interval_text, layout, run_link
+from pipeline.analysis.search_report import CapacityCurve, newest_predictions
 from pipeline.analysis.verdicts import measured
 
 
@@ -52,10 +51,6 @@ def _runs_by_setting(frame: pd.DataFrame) -> dict[tuple[str, int, float], str]:
             for (s, k, r), g in rows.groupby(["setting_key", "k", "request_rate"])}  # fmt: skip
 
 
-def _column(group: pd.DataFrame, name: str) -> pd.Series:
-    return group[name] if name in group else pd.Series(math.nan, index=group.index)
-
-
 def k_curve(table: pd.DataFrame | None, frame: pd.DataFrame, names: dict[str, str], url: RunUrl) -> go.Figure | None:
     """Median TPOT against k per rate: measured points filled, predicted points hollow."""
     if table is None or table.empty:
@@ -73,22 +68,15 @@ def k_curve(table: pd.DataFrame | None, frame: pd.DataFrame, names: dict[str, st
             custom.append([f"{curve} k={int(row['k'])}", f"{rate:g}", text, link, target])
         fig.add_trace(go.Scatter(x=seen["k"], y=seen["measured_tpot_ms"], mode="markers", customdata=custom,
                                  name=f"{curve} @ {rate:g}/s measured", hovertemplate=HOVER,
-                                 error_y={"type": "data", "symmetric": False, "thickness": 1,
-                                          "array": (seen["measured_tpot_ms_high"] - seen["measured_tpot_ms"]).tolist(),
-                                          "arrayminus": (seen["measured_tpot_ms"] - seen["measured_tpot_ms_low"]).tolist()}))  # fmt: skip
-        # The newest prediction of each k: with the confirmations as anchors where it has one.
-        guess = {p: _column(group, f"final_tpot_ms{p}").fillna(_column(group, f"predicted_tpot_ms{p}"))
-                 for p in ("", "_low", "_high")}  # fmt: skip
-        keep = guess[""].notna()
-        if keep.any():
-            custom = [[f"{curve} k={int(k)}", f"{rate:g}", "predicted median TPOT " + interval_text(v, lo, hi, ".1f", " ms"),
-                       "predicted, not measured: no MLflow run", ""]
-                      for k, v, lo, hi in zip(group["k"][keep], guess[""][keep], guess["_low"][keep], guess["_high"][keep],
-                                              strict=True)]  # fmt: skip
-            fig.add_trace(go.Scatter(x=group["k"][keep] + 0.06, y=guess[""][keep], mode="markers", customdata=custom,
+                                 error_y=error_bars(seen["measured_tpot_ms"], seen["measured_tpot_ms_low"],
+                                                    seen["measured_tpot_ms_high"])))  # fmt: skip
+        guess = newest_predictions(group)
+        if not guess.empty:
+            custom = [[f"{curve} k={int(row.k)}", f"{rate:g}", "predicted median TPOT "
+                       + interval_text(row.tpot, row.tpot_low, row.tpot_high, ".1f", " ms"),
+                       "predicted, not measured: no MLflow run", ""] for row in guess.itertuples()]  # fmt: skip
+            fig.add_trace(go.Scatter(x=guess["k"] + 0.06, y=guess["tpot"], mode="markers", customdata=custom,
                                      name=f"{curve} @ {rate:g}/s predicted", hovertemplate=HOVER,
                                      marker={"symbol": "circle-open", "size": 9},
-                                     error_y={"type": "data", "symmetric": False, "thickness": 1,
-                                              "array": (guess["_high"][keep] - guess[""][keep]).tolist(),
-                                              "arrayminus": (guess[""][keep] - guess["_low"][keep]).tolist()}))  # fmt: skip
+                                     error_y=error_bars(guess["tpot"], guess["tpot_low"], guess["tpot_high"])))  # fmt: skip
     return layout(fig, "Median TPOT against k (hollow: predicted)", "k (draft tokens per step)", "median TPOT (ms)")

@@ -11,6 +11,7 @@ matplotlib.use("Agg")  # no display: files only
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from pipeline.analysis.search_report import newest_predictions
 from pipeline.analysis.verdicts import measured  # noqa: E402
 
 
@@ -189,13 +190,7 @@ def k_curve(table: pd.DataFrame | None) -> bytes | None:
     for (curve, rate), group in table.groupby(["curve", "request_rate"], sort=True):
         group = group.sort_values("k")
         seen = group.dropna(subset=["measured_tpot_ms"]) if "measured_tpot_ms" in group else group.iloc[0:0]
-        # The newest prediction of each k: with the confirmations as anchors where it has one.
-        guess = pd.DataFrame({"k": group["k"]})
-        for part in ("", "_low", "_high"):
-            final = group[f"final_tpot_ms{part}"] if f"final_tpot_ms{part}" in group else None
-            first = group[f"predicted_tpot_ms{part}"] if f"predicted_tpot_ms{part}" in group else math.nan
-            guess[f"tpot{part}"] = final.fillna(first) if final is not None else first
-        guess = guess.dropna(subset=["tpot"])
+        guess = newest_predictions(group)
         column = "tpot"
         bars = ax.errorbar(seen["k"], seen["measured_tpot_ms"], marker="o", capsize=3, linestyle="none",
                            yerr=[seen["measured_tpot_ms"] - seen["measured_tpot_ms_low"],

@@ -25,7 +25,7 @@ from pipeline.analysis.capacity import (
     window_passes,
 )
 from pipeline.analysis.samples import Sample, StatsOptions
-from pipeline.analysis.verdicts import measured
+from pipeline.analysis.verdicts import config_label, measured
 
 PREDICTIONS_CSV = "predict/predictions.csv"  # search=predict's table, on the sweep's parent run
 
@@ -38,10 +38,6 @@ class CapacityCurve:
     boundary: Boundary
     ratio: CapacityRatio | None  # against its baseline (speculative curves)
     run_ids: tuple[str, ...] = ()  # each probe's MLflow run, in the order of ``probes``
-
-
-def _label(row: pd.Series) -> str:
-    return f"{row['engine']} baseline" if row["role"] == "baseline" else f"{row['engine']} {row['method']} k={row['k']}"
 
 
 def capacity(frame: pd.DataFrame, samples: Mapping[str, Sample], target: SloTarget,
@@ -74,7 +70,7 @@ def capacity(frame: pd.DataFrame, samples: Mapping[str, Sample], target: SloTarg
         if head["role"] == "baseline":
             first_base.update({str(h): int(server) for h in group["point_hash"]})
         curves[int(server)] = CapacityCurve(
-            _label(head), str(head["role"]), tuple(shown), boundary(probes, opts), None, tuple(runs)
+            config_label(head), str(head["role"]), tuple(shown), boundary(probes, opts), None, tuple(runs)
         )
     out = []
     for server, curve in curves.items():
@@ -128,6 +124,20 @@ def capacity_lines(curves: list[CapacityCurve], target: SloTarget, opts: StatsOp
         ratio = curve.ratio.text if curve.ratio is not None else "—"
         lines.append(f"| {curve.label} | {curve.boundary.text} | {ratio} | {probes} |")
     return lines + [""]
+
+
+def newest_predictions(group: pd.DataFrame) -> pd.DataFrame:
+    """Each k's newest predicted median TPOT (ms) with its interval, from rows of the predictions
+    table: anchored on the confirmations where it was, else the first prediction. Columns k,
+    tpot, tpot_low, tpot_high; a k without a prediction is left out."""
+
+    def column(name: str) -> pd.Series:
+        return group[name] if name in group else pd.Series(math.nan, index=group.index)
+
+    guess = pd.DataFrame({"k": group["k"]})
+    for part in ("", "_low", "_high"):
+        guess[f"tpot{part}"] = column(f"final_tpot_ms{part}").fillna(column(f"predicted_tpot_ms{part}"))
+    return guess.dropna(subset=["tpot"])
 
 
 def predictions_table(results: Sequence) -> pd.DataFrame:

@@ -38,6 +38,13 @@ MEDIANS = (
 )  # fmt: skip
 
 
+def config_label(row: pd.Series) -> str:
+    """A point's configuration as the report names it: ``vllm baseline``, ``vllm ngram k=3``."""
+    if row.get("role") == "baseline":
+        return f"{row['engine']} baseline"
+    return f"{row['engine']} {row['method']} k={int(row['k'])}"
+
+
 def measured(frame: pd.DataFrame, role: str | None = None) -> pd.DataFrame:
     """The points that have measurements: finished now, or resumed from an earlier run."""
     keep = frame["status"].isin(["finished", "resumed"])

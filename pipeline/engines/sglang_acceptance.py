@@ -9,8 +9,6 @@ from pipeline.engines.acceptance import Scrape
 from pipeline.load.client import RequestRecord
 
 SGLANG_ACCEPT_LENGTH = "sglang:spec_accept_length"
-
-
 SGLANG_ACCEPT_RATE = "sglang:spec_accept_rate"
 
 

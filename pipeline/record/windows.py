@@ -18,8 +18,6 @@ from pipeline.config import StatsConfig
 from pipeline.record.readers import SweepReader
 
 AA_PREFIX = "aa_sd_"
-
-
 AA_COUNT = "aa_comparisons"
 
 
