@@ -68,7 +68,7 @@ def throughput_vs_tpot(levels: pd.DataFrame | None, names: dict[str, str], url: 
         custom = []
         for _, row in curve.iterrows():
             text = "median TPOT " + interval_text(row["median_tpot_ms"], row.get("median_tpot_ms_low"),
-                                              row.get("median_tpot_ms_high"), ".1f", " ms")  # fmt: skip
+                                                  row.get("median_tpot_ms_high"), ".1f", " ms")  # fmt: skip
             link, target = run_link(row.get("run_ids", ""), names, url)
             custom.append([config_label(row), f"{row['request_rate']:g}", f"{text}<br>throughput "
                            f"{row['output_throughput']:.1f} tok/s", link, target])  # fmt: skip
@@ -78,7 +78,7 @@ def throughput_vs_tpot(levels: pd.DataFrame | None, names: dict[str, str], url: 
                                  name=config_label(curve.iloc[0]), customdata=custom, hovertemplate=HOVER, error_x=error,
                                  line={"dash": "dash", "color": "black"} if baseline else None))  # fmt: skip
     return layout(fig, "Throughput against median TPOT, across request rates", "median TPOT, ms (lower is better)",
-                   "output throughput, tok/s (higher is better)")  # fmt: skip
+                  "output throughput, tok/s (higher is better)")  # fmt: skip
 
 
 def speedup_vs_rate(points: pd.DataFrame, names: dict[str, str], url: RunUrl) -> go.Figure | None:
@@ -92,7 +92,7 @@ def speedup_vs_rate(points: pd.DataFrame, names: dict[str, str], url: RunUrl) ->
         custom = []
         for _, row in group.iterrows():
             text = "median-TPOT speedup " + interval_text(float(row["speedup_median_tpot"]), row["speedup_median_tpot_low"],
-                                                      row["speedup_median_tpot_high"], ".2f", "x")  # fmt: skip
+                                                          row["speedup_median_tpot_high"], ".2f", "x")  # fmt: skip
             link, target = run_link(row.get("run_ids", ""), names, url)
             custom.append(
                 [config_label(row), f"{row['request_rate']:g}", f"{text}: {row.get('verdict', '')}", link, target]
@@ -103,7 +103,7 @@ def speedup_vs_rate(points: pd.DataFrame, names: dict[str, str], url: RunUrl) ->
                                  customdata=custom, hovertemplate=HOVER, error_y=error))  # fmt: skip
     fig.add_hline(y=1.0, line={"color": "black", "width": 1})
     return layout(fig, "Median-TPOT speedup with its interval, against load", "request rate (req/s)",
-                   "median-TPOT speedup (> 1: speculation faster)")  # fmt: skip
+                  "median-TPOT speedup (> 1: speculation faster)")  # fmt: skip
 
 
 def _median_over_runs(

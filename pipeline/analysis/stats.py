@@ -165,7 +165,7 @@ def _combine_runs(estimates: list[float], replicates: list[np.ndarray], opts: St
 
 
 def interval_from(metric: str, estimate: float, replicates: np.ndarray, opts: StatsOptions, runs: int,
-              requests: int) -> Ratio:  # fmt: skip
+                  requests: int) -> Ratio:  # fmt: skip
     finite = replicates[np.isfinite(replicates)]
     if len(finite) < 0.9 * len(replicates):
         return Ratio(metric, math.exp(estimate), level=opts.confidence, runs=runs, requests=requests,

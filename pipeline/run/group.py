@@ -87,7 +87,7 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
 
             def measure_one(point: Point, first: bool) -> PointOutcome:
                 results[point.hash] = measure_point(point, server, tokenizer, tracker, run_ids, out_dir, first,
-                                                     reporter)  # fmt: skip
+                                                    reporter)  # fmt: skip
                 reporter.emit("point_done", point.label, failed=results[point.hash].error is not None)
                 reported.add(point.hash)
                 return results[point.hash]

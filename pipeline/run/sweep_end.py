@@ -1,7 +1,9 @@
-"""After the groups: the journaled writes made, the gate judged, the probes and the report logged.
+"""The gate's side of a sweep, and what follows the groups: the journaled writes made, the gate
+judged, the probes and the report logged.
 
-The driver calls these once every server group has run. Each reads MLflow, so each waits
-for the journal's replay; a failure in the report loses no measurement.
+:func:`sweep_identity` is the fingerprint ``gate.skip_if_done`` checks before anything runs. The
+rest the driver calls once every server group has run; each reads MLflow, so each waits for
+the journal's replay, and a failure in the report loses no measurement.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def sweep_identity(plan: SweepPlan, targets: dict[int, Target]) -> tuple[str, st
 
 
 def gate_sweep(first: JobConfig, tracking_uri: str, parent: str, plan: SweepPlan, by_hash: dict[str, PointOutcome],
-          executor: Executor, confirm_task: Callable[..., GroupTask], out_dir: Path) -> int:  # fmt: skip
+               executor: Executor, confirm_task: Callable[..., GroupTask], out_dir: Path) -> int:  # fmt: skip
     """gate.enabled: judge this run against its reference; with gate.confirm, re-measure the
     flagged points once on fresh servers and judge again."""
     from pipeline import gate
