@@ -42,4 +42,4 @@ def against_history(metric: str, current: float, history: Sequence[float], sprea
                      note="the spread between runs is not measured yet")  # fmt: skip
     scale = spread * math.sqrt(1 + math.pi / (2 * len(past)))
     replicates = centre + scale * rng.standard_t(df, size=opts.resamples)
-    return interval_from(metric, centre, replicates, opts, len(past), 0)
+    return interval_from(metric, centre, replicates, opts, len(past), 0, df=float(df))

@@ -9,12 +9,18 @@ A window *passes* when, for each set threshold, the SLO percentile of the reques
 is within it, and at least ``min_goodput`` of all sent requests (failed ones count as not
 good) meet every threshold.
 
-The boundary has two sources of doubt, and its interval covers both:
+A window whose queue is still growing does not pass, whatever its percentiles say: one whose
+span runs far past its last arrival (it did not keep up with the offered rate), or whose TTFT
+rises through the window (a significant, material trend in arrival order).
 
-- *resolution*: the true boundary lies somewhere between the last pass and the next fail;
-- *noise*: a window near the boundary might have come out the other way. Each probe's
-  pass/fail call is bootstrapped over its window's requests (``pass_replicates``); replicate
-  j re-reads every probe's call from its own j-th resample and places the boundary again.
+The boundary is not the highest passing probe but where the SLO's continuous margins cross
+zero, modelled across probes: each criterion (log of the SLO percentile over its threshold,
+the goodput share's shortfall, an overloaded window) is fitted as a
+monotone (isotonic) function of log rate and inverted at zero. Its interval comes from
+re-fitting on replicates: draws of each probe's percentile from its order statistics (a
+continuous statistic keeps moving where a pass/fail call would be unanimous), and a Jeffreys
+(binomial) draw of each probe's goodput share, which stays uncertain where every request
+passed. A boundary beyond the highest probe is open: "at least".
 
 Pure computation (numpy, and scipy through the stats core); no I/O.
 """
@@ -26,9 +32,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import stats as scipy_stats
+from scipy.optimize import isotonic_regression
 
 from pipeline.analysis.samples import Sample, StatsOptions
-from pipeline.analysis.stats import request_replicates
 
 _METRICS = ("ttft", "tpot", "e2el")
 # A share computed as good / sent can land a rounding error below a threshold it equals.
@@ -111,20 +118,103 @@ def _pass_statistic(sample: Sample, target: SloTarget) -> Callable[[np.ndarray],
     return statistic
 
 
+def overloaded(sample: Sample) -> str | None:
+    """Why a window's queue was still growing, or None: it did not keep up with its schedule
+    (its span ran past the last arrival by more than a typical request, by over 10 % of the
+    arrival span), or its TTFT rose through the window (Kendall's tau in arrival order, one-
+    sided p < 0.001, and a Theil-Sen rise over the window of at least the median TTFT)."""
+    e2el = sample.values.get("e2el", np.empty(0))
+    e2el = e2el[np.isfinite(e2el)]
+    if math.isfinite(sample.scheduled_end_s) and sample.scheduled_end_s > 0 and len(e2el):
+        beyond = sample.duration_s - sample.scheduled_end_s - float(np.median(e2el))
+        if beyond > KEPT_UP_SLACK * sample.scheduled_end_s:
+            return (f"it did not keep up: the window ran {beyond:.1f} s past its last arrival and a typical request "
+                    f"(arrivals spanned {sample.scheduled_end_s:.1f} s)")  # fmt: skip
+    ttft = sample.values.get("ttft", np.empty(0))
+    if len(sample.scheduled) == sample.size >= TREND_MIN_REQUESTS and len(ttft) == sample.size:
+        ok = np.isfinite(ttft)
+        times, values = sample.scheduled[ok], ttft[ok]
+        if len(values) >= TREND_MIN_REQUESTS and np.ptp(times) > 0:
+            tau = scipy_stats.kendalltau(times, values, alternative="greater")
+            rise = float(scipy_stats.theilslopes(values, times).slope) * float(np.ptp(times))
+            if tau.pvalue < TREND_P and rise >= float(np.median(values)):
+                return f"its TTFT rose by {rise * 1000:.0f} ms through the window (queue growing)"
+    return None
+
+
+KEPT_UP_SLACK = 0.10  # a window may run past its last arrival and a typical request by 10 % of the arrival span
+TREND_MIN_REQUESTS = 10
+TREND_P = 0.001
+
+
 def window_passes(sample: Sample, target: SloTarget) -> bool:
-    """Whether one measured window met the SLO. A window with no successful request fails."""
-    if sample.size == 0:
+    """Whether one measured window met the SLO. A window with no successful request fails, and
+    so does one whose queue was still growing (:func:`overloaded`)."""
+    if sample.size == 0 or overloaded(sample) is not None:
         return False
     return bool(_pass_statistic(sample, target)(np.arange(sample.size)) > 0.5)
 
 
-def pass_replicates(sample: Sample, target: SloTarget, opts: StatsOptions, rng: np.random.Generator) -> np.ndarray:
-    """The pass/fail call on ``opts.resamples`` bootstrap resamples of the window's successful
-    requests (the failed count stays fixed), as a bool array."""
-    if sample.size < 2:
-        # A bootstrap needs two requests; with fewer, the observed call is all there is.
-        return np.full(opts.resamples, window_passes(sample, target), dtype=bool)
-    return request_replicates(_pass_statistic(sample, target), sample.size, opts, rng) > 0.5
+def margins(sample: Sample, target: SloTarget, opts: StatsOptions,
+            rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Each SLO criterion's margin (> 0: missed) for one window, observed and on
+    ``opts.resamples`` replicates: (C,) and (C, B). The criteria: log(percentile / threshold)
+    per threshold (its replicates drawn from the order statistics, :func:`_quantile_draws`); the goodput share's shortfall min_goodput - share; and
+    whether the window was overloaded (+1 / -1)."""
+    observed, replicates = [], []
+    for name, limit in target.thresholds().items():
+        values = np.asarray(sample.values[name], dtype=float)
+        if name == "tpot":
+            values = np.where(np.isnan(values), 0.0, values)  # as the goodput rule: no decode phase, no TPOT
+        observed.append(_log_margin(values, target.percentile, limit))
+        replicates.append(_quantile_draws(values, target.percentile, limit, opts.resamples, rng))
+    if target.min_goodput > 0:
+        good, sent = _good_count(sample, target), sample.size + sample.failed
+        share = good / sent if sent else 0.0
+        # On the probability scale: a share that falls from 1 to 0 between two probes crosses
+        # min_goodput near the lower one, as a straight line between them would.
+        observed.append(target.min_goodput - _SHARE_TOLERANCE - share)
+        replicates.append(target.min_goodput - _SHARE_TOLERANCE - rng.beta(good + 0.5, sent - good + 0.5,
+                                                                         size=opts.resamples))  # fmt: skip
+    load = 1.0 if overloaded(sample) is not None else -1.0
+    observed.append(load)
+    replicates.append(np.full(opts.resamples, load))
+    return np.array(observed), np.stack(replicates)
+
+
+def _log_margin(values: np.ndarray, percentile: float, limit: float) -> float:
+    finite = values[np.isfinite(values)]
+    if not len(finite):
+        return -math.inf  # no defined value breaks no percentile limit (the goodput share still judges)
+    level = float(np.percentile(finite, percentile))
+    return math.log(level / limit) if level > 0 else -math.inf
+
+
+def _quantile_draws(values: np.ndarray, percentile: float, limit: float, size: int,
+                    rng: np.random.Generator) -> np.ndarray:  # fmt: skip
+    """Draws of log(population quantile / limit) from the order statistics: the number of
+    requests below the quantile is Binomial(n, q), so the quantile lies between the K-th and
+    the (K+1)-th smallest value, drawn uniformly between them (+inf past the largest). Unlike a
+    bootstrap, which cannot exceed the window's maximum and covered a p99 of 400 requests only
+    ~89 % of the time, this covers ~96 %; below ~300 requests a p99 has no finite upper bound
+    at 95 %, and the draws say so."""
+    x = np.sort(values[np.isfinite(values)])
+    n = len(x)
+    if not n:
+        return np.full(size, -math.inf)
+    ranks = rng.binomial(n, percentile / 100.0, size)
+    padded = np.concatenate([[x[0]], x, [math.inf]])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        level = np.where(ranks >= n, math.inf, padded[ranks] + rng.random(size) * (padded[ranks + 1] - padded[ranks]))
+        return np.log(level / limit)
+
+
+def _good_count(sample: Sample, target: SloTarget) -> int:
+    good = np.ones(sample.size, dtype=bool)
+    for name, limit in target.thresholds().items():
+        values = np.asarray(sample.values[name], dtype=float)
+        good &= (np.where(np.isnan(values), 0.0, values) if name == "tpot" else values) <= limit
+    return int(good.sum())
 
 
 # ---- The search ---------------------------------------------------------------------------
@@ -180,59 +270,71 @@ def next_rate(history: Sequence[tuple[float, bool]], settings: SearchSettings) -
 @dataclass(frozen=True, eq=False)
 class Probe:
     rate: float
-    passed: bool
-    replicates: np.ndarray  # pass_replicates of its window (bool)
+    passed: bool  # the observed call (window_passes)
+    margins: np.ndarray  # (C,) each criterion's observed margin, > 0: missed (see margins())
+    replicates: np.ndarray  # (C, B) the same on B replicates
+
+
+def probe(rate: float, sample: Sample, target: SloTarget, opts: StatsOptions, rng: np.random.Generator) -> Probe:
+    observed, replicates = margins(sample, target, opts, rng)
+    return Probe(rate, window_passes(sample, target), observed, replicates)
 
 
 @dataclass(frozen=True, eq=False)
 class Boundary:
-    estimate: float | None  # the highest probed rate that met the SLO with every lower probe passing too
-    low: float | None  # interval (opts.confidence) on the boundary
-    high: float | None  # math.inf when no probe failed ("at least ...")
+    estimate: float | None  # where the fitted margins cross zero; None: missed already at the lowest probe
+    low: float | None  # interval (opts.confidence); 0.0 where it reaches below the lowest probe
+    high: float | None  # math.inf where it reaches above the highest probe ("at least ...")
     probes: int
     text: str
-    low_replicates: np.ndarray  # per replicate: its highest passing rate (0.0 where none)
-    high_replicates: np.ndarray  # per replicate: the next probed rate above it (inf where none)
+    replicates: np.ndarray  # the boundary on each replicate (0.0 below the lowest probe, inf above the highest)
 
 
-def _placed(rates: np.ndarray, calls: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """From calls (probes sorted by rate, ...): the highest rate of the leading run of passes
-    (0.0 if the lowest fails) and the probed rate just above it (inf if none)."""
-    leading = np.logical_and.accumulate(calls, axis=0).sum(axis=0)
-    return np.concatenate([[0.0], rates])[leading], np.concatenate([rates, [math.inf]])[leading]
+def _crossing(log_rates: np.ndarray, values: np.ndarray) -> float:
+    """Where a monotone (isotonic, non-decreasing) fit of ``values`` against log rate crosses
+    zero, on the log-rate scale, linear between probes; -inf if the fit is above zero at the
+    lowest probe, +inf if it never rises above zero."""
+    fitted = isotonic_regression(values).x if len(values) > 1 else values
+    if fitted[0] > 0:
+        return -math.inf
+    above = np.flatnonzero(fitted > 0)
+    if not len(above):
+        return math.inf
+    i = int(above[0])
+    f0, f1 = fitted[i - 1], fitted[i]
+    return float(log_rates[i - 1] + (0.0 - f0) * (log_rates[i] - log_rates[i - 1]) / (f1 - f0))
+
+
+def _boundary_of(log_rates: np.ndarray, criteria: np.ndarray) -> float:
+    """The boundary of one set of margins (criteria x probes): the lowest criterion's crossing.
+    An infinite margin (no defined value, a share of 0 or 1) is clipped to a large finite one."""
+    return min(_crossing(log_rates, np.clip(np.nan_to_num(row, nan=1e6), -1e6, 1e6)) for row in criteria)
 
 
 def boundary(probes: Sequence[Probe], opts: StatsOptions) -> Boundary:
-    """Where the SLO stops holding, with an interval over the probes' bootstrap replicates."""
+    """Where the SLO stops holding, with an interval from the probes' replicates."""
     if not probes:
-        return Boundary(None, None, None, 0, "no probes", np.empty(0), np.empty(0))
+        return Boundary(None, None, None, 0, "no probes", np.empty(0))
     ordered = sorted(probes, key=lambda p: p.rate)
     rates = np.array([p.rate for p in ordered], dtype=float)
-    lengths = {len(p.replicates) for p in ordered if len(p.replicates)}
-    if len(lengths) > 1:
-        raise ValueError(f"the probes' replicates differ in length ({sorted(lengths)}); use one StatsOptions")
-    size = lengths.pop() if lengths else opts.resamples
-    # A probe without replicates (its window could not be resampled) keeps its observed call.
-    calls = np.stack(
-        [np.asarray(p.replicates, dtype=bool) if len(p.replicates) else np.full(size, p.passed) for p in ordered]
-    )
-    observed_lo, observed_hi = _placed(rates, np.array([p.passed for p in ordered]))
-    lo_j, hi_j = _placed(rates, calls)
-    # The replicates only take probed rates (or 0 and inf): quantiles without interpolation,
-    # rounded outward, never name a rate between two probes that was not measured.
-    low = float(np.quantile(lo_j, opts.alpha / 2, method="lower"))
-    high = float(np.quantile(hi_j, 1 - opts.alpha / 2, method="higher"))
-    if math.isinf(observed_hi):
-        high = math.inf  # nothing failed: nothing bounds the boundary from above
-    if observed_lo == 0.0:
-        text = f"cannot meet the SLO at {rates[0]:g} req/s"
-        return Boundary(None, low, high, len(ordered), text, lo_j, hi_j)
-    estimate = float(observed_lo)
-    if math.isinf(observed_hi):
-        text = f"at least {estimate:.2f} req/s (no probe failed up to {rates[-1]:g} req/s)"
-    else:
-        text = f"{estimate:.2f} req/s [{low:.2f}, {high:.2f}]"
-    return Boundary(estimate, low, high, len(ordered), text, lo_j, hi_j)
+    shapes = {p.replicates.shape for p in ordered}
+    if len(shapes) > 1:
+        raise ValueError(f"the probes' replicates differ in shape ({sorted(shapes)}); use one StatsOptions and SLO")
+    log_rates = np.log(rates)
+    observed = np.stack([p.margins for p in ordered], axis=1)  # (C, P)
+    replicates = np.stack([p.replicates for p in ordered], axis=1)  # (C, P, B)
+    point = _boundary_of(log_rates, observed)
+    found = np.exp([_boundary_of(log_rates, replicates[:, :, j]) for j in range(replicates.shape[2])])
+    # The replicates reach 0 (below every probe) or inf (above): no interpolation towards those.
+    low, high = (float(v) for v in np.quantile(found, [opts.alpha / 2, 1 - opts.alpha / 2], method="inverted_cdf"))
+    upper = f"{high:.2f}" if math.isfinite(high) else f"≥ {rates[-1]:.2f}"
+    if point == -math.inf:
+        return Boundary(None, low, high, len(ordered), f"cannot meet the SLO at {rates[0]:g} req/s", found)
+    if point == math.inf:
+        text = f"at least {rates[-1]:.2f} req/s (no probe missed up to {rates[-1]:g} req/s)"
+        return Boundary(float(rates[-1]), low, math.inf, len(ordered), text, found)
+    estimate = math.exp(point)
+    return Boundary(estimate, low, high, len(ordered), f"{estimate:.2f} req/s [{low:.2f}, {upper}]", found)
 
 
 @dataclass(frozen=True)
@@ -246,23 +348,21 @@ class CapacityRatio:
 def capacity_ratio(base: Boundary, spec: Boundary, opts: StatsOptions) -> CapacityRatio:
     """Speculative capacity over baseline capacity (> 1: speculation sustains more load).
 
-    The bounds pair the two servers' extreme ends, replicate by replicate: the lowest the
-    speculative boundary could be over the highest the baseline's could, and vice versa.
-    The two servers' windows are independent, so pairing replicate j with j is a fair draw."""
+    Replicate j of the ratio is replicate j of the speculative boundary over replicate j of
+    the baseline's: the two servers' windows are independent, so pairing j with j is a fair draw."""
     for name, side in (("baseline", base), ("speculative", spec)):
         if side.estimate is None:
             return CapacityRatio(None, None, None, f"no interval: the {name} server has no boundary ({side.text})")
     assert base.estimate is not None and spec.estimate is not None
-    if len(base.low_replicates) != len(spec.low_replicates):
+    if len(base.replicates) != len(spec.replicates):
         raise ValueError("the two boundaries' replicates differ in length; use one StatsOptions")
     estimate = spec.estimate / base.estimate
     with np.errstate(divide="ignore", invalid="ignore"):
-        lows = spec.low_replicates / base.high_replicates  # x / inf = 0: an unbounded baseline
-        highs = spec.high_replicates / base.low_replicates  # x / 0 = inf: a baseline that failed
-    lows = np.where(np.isnan(lows), 0.0, lows)
-    highs = np.where(np.isnan(highs), math.inf, highs)
-    low = float(np.quantile(lows, opts.alpha / 2, method="lower"))
-    high = float(np.quantile(highs, 1 - opts.alpha / 2, method="higher"))
+        ratios = spec.replicates / base.replicates  # x / inf = 0: an unbounded baseline; x / 0 = inf
+    ratios = ratios[~np.isnan(ratios)]  # both unbounded, or both below their lowest probe: no ratio at all
+    if len(ratios) < 0.9 * len(spec.replicates):
+        return CapacityRatio(estimate, None, None, f"{estimate:.2f}x [no interval: both boundaries are open]")
+    low, high = (float(v) for v in np.quantile(ratios, [opts.alpha / 2, 1 - opts.alpha / 2], method="inverted_cdf"))
     text = f"{estimate:.2f}x [{low:.2f}, {high:.2f}]"
     # A server that passed every probe has only a lower bound on its capacity (its text says
     # "at least"), so the ratio is bounded on one side only, or on neither.

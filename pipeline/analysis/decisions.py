@@ -7,6 +7,7 @@ inconclusive, with what would resolve it (more requests, or repeats).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ import numpy as np
 from scipy import stats as scipy_stats
 
 from pipeline.analysis.samples import StatsOptions
-from pipeline.analysis.stats import RATIOS, Metric, Ratio
+from pipeline.analysis.stats import RATIOS, Noise, Ratio
 
 HELPS, HURTS, INCONCLUSIVE, TOO_FEW = "helps", "hurts", "inconclusive", "not enough requests"
 
@@ -32,28 +33,66 @@ class Decision:
         return f"{self.label}: {self.ratio.text}" + (f"; {self.detail}" if self.detail else "")
 
 
+def _reference(ratio: Ratio) -> scipy_stats.rv_continuous:
+    return scipy_stats.norm if ratio.df is None or not math.isfinite(ratio.df) else scipy_stats.t(ratio.df)  # type: ignore[return-value]
+
+
 def tail_p(ratio: Ratio, floor: float) -> tuple[float, float]:
-    """Two-sided bootstrap p-values that the ratio lies above 1 + floor (helps) and below
-    1 - floor (hurts). With one comparison, p < alpha exactly when the interval clears."""
-    rep = ratio.log_replicates
-    count = len(rep)
-    below_helps = int(np.count_nonzero(rep <= math.log1p(floor)))
-    above_hurts = int(np.count_nonzero(rep >= math.log1p(-floor)))
-    return min(1.0, 2 * (below_helps + 1) / (count + 1)), min(1.0, 2 * (above_hurts + 1) / (count + 1))
+    """Two-sided p-values that the ratio lies above 1 + floor (helps) and below 1 - floor (hurts).
+
+    Each side's standard error is read off that side of the interval (its half-width over the
+    reference quantile: the normal's, or Student's t where the interval is t-based), and the
+    p-value is that reference's tail. So, for one comparison, p < alpha exactly when the
+    interval clears the floor, as before; unlike a count of bootstrap replicates, whose
+    smallest p is 2 / (B + 1), it resolves the small p-values a large family needs
+    (Benjamini-Hochberg over 50 comparisons asks for p < 0.001)."""
+    assert ratio.estimate is not None and ratio.low is not None and ratio.high is not None
+    reference = _reference(ratio)
+    q = float(reference.ppf(1 - (1 - ratio.level) / 2))
+    centre = math.log(ratio.estimate)
+
+    def two_sided(distance: float, half: float) -> float:
+        if not math.isfinite(half):
+            return 1.0
+        if half <= 0:
+            return 0.0 if distance > 0 else 1.0
+        return min(1.0, 2 * float(reference.sf(distance / (half / q))))
+
+    low, high = (math.log(v) if v > 0 else -math.inf for v in (ratio.low, ratio.high))
+    return (two_sided(centre - math.log1p(floor), abs(centre - low)),
+            two_sided(math.log1p(-floor) - centre, abs(high - centre)))  # fmt: skip
 
 
-def decide(ratios: Sequence[Ratio], opts: StatsOptions, floor: float | Sequence[float] | None = None) -> list[Decision]:
+def tail_minimum(metric: str, opts: StatsOptions) -> int:
+    """Paired requests per window a ratio needs for a verdict: a p99 from fewer than 100
+    requests is nearly the window's maximum, and its bootstrap under-covers (86 % at a
+    nominal 95 % with 32 requests)."""
+    m = RATIOS.get(metric)
+    if m is None or m.percentile <= 50:
+        return opts.min_requests
+    return max(opts.min_requests, math.ceil(100 / (100 - m.percentile)))
+
+
+def decide(ratios: Sequence[Ratio], opts: StatsOptions, floor: float | Sequence[float] | None = None,
+           family: str = "") -> list[Decision]:  # fmt: skip
     """One family of comparisons (e.g. every median-TPOT ratio of a report), adjusted together.
     ``floor``: one for all, or one per ratio (the gate's floors differ by metric)."""
     floors = [opts.floor if floor is None else floor] * len(ratios) if not isinstance(floor, Sequence) else list(floor)
-    tested = [i for i, r in enumerate(ratios) if r.resolved and len(r.log_replicates)]
+    short = {i for i, r in enumerate(ratios) if r.resolved and r.requests and r.requests < tail_minimum(r.metric, opts)}
+    tested = [i for i, r in enumerate(ratios) if r.resolved and i not in short]
     tails = {i: tail_p(ratios[i], floors[i]) for i in tested}
     adjusted: dict[int, float] = {}
     if tested:
         smallest = np.array([min(tails[i]) for i in tested])
         adjusted = dict(zip(tested, scipy_stats.false_discovery_control(smallest, method="bh"), strict=True))
+    called = sum(1 for i in tested if adjusted[i] < opts.alpha)
     out = []
     for i, ratio in enumerate(ratios):
+        if i in short:
+            need = tail_minimum(ratio.metric, opts)
+            out.append(Decision(TOO_FEW, ratio, detail=f"a tail verdict needs {need} or more paired requests per "
+                                                      f"window, this one has {ratio.requests}"))  # fmt: skip
+            continue
         if ratio.estimate is None or not ratio.resolved:
             label = TOO_FEW if ratio.note.startswith("not enough") else INCONCLUSIVE
             out.append(Decision(label, ratio, detail=ratio.note))
@@ -67,26 +106,76 @@ def decide(ratios: Sequence[Ratio], opts: StatsOptions, floor: float | Sequence[
                       f"{len(tested)} comparisons")  # fmt: skip
             out.append(Decision(INCONCLUSIVE, ratio, p, detail))
         else:
-            out.append(Decision(INCONCLUSIVE, ratio, p, to_resolve(ratio, floors[i])))
+            # Benjamini-Hochberg calls one more comparison at p <= (called + 1) / m * alpha.
+            level = opts.alpha * (called + 1) / len(tested)
+            out.append(Decision(INCONCLUSIVE, ratio, p, to_resolve(ratio, floors[i], level)))
     return out
 
 
-def to_resolve(ratio: Ratio, floor: float) -> str:
-    """How many requests per window (repeats, for throughput) would likely resolve it, from
-    the observed spread: an interval's half-width shrinks as one over the square root of
-    the number of samples."""
+POWER = 0.80  # what a sample-size hint aims for: "would likely resolve it"
+MAX_REQUESTS = 20_000  # a hint beyond these is "not resolvable at practical sizes"
+MAX_REPEATS = 30
+
+
+def to_resolve(ratio: Ratio, floor: float, level: float | None = None) -> str:
+    """What would resolve an inconclusive ratio with 80 % power at ``level`` (the level the
+    family's adjustment asks of it), if the estimate were the truth.
+
+    The model of the interval's width, on the log scale: se^2 = within^2 * n0 / n + server^2 / R
+    (within: the window's own spread at its n0 requests; server: the spread between server
+    starts, which no window size shrinks). More requests help only the first term; fresh
+    servers per repeat (repeats.restart=true) average the second."""
     assert ratio.estimate is not None and ratio.low is not None and ratio.high is not None
+    level = 1 - ratio.level if level is None else level
     effect = abs(math.log(ratio.estimate))
     margin = effect - (math.log1p(floor) if ratio.estimate >= 1 else -math.log1p(-floor))
     if margin <= 0:
         return f"the estimate is within the ±{floor:.0%} floor: no window size would make it helps or hurts"
-    half = (math.log(ratio.high) - math.log(ratio.low)) / 2
-    factor = (half / margin) ** 2
-    if ratio.runs >= 2 or RATIOS.get(ratio.metric, Metric("", 0, True)).field == "throughput":
-        # Across repeats the spread between runs sets the width: more runs, not more
-        # requests per window, narrow it (throughput is one number per window anyway).
-        return f"~{max(3, math.ceil(ratio.runs * factor))} repeats would likely resolve it"
-    return f"~{math.ceil(ratio.requests * factor)} requests per window would likely resolve it"
+    noise = ratio.noise
+    if noise is None:
+        return "no model of its spread to size a fix from"
+    server = noise.server_sd or 0.0
+    if noise.within_sd is None or noise.restarted or noise.runs >= 2:
+        return _repeats_hint(noise, margin, level, server)
+    need = margin / (float(scipy_stats.norm.ppf(1 - level / 2)) + float(scipy_stats.norm.ppf(POWER)))
+    # The window's own spread as the verdict sees it: the interval's half-width on the floor's
+    # side (a bootstrap of a median is skewed at small n), less the server spread added to it;
+    # never below the replicates' sd.
+    q = float(_reference(ratio).ppf(1 - (1 - ratio.level) / 2))
+    bound = ratio.low if ratio.estimate >= 1 else ratio.high
+    side = abs(math.log(ratio.estimate) - math.log(bound)) / q if bound > 0 else math.inf
+    within = max(math.sqrt(max(side**2 - server**2, 0.0)), noise.within_sd)
+    if not math.isfinite(within):
+        return "no model of its spread to size a fix from"
+    if server >= need:
+        noise = dataclasses.replace(noise, within_sd=within)
+        return (f"more requests cannot resolve this: the spread between server starts ({server:.1%}) alone is too "
+                f"wide; {_repeats_hint(noise, margin, level, server, restart=True)}")  # fmt: skip
+    n = math.ceil(within**2 * noise.requests / (need**2 - server**2))
+    if n > MAX_REQUESTS:
+        return f"not resolvable at practical sizes (~{n} requests per window)"
+    caveat = (
+        "" if noise.server_sd is not None else " (if the servers' own spread is small: +sweep=noise_floor measures it)"
+    )
+    return f"~{max(n, noise.requests + 1)} requests per window would likely resolve it{caveat}"
+
+
+def _repeats_hint(noise: Noise, margin: float, level: float, server: float, restart: bool = False) -> str:
+    """The repeats on fresh servers that reach 80 % power: per-repeat variance within^2 + server^2
+    (for throughput, the runs' own spread), Student's t with R - 1 degrees of freedom."""
+    per_run = noise.run_sd if noise.run_sd is not None and (noise.within_sd is None or noise.restarted) else None
+    if per_run is None:
+        if noise.within_sd is None and noise.server_sd is None:
+            return "repeats.count >= 3 with repeats.restart=true measures its spread"
+        per_run = math.sqrt((noise.within_sd or 0.0) ** 2 + server**2)
+    for runs in range(2, MAX_REPEATS + 1):
+        quantiles = float(scipy_stats.t.ppf(1 - level / 2, runs - 1)) + float(scipy_stats.t.ppf(POWER, runs - 1))
+        if quantiles * per_run / math.sqrt(runs) <= margin:
+            runs = max(runs, noise.runs + 1)
+            if noise.restarted and not restart:
+                return f"~{runs} repeats would likely resolve it"
+            return f"repeats.restart=true with repeats.count >= {runs} would likely resolve it"
+    return f"not resolvable at practical sizes (over {MAX_REPEATS} repeats)"
 
 
 def smallest_resolvable(ratio: Ratio, floor: float) -> float | None:
@@ -117,6 +206,15 @@ def _interpolate(rates: Sequence[float], values: Sequence[float]) -> float | Non
     return None
 
 
+def _censored(rates: Sequence[float], values: Sequence[float]) -> float:
+    """A replicate's crossing, or where it is censored: at the segment's start if it is below
+    1.0 there already, at its end if it never falls below 1.0 within it."""
+    if math.isnan(values[0]) or values[0] < 0:
+        return rates[0]
+    found = _interpolate(rates, values)
+    return rates[-1] if found is None else found
+
+
 def crossing(rates: Sequence[float], decisions: Sequence[Decision], opts: StatsOptions) -> Crossing:
     """Where the median-TPOT speedup falls through 1.0, as an interval over the bootstrap's
     replicates; resolved only where a lower rate "helps" and a higher one "hurts"."""
@@ -140,13 +238,14 @@ def crossing(rates: Sequence[float], decisions: Sequence[Decision], opts: StatsO
     seg_rates = [r for r, _ in segment]
     point = _interpolate(seg_rates, [math.log(d.ratio.estimate or math.nan) for _, d in segment])
     size = min(len(d.ratio.log_replicates) for _, d in segment)
-    replicate_rates = [
-        _interpolate(seg_rates, [float(d.ratio.log_replicates[j]) for _, d in segment]) for j in range(size)
-    ]
-    found = np.array([r for r in replicate_rates if r is not None and math.isfinite(r)])
-    if point is None or len(found) < 0.5 * size:
-        return Crossing(None, None, None, "not resolved: the resamples rarely cross 1.0 between the measured rates")
-    low, high = np.quantile(found, [opts.alpha / 2, 1 - opts.alpha / 2])
+    # Every replicate counts: one that does not cross within the segment is censored at its
+    # ends, so the interval can reach them instead of being confined to the replicates that cross.
+    found = np.array([_censored(seg_rates, [float(d.ratio.log_replicates[j]) for _, d in segment])
+                      for j in range(size)])  # fmt: skip
+    if point is None:
+        return Crossing(None, None, None, "not resolved: the estimates do not cross 1.0 between the measured rates")
+    method = "inverted_cdf" if np.isinf(found).any() else "linear"  # no interpolation towards an unbounded end
+    low, high = (float(v) for v in np.quantile(found, [opts.alpha / 2, 1 - opts.alpha / 2], method=method))
     between = f"between {seg_rates[0]:g} and {seg_rates[-1]:g} req/s"
-    return Crossing(point, float(low), float(high), f"crosses 1.0 at ~{point:.2f} req/s [{low:.2f}, {high:.2f}] "
-                                                    f"({between})")  # fmt: skip
+    upper = f"{high:.2f}" if math.isfinite(high) else f"above {max(r for r in seg_rates if math.isfinite(r)):g}"
+    return Crossing(point, low, high, f"crosses 1.0 at ~{point:.2f} req/s [{low:.2f}, {upper}] ({between})")

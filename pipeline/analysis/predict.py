@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -117,6 +117,9 @@ class Prediction:
     speedup_high: float
     anchored: bool  # whether anchors entered this prediction
     note: str = ""
+    # B replicates of log TPOT(k), paired with every other window and prediction of the rate:
+    # what lets two predictions be compared replicate by replicate.
+    tpot_log_reps: np.ndarray = field(default_factory=lambda: np.empty(0), repr=False, compare=False)
 
 
 def predicted_length(per_position: Sequence[float], k: int, correction: float = 1.0) -> float:
@@ -196,7 +199,7 @@ def _bounds(values: np.ndarray, opts: StatsOptions) -> tuple[float, float]:
 
 
 def predict(inputs: RateInputs, k: int, opts: StatsOptions, server_sd: float | None = None,
-            server_df: int = 0) -> Prediction:  # fmt: skip
+            server_df: int = 0, model_error: tuple[float, int] | None = None) -> Prediction:  # fmt: skip
     """TPOT, L and speedup at k (1..k_max) with intervals over the inputs' replicates; at k_max and
     at an anchor's k the point estimate is the measured value. ``server_sd``: the log-scale spread
     between fresh servers (from an A/A sweep, ``server_df`` degrees of freedom)."""
@@ -215,6 +218,12 @@ def predict(inputs: RateInputs, k: int, opts: StatsOptions, server_sd: float | N
         # server adds, and the speedup then carries the A/A ratio's spread, as paired_ratio does.
         rng = np.random.default_rng([opts.seed, 7])
         reps_tpot = reps_tpot * np.exp(server_sd * rng.standard_t(server_df, size=reps_tpot.shape))
+    if model_error is not None and model_error[0] > 0:
+        # The model's own bias (e.g. L under-predicted at small k), as measured on this sweep's
+        # confirmed points: (RMS of log measured / predicted TPOT, how many), a t offset.
+        sd, count = model_error
+        rng = np.random.default_rng([opts.seed, 11])
+        reps_tpot = reps_tpot * np.exp(sd * rng.standard_t(max(count, 1), size=reps_tpot.shape))
     base_tpot = inputs.base.tpot_s
     tpot_low, tpot_high = _bounds(reps_tpot, opts)
     length_low, length_high = _bounds(reps_length, opts)
@@ -225,6 +234,7 @@ def predict(inputs: RateInputs, k: int, opts: StatsOptions, server_sd: float | N
         speedup=base_tpot / float(point_tpot[0]), speedup_low=speedup_low, speedup_high=speedup_high,
         anchored=bool(np.any(step_w[1:-1]) or np.any(c_w[:-1])),
         note="" if server_sd is not None else WITHIN_WINDOW_NOTE,
+        tpot_log_reps=np.log(np.asarray(reps_tpot, dtype=float)),
     )  # fmt: skip
 
 
@@ -240,17 +250,31 @@ class Estimate:
     low_s: float
     high_s: float
     measured: bool
+    # Replicates of log TPOT, paired across the rate's estimates (empty: compare the intervals).
+    log_reps: np.ndarray = field(default_factory=lambda: np.empty(0), repr=False, compare=False)
 
 
 @dataclass(frozen=True)
 class Choice:
     rate: float
     best: Estimate  # lowest tpot_s estimate
-    candidates: tuple[Estimate, ...]  # the best and every estimate whose interval overlaps the best's, best first
+    candidates: tuple[Estimate, ...]  # the best and every estimate not told apart from it, best first
 
 
-def choose(rate: float, estimates: Sequence[Estimate]) -> Choice:
-    """The best k at one rate and every k its interval cannot tell from it. Ties go to the smaller
+def _not_told_apart(e: Estimate, best: Estimate, ceiling: float, alpha: float) -> bool:
+    """Can ``e`` not be told from the best? Replicate by replicate where both have paired
+    replicates (their predictions share inputs, so their intervals overlap far more than their
+    difference is uncertain): the difference's interval reaches 0. Else, the intervals overlap."""
+    if len(e.log_reps) and len(e.log_reps) == len(best.log_reps):
+        difference = e.log_reps - best.log_reps
+        difference = difference[np.isfinite(difference)]
+        if len(difference):
+            return float(np.quantile(difference, alpha / 2)) <= 0.0
+    return (e.low_s if math.isfinite(e.low_s) else e.tpot_s) <= ceiling
+
+
+def choose(rate: float, estimates: Sequence[Estimate], alpha: float = 0.05) -> Choice:
+    """The best k at one rate and every k it cannot be told from. Ties go to the smaller
     k (a shorter draft costs less to make); a missing bound counts as the point estimate."""
     usable = [e for e in estimates if math.isfinite(e.tpot_s)]
     if not usable:
@@ -261,7 +285,7 @@ def choose(rate: float, estimates: Sequence[Estimate]) -> Choice:
     ordered = sorted(usable, key=lambda e: (e.tpot_s, e.k))
     best = ordered[0]
     ceiling = best.high_s if math.isfinite(best.high_s) else best.tpot_s
-    overlap = [e for e in ordered[1:] if (e.low_s if math.isfinite(e.low_s) else e.tpot_s) <= ceiling]
+    overlap = [e for e in ordered[1:] if _not_told_apart(e, best, ceiling, alpha)]
     return Choice(rate, best, (best, *overlap))
 
 

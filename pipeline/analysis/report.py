@@ -18,6 +18,7 @@ from pipeline.analysis.decisions import HELPS, HURTS, INCONCLUSIVE, TOO_FEW, sma
 from pipeline.analysis.model import Fit
 from pipeline.analysis.quality import Lossless
 from pipeline.analysis.samples import server_spread
+from pipeline.analysis.stats import RATIOS
 from pipeline.analysis.verdicts import (
     LOAD_BOUND,
     LOAD_BOUND_TEXT,
@@ -100,7 +101,9 @@ def _ratio_cell(row: pd.Series, metric: str) -> tuple[str, str]:
     detail = row.get(f"{metric}_detail")
     if verdict == LOAD_BOUND:
         return text, LOAD_BOUND_TEXT
-    return text, str(verdict) + (f" ({detail})" if verdict in (INCONCLUSIVE, TOO_FEW) and detail else "")
+    # An interval's absence is said once, in the ratio's own cell, not again beside the verdict.
+    said = isinstance(detail, str) and detail in text
+    return text, str(verdict) + (f" ({detail})" if verdict in (INCONCLUSIVE, TOO_FEW) and detail and not said else "")
 
 
 def _alpha_cell(row: pd.Series) -> tuple[str, str]:
@@ -153,7 +156,9 @@ def look_rows(data: ReportData) -> list[tuple[list[str], str]]:
         runs = str(first.get("run_ids", ""))
         rows.append(([config, f"median TTFT ({first['request_rate']:g}/s)", _f(first.get("base_median_ttft_ms"), 1, " ms"),
                       _f(first.get("median_ttft_ms"), 1, " ms"), *_ratio_cell(first, "speedup_median_ttft")], runs))  # fmt: skip
-        rows.append(([config, f"acceptance ({first['request_rate']:g}/s)", "", *_alpha_cell(first)], runs))
+        text, label = _alpha_cell(first)
+        # The table's six columns: acceptance has no baseline and no ratio, only its own figure.
+        rows.append(([config, f"acceptance ({first['request_rate']:g}/s)", "—", text, "—", label], runs))
     return rows
 
 
@@ -193,7 +198,11 @@ def method_statement(data: ReportData) -> str:
         f"prompt ({opts.resamples} resamples); {basis}. A ratio helps only if its interval lies above "
         f"1 + {opts.floor:.0%} (p99: 1 + {P99_FLOOR:.0%}), hurts only if below 1 - that floor; otherwise it is "
         f"inconclusive. Verdicts are adjusted across the {len(points)} comparisons of each ratio "
-        f"(Benjamini-Hochberg, false-discovery rate {1 - opts.confidence:.0%})."
+        f"(Benjamini-Hochberg, false-discovery rate {1 - opts.confidence:.0%}): each ratio (median TPOT, p99 "
+        f"TPOT, median TTFT, median ITL, median E2EL, throughput) is a family of its own, so across the report's "
+        f"{len(RATIOS)} families the expected share of false verdicts is at most "
+        f"{len(RATIOS) * (1 - opts.confidence):.0%}. A p99 gets a verdict only from windows of 100 or more paired "
+        f"requests; a failed request counts as slower than any answer."
     )
 
 
@@ -270,11 +279,17 @@ def markdown(data: ReportData) -> str:
     lines += ["Put into vLLM's `--speculative-config` (batch-size bands, inclusive; 0 = no drafting in that band):"]
     lines += [f"```json\n{json.dumps(s)}\n```" for s in data.schedules] or ["not computed"]
     lines += ["", "## Losslessness", ""]
-    lines += [f"- {q.server} vs {q.baseline}: {q.exact}/{q.compared} identical; first divergence "
-              f"{list(q.first_divergence)}; {q.verdict}" for q in data.lossless] or ["- not measured"]  # fmt: skip
+    lines += [f"- {q.server} vs {q.baseline}: {q.exact}/{q.compared} identical{_divergences(q)}; {q.verdict}"
+              for q in data.lossless] or ["- not measured"]  # fmt: skip
     lines += [f"- {name}: output-length KS statistic {stat:.3f}, p={p:.3f}" for name, stat, p in data.length_tests]
     lines += ["", "## Not computed", ""] + ([f"- {n}" for n in data.not_computed] or ["- everything was computed"])
     return "\n".join(lines) + "\n"
+
+
+def _divergences(q: object) -> str:
+    """Where the outputs that differ first differ: "; prompt 1 at token 57"."""
+    found = [f"prompt {i} at token {t}" for i, t in enumerate(getattr(q, "first_divergence", ())) if t is not None]
+    return f"; first divergence: {', '.join(found)}" if found else ""
 
 
 def _measured_text(data: ReportData, fit: Fit, k: int) -> str:

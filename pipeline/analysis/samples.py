@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -64,6 +64,11 @@ class Sample:
     duration_s: float
     failed: int = 0
     scheduled_end_s: float = math.nan  # when the window's last request was due
+    # Prompt index of each failed request: a failure is a latency of +inf (censored), not a
+    # request that silently drops out of a paired comparison.
+    failed_index: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=int))
+    # Each successful request's scheduled send time (seconds into the window), where recorded.
+    scheduled: np.ndarray = field(default_factory=lambda: np.empty(0))
 
     @property
     def size(self) -> int:
@@ -89,6 +94,10 @@ class Sample:
             duration_s=float(duration_s),
             failed=len(frame) - len(ok),
             scheduled_end_s=float(frame["scheduled_s"].max()) if "scheduled_s" in frame and len(frame) else math.nan,
+            failed_index=frame.loc[frame["error"].notna(), "index"].to_numpy(dtype=int)
+            if "error" in frame
+            else np.empty(0, dtype=int),
+            scheduled=ok["scheduled_s"].to_numpy(dtype=float) if "scheduled_s" in ok else np.empty(0),
         )
 
 

@@ -17,12 +17,10 @@ import pandas as pd
 from pipeline.analysis.capacity import (
     Boundary,
     CapacityRatio,
-    Probe,
     SloTarget,
     boundary,
     capacity_ratio,
-    pass_replicates,
-    window_passes,
+    probe,
 )
 from pipeline.analysis.samples import Sample, StatsOptions
 from pipeline.analysis.verdicts import config_label, measured
@@ -57,9 +55,9 @@ def capacity(frame: pd.DataFrame, samples: Mapping[str, Sample], target: SloTarg
             sample = samples.get(str(row.run_id))
             if sample is None:
                 continue
-            passed = window_passes(sample, target)
-            probes.append(Probe(float(row.request_rate), passed,
-                                pass_replicates(sample, target, opts, np.random.default_rng([opts.seed, 53, i, j]))))  # fmt: skip
+            found = probe(float(row.request_rate), sample, target, opts, np.random.default_rng([opts.seed, 53, i, j]))
+            probes.append(found)
+            passed = found.passed
             values = sample.values[metric][np.isfinite(sample.values[metric])]
             level = float(np.percentile(values, target.percentile)) * 1000 if len(values) else math.nan
             shown.append((float(row.request_rate), level, passed))

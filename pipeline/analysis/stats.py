@@ -23,6 +23,7 @@ baseline / speculative for latencies, speculative / baseline for throughput.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from collections.abc import Callable, Sequence
@@ -52,6 +53,23 @@ RATIOS: dict[str, Metric] = {
 }
 
 
+@dataclass(frozen=True)
+class Noise:
+    """Where an interval's width comes from, on the log scale: what a sample-size hint needs.
+
+    ``within_sd`` is the spread of one window's request-level replicates at ``requests``
+    requests (it shrinks as 1/sqrt(requests)); ``server_sd`` the spread between server starts
+    (an A/A sweep's, or the one between restarted repeats), which no window size shrinks."""
+
+    within_sd: float | None  # None: one number per window (throughput)
+    requests: int
+    server_sd: float | None  # None: not measured
+    server_df: float
+    runs: int
+    restarted: bool  # every repeat on fresh servers: the runs themselves measure server_sd
+    run_sd: float | None = None  # sd of the runs' own log ratios (repeats only)
+
+
 @dataclass(frozen=True, eq=False)
 class Ratio:
     """A ratio of two windows' statistics (or of sets of repeated windows) with its interval."""
@@ -65,6 +83,8 @@ class Ratio:
     requests: int = 0  # paired requests per run (the median over runs)
     note: str = ""  # why there is no interval, where there is none
     log_replicates: np.ndarray = field(default_factory=lambda: np.empty(0), repr=False)
+    df: float | None = None  # the reference distribution's degrees of freedom for p-values (None: normal)
+    noise: Noise | None = None
 
     @property
     def resolved(self) -> bool:
@@ -89,12 +109,46 @@ def _paired_positions(base: Sample, spec: Sample, metric: Metric) -> tuple[np.nd
     return b_pos, s_pos
 
 
+def paired_values(base: Sample, spec: Sample, field_name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Both windows' values of a per-request latency, one entry per prompt that both windows
+    sent and neither left undefined; a failed request is +inf there (censored: a timeout is
+    slower than any answer). Dropping failures instead would flatter the side that fails on
+    the hard prompts. A prompt that failed on both sides is left out: it says nothing about
+    which side is faster."""
+
+    def by_prompt(sample: Sample) -> dict[int, float]:
+        found = {int(i): float(v) for i, v in zip(sample.index, sample.values[field_name], strict=True)}
+        found.update({int(i): math.inf for i in sample.failed_index if int(i) not in found})
+        return found
+
+    b, s = by_prompt(base), by_prompt(spec)
+    common = sorted(set(b) & set(s))
+    b_vals, s_vals = np.array([b[i] for i in common]), np.array([s[i] for i in common])
+    # NaN (a one-token request's TPOT) is undefined, not censored; inf on both sides says nothing.
+    keep = ~np.isnan(b_vals) & ~np.isnan(s_vals) & ~(np.isinf(b_vals) & np.isinf(s_vals))
+    return b_vals[keep], s_vals[keep]
+
+
 def _quantile_of(sample: Sample, rows: np.ndarray, metric: Metric) -> Callable[[np.ndarray], np.ndarray]:
     """``positions (..., n) -> statistic (...)`` of the window's requests at ``rows[positions]``."""
     if metric.field == "itl":
         return _pooled_quantile([sample.itl[r] for r in rows], metric.percentile)
-    values = sample.values[metric.field][rows]
-    return lambda pos: np.percentile(values[pos], metric.percentile, axis=-1)
+    return _quantile(sample.values[metric.field][rows], metric.percentile)
+
+
+def _quantile(values: np.ndarray, percentile: float) -> Callable[[np.ndarray], np.ndarray]:
+    """``positions (..., n) -> percentile (...)``; +inf entries (failures) sort last, so a
+    quantile that reaches them is +inf (numpy's interpolation would give NaN next to inf)."""
+
+    def statistic(pos: np.ndarray) -> np.ndarray:
+        drawn = values[pos]
+        if not np.isinf(drawn).any():
+            return np.percentile(drawn, percentile, axis=-1)
+        # A sentinel far above any latency: any interpolation weight on it lands above 1e200.
+        out = np.percentile(np.where(np.isinf(drawn), 1e300, drawn), percentile, axis=-1)
+        return np.where(out > 1e200, math.inf, out)
+
+    return statistic
 
 
 def _pooled_quantile(groups: Sequence[np.ndarray], percentile: float) -> Callable[[np.ndarray], np.ndarray]:
@@ -133,8 +187,9 @@ def request_replicates(log_statistic: Callable[[np.ndarray], np.ndarray], n: int
 
 
 def _over_runs(per_run: np.ndarray, within: np.ndarray | None, opts: StatsOptions,
-               rng: np.random.Generator) -> np.ndarray:  # fmt: skip
-    """Replicates of the mean log ratio over runs, the wider of two constructions:
+               rng: np.random.Generator) -> tuple[np.ndarray, float | None]:  # fmt: skip
+    """Replicates of the mean log ratio over runs, the wider of two constructions, and the
+    degrees of freedom of its reference distribution (R - 1 where t is the wider, else None):
 
     - a two-stage bootstrap: draw runs with replacement, then a request resample inside
       each drawn run (``within`` holds each run's request-level replicates);
@@ -148,31 +203,44 @@ def _over_runs(per_run: np.ndarray, within: np.ndarray | None, opts: StatsOption
     spread = per_run.std(ddof=1) / math.sqrt(runs)
     t_draws = per_run.mean() + spread * rng.standard_t(runs - 1, size=opts.resamples)
     if within is None:
-        return t_draws
+        return t_draws, runs - 1
     picks = rng.integers(0, runs, size=(opts.resamples, runs))
     columns = np.stack([rng.permutation(opts.resamples) for _ in range(runs)], axis=1)
     two_stage = within[picks, columns].mean(axis=1)
-    return t_draws if t_draws.std() > two_stage.std() else two_stage
+    if t_draws.std() > _finite_std(two_stage):
+        return t_draws, runs - 1
+    return two_stage, None
+
+
+def _finite_std(values: np.ndarray) -> float:
+    finite = values[np.isfinite(values)]
+    return float(finite.std()) if len(finite) else math.inf
 
 
 def _combine_runs(estimates: list[float], replicates: list[np.ndarray], opts: StatsOptions,
-                  rng: np.random.Generator) -> tuple[float, np.ndarray]:  # fmt: skip
-    """The estimate over runs (their mean log) and its replicates: one run's own, or
-    :func:`_over_runs` across several."""
+                  rng: np.random.Generator) -> tuple[float, np.ndarray, float | None]:  # fmt: skip
+    """The estimate over runs (their mean log), its replicates and their df: one run's own
+    (a bootstrap: normal reference), or :func:`_over_runs` across several."""
     per_run = np.asarray(estimates)
     within = np.stack(replicates)
-    return float(per_run.mean()), within[0] if len(estimates) == 1 else _over_runs(per_run, within, opts, rng)
+    if len(estimates) == 1:
+        return float(per_run[0]), within[0], None
+    combined, df = _over_runs(per_run, within, opts, rng)
+    return float(per_run.mean()), combined, df
 
 
 def interval_from(metric: str, estimate: float, replicates: np.ndarray, opts: StatsOptions, runs: int,
-                  requests: int) -> Ratio:  # fmt: skip
-    finite = replicates[np.isfinite(replicates)]
-    if len(finite) < 0.9 * len(replicates):
-        return Ratio(metric, math.exp(estimate), level=opts.confidence, runs=runs, requests=requests,
-                     note="the statistic is undefined in too many resamples")  # fmt: skip
-    low, high = np.quantile(finite, [opts.alpha / 2, 1 - opts.alpha / 2])
+                  requests: int, df: float | None = None, noise: Noise | None = None) -> Ratio:  # fmt: skip
+    """The percentile interval of ``replicates`` (log scale) around ``estimate``. A replicate of
+    +-inf is a censored one (a failure reached the quantile) and counts; NaN is undefined."""
+    kept = replicates[~np.isnan(replicates)]
+    if len(kept) < 0.9 * len(replicates) or not math.isfinite(estimate):
+        return Ratio(metric, math.exp(estimate) if not math.isnan(estimate) else None, level=opts.confidence,
+                     runs=runs, requests=requests, note="the statistic is undefined in too many resamples",
+                     noise=noise)  # fmt: skip
+    low, high = np.quantile(kept, [opts.alpha / 2, 1 - opts.alpha / 2])
     return Ratio(metric, math.exp(estimate), math.exp(low), math.exp(high), opts.confidence, runs, requests,
-                 log_replicates=finite)  # fmt: skip
+                 log_replicates=kept, df=df, noise=noise)  # fmt: skip
 
 
 def paired_ratio(metric: str, base: Sequence[Sample], spec: Sequence[Sample], opts: StatsOptions,
@@ -185,7 +253,7 @@ def paired_ratio(metric: str, base: Sequence[Sample], spec: Sequence[Sample], op
     where an A/A sweep measured it (``opts.server_spread``), it is added to the interval as
     a t-distributed offset, so that the interval covers what a second pair of servers would
     measure."""
-    ratio = _paired_ratio(metric, base, spec, opts, rng or np.random.default_rng(opts.seed))
+    ratio = _paired_ratio(metric, base, spec, opts, rng or np.random.default_rng(opts.seed), not shared_servers)
     spread = opts.server_spread.for_metric(metric) if opts.server_spread and shared_servers else None
     if spread is None or ratio.estimate is None:
         return ratio
@@ -193,41 +261,71 @@ def paired_ratio(metric: str, base: Sequence[Sample], spec: Sequence[Sample], op
     # One window's throughput has no spread of its own; the A/A spread is then all there is.
     centre = math.log(ratio.estimate)
     replicates = ratio.log_replicates if ratio.resolved else np.full(opts.resamples, centre)
-    offset = spread * np.random.default_rng([opts.seed, 7]).standard_t(opts.server_spread.comparisons, len(replicates))
-    return interval_from(metric, centre, replicates + offset, opts, ratio.runs, ratio.requests)
+    server_df = float(opts.server_spread.comparisons)
+    offset = spread * np.random.default_rng([opts.seed, 7]).standard_t(server_df, len(replicates))
+    noise = dataclasses.replace(ratio.noise, server_sd=spread, server_df=server_df) if ratio.noise else None
+    return interval_from(metric, centre, replicates + offset, opts, ratio.runs, ratio.requests,
+                         _sum_df(_finite_std(replicates), ratio.df, spread, server_df), noise)  # fmt: skip
+
+
+def _sum_df(sd_a: float, df_a: float | None, sd_b: float, df_b: float) -> float | None:
+    """Welch-Satterthwaite degrees of freedom of a sum of two independent errors (None: normal)."""
+    va, vb = sd_a**2, sd_b**2
+    if not (math.isfinite(va) and math.isfinite(vb)) or va + vb <= 0:
+        return None
+    inverse = (va**2 / df_a if df_a else 0.0) + vb**2 / df_b
+    return (va + vb) ** 2 / inverse if inverse > 0 else None
 
 
 def _paired_ratio(metric: str, base: Sequence[Sample], spec: Sequence[Sample], opts: StatsOptions,
-                  rng: np.random.Generator) -> Ratio:  # fmt: skip
+                  rng: np.random.Generator, restarted: bool) -> Ratio:  # fmt: skip
     if len(base) != len(spec) or not base:
         raise StatsError(f"{metric}: {len(base)} baseline window(s) against {len(spec)} speculative; pair each repeat")
     m = RATIOS[metric]
     runs = len(base)
     if m.field == "throughput":
-        return _window_level_ratio(metric, base, spec, opts, rng)
+        return _window_level_ratio(metric, base, spec, opts, rng, restarted)
     estimates, replicates, sizes = [], [], []
+    sign = 1.0 if m.latency else -1.0  # > 1 always means speculation is better
     for b, s in zip(base, spec, strict=True):
-        b_rows, s_rows = _paired_positions(b, s, m)
-        sizes.append(len(b_rows))
-        if len(b_rows) < opts.min_requests:
-            return Ratio(metric, None, runs=runs, requests=len(b_rows),
-                         note=f"not enough requests ({len(b_rows)} paired, fewer than {opts.min_requests})")  # fmt: skip
-        b_stat, s_stat = _quantile_of(b, b_rows, m), _quantile_of(s, s_rows, m)
+        if m.field == "itl":
+            b_rows, s_rows = _paired_positions(b, s, m)
+            b_stat, s_stat = _quantile_of(b, b_rows, m), _quantile_of(s, s_rows, m)
+            size = len(b_rows)
+        else:
+            b_vals, s_vals = paired_values(b, s, m.field)
+            b_stat, s_stat = _quantile(b_vals, m.percentile), _quantile(s_vals, m.percentile)
+            size = len(b_vals)
+        sizes.append(size)
+        if size < opts.min_requests:
+            return Ratio(metric, None, runs=runs, requests=size,
+                         note=f"not enough requests ({size} paired, fewer than {opts.min_requests})")  # fmt: skip
 
-        sign = 1.0 if m.latency else -1.0  # > 1 always means speculation is better
-
-        def log_ratio(pos: np.ndarray, b_stat=b_stat, s_stat=s_stat, sign=sign) -> np.ndarray:
+        def log_ratio(pos: np.ndarray, b_stat=b_stat, s_stat=s_stat) -> np.ndarray:
             with np.errstate(divide="ignore", invalid="ignore"):
                 return sign * (np.log(b_stat(pos)) - np.log(s_stat(pos)))
 
-        estimates.append(float(log_ratio(np.arange(len(b_rows)))))
-        replicates.append(request_replicates(log_ratio, len(b_rows), opts, rng))
-    centre, combined = _combine_runs(estimates, replicates, opts, rng)
-    return interval_from(metric, centre, combined, opts, runs, int(np.median(sizes)))
+        estimates.append(float(log_ratio(np.arange(size))))
+        replicates.append(request_replicates(log_ratio, size, opts, rng))
+    centre, combined, df = _combine_runs(estimates, replicates, opts, rng)
+    noise = _noise(estimates, replicates, int(np.median(sizes)), restarted)
+    return interval_from(metric, centre, combined, opts, runs, int(np.median(sizes)), df, noise)
+
+
+def _noise(estimates: list[float], replicates: list[np.ndarray], requests: int, restarted: bool) -> Noise:
+    """The components of an interval's width: the windows' own (the median over runs of each
+    run's replicate sd) and, across restarted repeats, the servers' (what the runs' spread
+    holds beyond the windows' own)."""
+    within = float(np.median([_finite_std(r) for r in replicates]))
+    runs = len(estimates)
+    restarted = restarted and runs >= 2  # one run measures no spread between servers, whatever it ran on
+    run_sd = float(np.std(estimates, ddof=1)) if runs >= 2 else None
+    server_sd = math.sqrt(max(run_sd**2 - within**2, 0.0)) if run_sd is not None and restarted else None
+    return Noise(within, requests, server_sd, runs - 1 if server_sd is not None else 0, runs, restarted, run_sd)
 
 
 def _window_level_ratio(metric: str, base: Sequence[Sample], spec: Sequence[Sample], opts: StatsOptions,
-                        rng: np.random.Generator) -> Ratio:  # fmt: skip
+                        rng: np.random.Generator, restarted: bool) -> Ratio:  # fmt: skip
     """Throughput is one number per window: its spread is measured across windows (repeats).
     Resampling a window's requests would not do: the window's span hangs on its slowest
     request, and a bootstrap of a maximum is known to mislead (it came out far too narrow)."""
@@ -235,10 +333,15 @@ def _window_level_ratio(metric: str, base: Sequence[Sample], spec: Sequence[Samp
     requests = int(np.median([min(b.size, s.size) for b, s in zip(base, spec, strict=True)]))
     if not np.all(np.isfinite(per_run)):
         return Ratio(metric, None, runs=len(base), requests=requests, note="a window has no throughput")
+    run_sd = float(per_run.std(ddof=1)) if len(base) >= 2 else None
+    restarted = restarted and len(base) >= 2
+    noise = Noise(None, requests, run_sd if restarted else None, len(base) - 1, len(base), restarted, run_sd)
     if len(base) < 2:
         return Ratio(metric, math.exp(per_run[0]), level=opts.confidence, runs=1, requests=requests,
-                     note="throughput is one number per window; repeats.count >= 2 measures its spread")  # fmt: skip
-    return interval_from(metric, float(per_run.mean()), _over_runs(per_run, None, opts, rng), opts, len(base), requests)
+                     note="throughput is one number per window; repeats.count >= 2 measures its spread",
+                     noise=noise)  # fmt: skip
+    replicates, df = _over_runs(per_run, None, opts, rng)
+    return interval_from(metric, float(per_run.mean()), replicates, opts, len(base), requests, df, noise)
 
 
 def window_interval(field_name: str, percentile: float, windows: Sequence[Sample], opts: StatsOptions,
@@ -262,8 +365,8 @@ def window_interval(field_name: str, percentile: float, windows: Sequence[Sample
 
         estimates.append(float(log_stat(np.arange(len(rows)))))
         replicates.append(request_replicates(log_stat, len(rows), opts, rng))
-    centre, combined = _combine_runs(estimates, replicates, opts, rng)
-    return interval_from(field_name, centre, combined, opts, len(windows), int(windows[0].size))
+    centre, combined, df = _combine_runs(estimates, replicates, opts, rng)
+    return interval_from(field_name, centre, combined, opts, len(windows), int(windows[0].size), df)
 
 
 def acceptance_length_interval(windows: Sequence[Sample], counter_length: float | None, opts: StatsOptions,
@@ -287,8 +390,8 @@ def acceptance_length_interval(windows: Sequence[Sample], counter_length: float 
 
         estimates.append(float(log_length(np.arange(len(rows)))))
         replicates.append(request_replicates(log_length, len(rows), opts, rng))
-    centre, combined = _combine_runs(estimates, replicates, opts, rng)
+    centre, combined, df = _combine_runs(estimates, replicates, opts, rng)
     if counter_length is not None and math.isfinite(counter_length) and counter_length > 0:
         combined = combined - centre + math.log(counter_length)
         centre = math.log(counter_length)
-    return interval_from("acceptance_length", centre, combined, opts, len(windows), int(windows[0].size))
+    return interval_from("acceptance_length", centre, combined, opts, len(windows), int(windows[0].size), df)

@@ -244,16 +244,25 @@ def crossovers(comparisons: Comparisons) -> list[Crossover]:
 def between_points(frame: pd.DataFrame, samples: Mapping[str, Sample], slower: str, faster: str,
                    opts: StatsOptions) -> Decision | None:  # fmt: skip
     """Is point ``faster`` resolved faster than point ``slower`` in median TPOT? Two
-    speculative windows at one load send the same prompts too, so they pair by repeat."""
+    speculative windows at one load send the same prompts too, so they pair by repeat.
+
+    They ran on two servers, so the spread between server starts belongs in the interval, as
+    in :func:`compare_points`: measured by restarted repeats, or added from an A/A sweep. With
+    neither, the answer is None (not resolved): without it the one-run rule called 30 % of
+    A/A comparisons, and a k schedule would switch k on noise."""
     key_col = key_column(frame)
     spec = measured(frame, "speculative")
-    runs = []
+    runs, restarted = [], []
     for key in (slower, faster):
         rows = spec[spec[key_col] == key].sort_values("repeat" if "repeat" in spec else "point")
         runs.append([samples.get(str(r)) for r in rows["run_id"]])
+        restarted.append("server" in rows and len(rows) >= 2 and rows["server"].nunique() == len(rows))
     if not runs[0] or len(runs[0]) != len(runs[1]) or any(s is None for s in runs[0] + runs[1]):
         return None
-    ratio = stats.paired_ratio(TPOT, runs[0], runs[1], opts)  # type: ignore[arg-type]
+    shared = not all(restarted)
+    if shared and (opts.server_spread is None or opts.server_spread.for_metric(TPOT) is None):
+        return None
+    ratio = stats.paired_ratio(TPOT, runs[0], runs[1], opts, shared_servers=shared)  # type: ignore[arg-type]
     return decisions.decide([ratio], opts)[0]
 
 

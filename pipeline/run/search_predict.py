@@ -26,7 +26,6 @@ import pandas as pd
 
 from pipeline.analysis import predict, search_report
 from pipeline.analysis.samples import Sample, StatsOptions
-from pipeline.analysis.stats import acceptance_length_interval, window_interval
 from pipeline.record.readers import SweepReader
 from pipeline.record.tracking import Tracker, flatten_params
 from pipeline.record.windows import window_sample
@@ -47,25 +46,82 @@ class Measured:
         return float(np.mean(values)) if values else None
 
 
-def model_window(measured: Measured, k: int, opts: StatsOptions, seed: int) -> predict.Window | None:
-    """The model's view of a measured point: median TPOT and (speculative) L, each with replicates.
+def model_windows(measured: Mapping[int, Measured], opts: StatsOptions, seed: int) -> dict[int, predict.Window]:
+    """The model's view of every measured point at one rate (k -> its repeats; k = 0 is the
+    baseline): median TPOT and (speculative) L, each with replicates paired by prompt.
 
-    Every window of one rate is resampled with the same ``seed``: they send the same prompts in
-    the same order, so replicate j of each draws the same prompts, and the model's replicates
-    stay paired by prompt, as the statistics core pairs a ratio's two windows."""
-    tpot = window_interval("tpot", 50, measured.windows, opts, np.random.default_rng([opts.seed, 31, seed]))
-    if not tpot.resolved or tpot.estimate is None:
-        return None
-    if k == 0:
-        return predict.Window(0, tpot.estimate, tpot.log_replicates)
-    counter = measured.mean("acceptance_length")
-    length = acceptance_length_interval(measured.windows, counter, opts, np.random.default_rng([opts.seed, 31, seed]))
-    if not length.resolved or length.estimate is None:
-        return None
-    # Dropped non-finite replicates can leave the two arrays a little apart; the model pairs them by index.
-    size = min(len(tpot.log_replicates), len(length.log_replicates))
-    return predict.Window(k, tpot.estimate, tpot.log_replicates[:size], length.estimate,
-                          length.log_replicates[:size])  # fmt: skip
+    Paired, because every window of one rate sends the same prompts on the same schedule: per
+    repeat, the prompts that every window answered with a defined TPOT are resampled with one
+    index matrix, and replicate j of every window reads the same draw. Pairing by row position
+    instead would shift every later row past one failed request. Across repeats, the run-level
+    part (the spread between server starts, what the runs hold beyond their windows' own noise)
+    is drawn independently per window: each ran on servers of its own."""
+    ks = sorted(measured)
+    runs = {len(m.windows) for m in measured.values()}
+    if len(runs) != 1:
+        return {}
+    rng = np.random.default_rng([opts.seed, 31, seed])
+    tpot_est: dict[int, list[float]] = {k: [] for k in ks}
+    tpot_reps: dict[int, list[np.ndarray]] = {k: [] for k in ks}
+    length_est: dict[int, list[float]] = {k: [] for k in ks if k}
+    length_reps: dict[int, list[np.ndarray]] = {k: [] for k in ks if k}
+    for r in range(runs.pop()):
+        windows = {k: measured[k].windows[r] for k in ks}
+        rows = _common_rows(windows)
+        size = len(next(iter(rows.values())))
+        if size < opts.min_requests:
+            return {}
+        draws = rng.integers(0, size, size=(opts.resamples, size))
+        for k, w in windows.items():
+            tpot = w.values["tpot"][rows[k]]
+            tpot_est[k].append(math.log(float(np.median(tpot))))
+            tpot_reps[k].append(np.log(np.median(tpot[draws], axis=-1)))
+            if k:
+                multi = w.chunks[rows[k]] >= 2  # a one-chunk request shows no step
+                tokens = np.where(multi, w.output_tokens[rows[k]] - 1.0, 0.0)
+                steps = np.where(multi, w.chunks[rows[k]] - 1.0, 0.0)
+                if steps.sum() <= 0:
+                    return {}
+                length_est[k].append(math.log(tokens.sum() / steps.sum()))
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    length_reps[k].append(np.log(tokens[draws].sum(axis=-1) / steps[draws].sum(axis=-1)))
+    out = {}
+    for k in ks:
+        server_rng = np.random.default_rng([opts.seed, 31, seed, k])
+        tpot_c, tpot_r = _over_servers(tpot_est[k], tpot_reps[k], server_rng)
+        if k == 0:
+            out[k] = predict.Window(0, math.exp(tpot_c), tpot_r)
+            continue
+        length_c, length_r = _over_servers(length_est[k], length_reps[k], server_rng)
+        counter = measured[k].mean("acceptance_length")
+        if counter is not None and counter > 0:  # the engine's counters are exact for the window: centre on them
+            length_r, length_c = length_r - length_c + math.log(counter), math.log(counter)
+        out[k] = predict.Window(k, math.exp(tpot_c), tpot_r, math.exp(length_c), length_r)
+    return out
+
+
+def _common_rows(windows: Mapping[int, Sample]) -> dict[int, np.ndarray]:
+    """Each window's row of every prompt that all of them answered with a defined TPOT, in one prompt order."""
+    defined = [set(w.index[np.isfinite(w.values["tpot"])].tolist()) for w in windows.values()]
+    common = sorted(set.intersection(*defined)) if defined else []
+    return {k: np.array([{int(i): j for j, i in enumerate(w.index)}[p] for p in common], dtype=int)
+            for k, w in windows.items()}  # fmt: skip
+
+
+def _over_servers(estimates: list[float], replicates: list[np.ndarray],
+                  rng: np.random.Generator) -> tuple[float, np.ndarray]:  # fmt: skip
+    """One window's estimate over its repeats (their mean log) and replicates: the within-window
+    part stays paired (the mean of the runs' paired replicates); the part between server
+    starts, sd^2 = max(runs' variance - within variance, 0), enters as a t(R - 1) offset of
+    this window's own."""
+    within = np.mean(np.stack(replicates), axis=0)
+    runs = len(estimates)
+    if runs == 1:
+        return estimates[0], within
+    within_var = float(np.mean([np.nanvar(r) for r in replicates]))
+    server_var = max(float(np.var(estimates, ddof=1)) - within_var, 0.0)
+    offset = math.sqrt(server_var / runs) * rng.standard_t(runs - 1, size=len(within))
+    return float(np.mean(estimates)), within + offset
 
 
 def _trim(*windows: predict.Window) -> list[predict.Window]:
@@ -100,6 +156,7 @@ class Predictor:
         spread = opts.server_spread
         self.server_sd = spread.for_metric("speedup_median_tpot") if spread else None
         self.server_df = spread.comparisons if spread else 0
+        self.model_error: tuple[float, int] | None = None  # see model_error()
 
     def _measured(self, points: Sequence[Point], outcomes: Mapping[str, PointOutcome]) -> Measured | None:
         found = [outcomes.get(p.hash) for p in points]
@@ -127,18 +184,14 @@ class Predictor:
         for i, rate in enumerate(rates):
             at_rate = {k: reps for reps in by_key.values() if (reps[0].job.load.request_rate == rate)
                        for k in [reps[0].job.spec.k]}  # fmt: skip
-            windows: dict[int, predict.Window] = {}
             per_position: tuple[float, ...] = ()
+            found: dict[int, Measured] = {}
             for k, reps in sorted(at_rate.items()):
                 got = self._measured(reps, outcomes)
                 if got is None:
                     continue
-                window = model_window(got, k, self.opts, seed=i)
-                if window is not None:
-                    windows[k] = window
-                    measured[(k, rate)] = _estimate(window, True, self.opts)
-                    lengths[(k, rate)] = window.length
-                if k == top_k and got is not None:
+                found[k] = got
+                if k == top_k:
                     per_position = tuple(got.mean(f"spec_decode_acceptance_rate_pos_{j}") or 0.0 for j in range(k))
                     short = got.mean("acceptance_k_effective")
                     if short is not None and short < top_k - 0.05:
@@ -146,7 +199,12 @@ class Predictor:
                                      "(ngram finds shorter matches): the step cost assumes full drafts")  # fmt: skip
             baseline = [base_points[p.baseline_hash] for p in at_rate.get(top_k, []) if p.baseline_hash in base_points]
             base = self._measured(baseline, outcomes)
-            base_window = model_window(base, 0, self.opts, seed=i) if base else None
+            group = ({0: base} if base else {}) | found
+            windows = model_windows(group, self.opts, seed=i) if group else {}
+            base_window = windows.pop(0, None)
+            for k, window in windows.items():
+                measured[(k, rate)] = _estimate(window, True, self.opts)
+                lengths[(k, rate)] = window.length
             if base_window is None or top_k not in windows:
                 notes.append(f"at {rate:g} req/s: no prediction (the baseline or k={top_k} has no measurement "
                              "with enough requests)")  # fmt: skip
@@ -160,13 +218,14 @@ class Predictor:
                 continue
             for k in ks:
                 if k not in windows:
-                    predictions[(k, rate)] = predict.predict(inputs, k, self.opts, self.server_sd, self.server_df)
+                    predictions[(k, rate)] = predict.predict(inputs, k, self.opts, self.server_sd, self.server_df,
+                                                             self.model_error)  # fmt: skip
         choices = {}
         for rate in rates:
             estimates = [m for (k, r), m in measured.items() if r == rate]
             estimates += [_estimate(p, False, self.opts) for (k, r), p in predictions.items() if r == rate]
             if estimates:
-                choices[rate] = predict.choose(rate, estimates)
+                choices[rate] = predict.choose(rate, estimates, self.opts.alpha)
         confirm, left_out = predict.to_confirm(list(choices.values()), cap)
         job = points[0].job
         return CurveResult(setting, f"{job.engine.name} {job.spec.method}", dict(first or predictions), predictions,
@@ -175,9 +234,11 @@ class Predictor:
 
 def _estimate(source: predict.Window | predict.Prediction, is_measured: bool, opts: StatsOptions) -> predict.Estimate:
     if isinstance(source, predict.Window):
-        low, high = np.exp(np.quantile(source.tpot_log_reps, [opts.alpha / 2, 1 - opts.alpha / 2]))
-        return predict.Estimate(source.k, source.tpot_s, float(low), float(high), is_measured)
-    return predict.Estimate(source.k, source.tpot_s, source.tpot_low_s, source.tpot_high_s, is_measured)
+        finite = source.tpot_log_reps[np.isfinite(source.tpot_log_reps)]
+        low, high = np.exp(np.quantile(finite, [opts.alpha / 2, 1 - opts.alpha / 2]))
+        return predict.Estimate(source.k, source.tpot_s, float(low), float(high), is_measured, source.tpot_log_reps)
+    return predict.Estimate(source.k, source.tpot_s, source.tpot_low_s, source.tpot_high_s, is_measured,
+                            source.tpot_log_reps)  # fmt: skip
 
 
 def predicted_metrics(prediction: predict.Prediction) -> dict[str, float]:
@@ -222,6 +283,13 @@ def run(plan: SweepPlan, executor_run: Callable[[SweepPlan], list[GroupOutcome]]
         outcomes += second
         by_hash |= {p.hash: p for o in second for p in o.points}
     results = [predictor.curve(r.setting, curves(plan)[r.setting], by_hash, r.first, cap) for r in firsts]
+    predictor.model_error = model_error(results)
+    if predictor.model_error is not None:
+        sd, count = predictor.model_error
+        results = [predictor.curve(r.setting, curves(plan)[r.setting], by_hash, r.first, cap) for r in firsts]
+        note = (f"model error {sd:.1%} (RMS of log measured / first-predicted TPOT over {count} confirmed point(s)), "
+                "added to the final intervals")  # fmt: skip
+        results = [dataclasses.replace(r, notes=(*r.notes, note)) for r in results]
     results = [dataclasses.replace(r, confirm=f.confirm, left_out=f.left_out, notes=r.notes + _left_out(f, cap))
                for r, f in zip(results, firsts, strict=True)]  # fmt: skip
     for result in results:
@@ -235,6 +303,15 @@ def run(plan: SweepPlan, executor_run: Callable[[SweepPlan], list[GroupOutcome]]
             metrics = predicted_metrics(prediction)
             predicted[point.hash] = PointOutcome(point.hash, log_predicted(point, metrics), metrics, predicted=True)
     return PredictRun(outcomes, predicted, results, search_report.predictions_table(results))
+
+
+def model_error(results: Sequence[CurveResult]) -> tuple[float, int] | None:
+    """The model's own error, from the points it predicted first and then measured: the RMS of
+    log(measured / predicted) median TPOT, and how many points it rests on (None: none).
+    It errs wide: each measured point carries its window's own noise too."""
+    errors = [math.log(seen.tpot_s / r.first[key].tpot_s) for r in results for key, seen in r.measured.items()
+              if key in r.first and seen.tpot_s > 0 and r.first[key].tpot_s > 0]  # fmt: skip
+    return (math.sqrt(float(np.mean(np.square(errors)))), len(errors)) if errors else None
 
 
 def _left_out(result: CurveResult, cap: int) -> tuple[str, ...]:

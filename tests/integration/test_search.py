@@ -60,7 +60,12 @@ def test_predict_starts_at_most_three_servers_and_sets_prediction_against_measur
     confirmed = table[table["confirmed"] & table["predicted"]]
     assert len(confirmed) == len(ks) - 1  # every confirmed k was predicted first
     for row in confirmed.itertuples():  # predicted against measured, both with their figures
-        assert row.measured_tpot_ms > 0 and row.predicted_tpot_ms > 0 and row.tpot_error >= 0
+        assert row.measured_tpot_ms > 0 and row.predicted_tpot_ms > 0
+        # The model's accuracy on the real engine: the confirmed point's measured median TPOT lies
+        # inside the first prediction's interval widened by 25 % on each side (the model's own bias,
+        # e.g. L under-predicted at small k, is not in that interval: docs/search.md).
+        assert 0.75 * row.predicted_tpot_ms_low <= row.measured_tpot_ms <= 1.25 * row.predicted_tpot_ms_high, row
+        assert row.tpot_error < 0.35, row.tpot_error
         assert row.predicted_length_low <= row.predicted_length <= row.predicted_length_high
     assert table["chosen"].sum() == 1  # one best k at the one rate
     text = next((tmp_path / "outputs" / "ipredict").glob("*/report/report.md")).read_text()

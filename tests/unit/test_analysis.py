@@ -248,16 +248,24 @@ def test_memory_rule_quotes_the_range_of_readings() -> None:
 
 
 def test_k_schedule_changes_k_only_where_the_difference_is_resolved() -> None:
-    def ks(at_4: tuple[float, float]) -> list[int]:
+    import dataclasses
+
+    from pipeline.analysis.samples import ServerSpread
+
+    def ks(at_4: tuple[float, float], opts: StatsOptions) -> list[int]:
         frame, samples = _sweep({(3, 1.0): 1.8, (5, 1.0): 2.6, (3, 4.0): at_4[0], (5, 4.0): at_4[1],
                                  (3, 16.0): 0.6, (5, 16.0): 0.5})  # fmt: skip
-        [schedule] = _analyse(frame, samples).schedules
+        [schedule] = analyse("t", frame, [], [], samples, opts).schedules
         return [band[2] for band in schedule["num_speculative_tokens_per_batch_size"]]
 
+    spread = dataclasses.replace(OPTS, server_spread=ServerSpread({"speedup_median_tpot": 0.03}, 20, "aa"))
     # k=5 is resolved faster at 1/s. At 4/s, k=3's 3 % edge is inside the noise: the band keeps k=5.
-    assert ks((1.56, 1.5)) == [5, 5, 0]
-    # A resolved difference does change it.
-    assert ks((2.0, 1.3)) == [5, 3, 0]
+    assert ks((1.56, 1.5), spread) == [5, 5, 0]
+    # A resolved difference does change it, once the spread between the two servers is in the interval.
+    assert ks((2.0, 1.3), spread) == [5, 3, 0]
+    # Without a measured server spread, two one-run windows on two servers resolve nothing
+    # (that rule called 30 % of A/A comparisons): the schedule keeps the band's k.
+    assert ks((2.0, 1.3), OPTS) == [5, 5, 0]
 
 
 def test_aa_report_counts_false_alarms_and_the_smallest_resolvable_effect() -> None:

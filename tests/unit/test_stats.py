@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats as scipy_stats
 
 from pipeline.analysis import decisions, samples, stats
 from pipeline.analysis.decisions import decide
@@ -108,15 +109,41 @@ def test_decisions_need_the_interval_beyond_the_floor() -> None:
     assert "requests per window" in detail or "floor" in detail
 
 
-def test_to_resolve_scales_the_window_with_the_squared_interval() -> None:
-    ratio = stats.Ratio("speedup_median_tpot", 1.10, 1.01, 1.20, 0.95, 1, 50, log_replicates=np.zeros(10))
-    half, margin = (math.log(1.20) - math.log(1.01)) / 2, math.log(1.10) - math.log(1.02)
-    assert f"~{math.ceil(50 * (half / margin) ** 2)} requests" in decisions.to_resolve(ratio, 0.02)
+def _noisy(estimate: float, within: float, n: int, server: float | None = None, runs: int = 1,
+           restarted: bool = False, run_sd: float | None = None) -> stats.Ratio:  # fmt: skip
+    noise = stats.Noise(within, n, server, 9.0 if server else 0.0, runs, restarted, run_sd)
+    return stats.Ratio("speedup_median_tpot", estimate, estimate / 1.1, estimate * 1.1, 0.95, runs, n, noise=noise)
+
+
+def test_to_resolve_sizes_the_window_for_80_percent_power_from_the_within_window_spread() -> None:
+    # se^2 = within^2 * n0 / n: the margin beyond the floor must be (z_0.975 + z_0.8) standard errors.
+    margin = math.log(1.10) - math.log(1.02)
+    need = margin / (1.959964 + 0.841621)
+    n = math.ceil(0.05**2 * 50 / need**2)
+    assert f"~{n} requests per window would likely resolve it" in decisions.to_resolve(_noisy(1.10, 0.05, 50), 0.02)
+    # The old rule (half-width = margin: about 50 % power) asked for about half as many.
+    assert n > 1.9 * 50 * (1.96 * 0.05 / margin) ** 2
     inside = stats.Ratio("speedup_median_tpot", 1.01, 0.95, 1.07, 0.95, 1, 50)
     assert "within the ±2% floor" in decisions.to_resolve(inside, 0.02)
-    # With repeats, the spread between runs sets the width: the lever is more runs.
-    repeated = stats.Ratio("speedup_median_tpot", 1.10, 1.01, 1.20, 0.95, 2, 50)
-    assert "repeats would likely resolve it" in decisions.to_resolve(repeated, 0.02)
+
+
+def test_to_resolve_says_more_requests_cannot_help_when_the_server_spread_alone_is_too_wide() -> None:
+    hint = decisions.to_resolve(_noisy(1.10, 0.01, 50, server=0.05), 0.02)
+    assert hint.startswith("more requests cannot resolve this") and "repeats.restart=true with repeats.count >=" in hint
+    runs = int(hint.rsplit(">= ", 1)[1].split()[0])
+    per_run, margin = math.hypot(0.01, 0.05), math.log(1.10 / 1.02)
+    t = scipy_stats.t
+    assert (t.ppf(0.975, runs - 1) + t.ppf(0.8, runs - 1)) * per_run / math.sqrt(runs) <= margin
+    assert (t.ppf(0.975, runs - 2) + t.ppf(0.8, runs - 2)) * per_run / math.sqrt(runs - 1) > margin
+
+
+def test_to_resolve_counts_repeats_with_the_t_quantiles_shrinking_in_r_and_caps_the_hint() -> None:
+    hint = decisions.to_resolve(_noisy(1.10, 0.02, 50, server=0.04, runs=3, restarted=True, run_sd=0.045), 0.02)
+    assert hint.startswith("~") and hint.endswith("repeats would likely resolve it")
+    assert decisions.to_resolve(_noisy(1.03, 0.5, 50), 0.02).startswith("not resolvable at practical sizes")
+    # A stricter level (the family's adjustment) asks for more.
+    loose, strict = (decisions.to_resolve(_noisy(1.10, 0.05, 50), 0.02, level) for level in (0.05, 0.005))
+    assert int(strict.split()[0][1:]) > int(loose.split()[0][1:])
 
 
 def test_benjamini_hochberg_can_withdraw_a_lone_borderline_call() -> None:
@@ -179,3 +206,50 @@ def test_the_aa_spread_between_servers_widens_one_server_comparisons_only() -> N
     # One window's throughput has no spread of its own: the A/A spread gives it its interval.
     throughput = paired_ratio("output_throughput_ratio", base, spec, opts, shared_servers=True)
     assert throughput.resolved and throughput.low < 1.0 < throughput.high  # type: ignore[operator]
+
+
+def test_a_large_effect_is_called_in_a_family_of_sixty_whatever_the_resample_count() -> None:
+    # Replicate counts floor a bootstrap p at 2 / (B + 1) = 0.002: after Benjamini-Hochberg over
+    # 60 comparisons (0.002 * 60 > 0.05) the largest effect could never be called.
+    rng = np.random.default_rng(4)
+    huge = paired_ratio("speedup_median_tpot", *pair(5, 128, 3.0), OPTS)
+    nulls = [stats.Ratio("speedup_median_tpot", 1.0, 0.9, 1.1, 0.95, 1, 50,
+                         log_replicates=rng.normal(0, 0.05, 1000)) for _ in range(59)]  # fmt: skip
+    first = decide([huge, *nulls], OPTS)[0]
+    assert first.label == "helps" and first.p_adjusted is not None and first.p_adjusted < 0.05
+
+
+def test_one_comparison_helps_exactly_when_its_interval_clears_the_floor() -> None:
+    for low in (1.019, 1.021):
+        ratio = stats.Ratio("speedup_median_tpot", 1.2, low, 1.5, 0.95, 1, 50, log_replicates=np.zeros(5))
+        assert (decide([ratio], OPTS)[0].label == "helps") == (low > 1.02)
+
+
+def test_failed_requests_count_as_censored_latencies_not_as_missing_ones() -> None:
+    # The same speed, but speculation fails (times out) on 30 of 100 prompts: dropped from both
+    # sides, the failures vanish and the two look alike.
+    rng = np.random.default_rng(8)
+    prompt = rng.normal(0, 0.5, 100)
+    base = window(rng, prompt, 0.04)
+    spec_all = window(rng, prompt, 0.04)
+    keep = ~np.isin(np.arange(100), rng.choice(100, 30, replace=False))
+    spec = Sample(index=spec_all.index[keep], values={k: v[keep] for k, v in spec_all.values.items()},
+                  itl=tuple(g for g, k in zip(spec_all.itl, keep, strict=True) if k),
+                  output_tokens=spec_all.output_tokens[keep], chunks=spec_all.chunks[keep], duration_s=10.0,
+                  failed=30, failed_index=np.flatnonzero(~keep))  # fmt: skip
+    ratio = paired_ratio("speedup_median_tpot", [base], [spec], OPTS)
+    dropped = paired_ratio("speedup_median_tpot", [base], [dataclasses.replace(spec, failed_index=np.empty(0, int))],
+                           OPTS)  # fmt: skip
+    assert ratio.requests == 100 and dropped.requests == 70
+    assert 0.85 < dropped.estimate < 1.15  # type: ignore[operator]  # the failures do not show
+    assert ratio.estimate < 0.85 and ratio.high < 0.98  # type: ignore[operator]  # censored, they count against it
+    p99 = paired_ratio("speedup_p99_tpot", [base], [spec], OPTS)
+    assert p99.estimate == 0.0  # its p99 is a failure: +inf
+
+
+def test_a_p99_from_fewer_than_100_requests_is_shown_but_gets_no_verdict() -> None:
+    small = paired_ratio("speedup_p99_tpot", *pair(1, 40, 3.0), OPTS)
+    large = paired_ratio("speedup_p99_tpot", *pair(1, 160, 3.0), OPTS)
+    got = decide([small, large], OPTS, 0.10)
+    assert small.resolved and got[0].label == decisions.TOO_FEW and "100 or more paired requests" in got[0].detail
+    assert got[1].label == "helps"
