@@ -339,3 +339,24 @@ def test_interactive_figures_hover_with_config_rate_interval_and_run_link_and_th
         '<a href="http://mlflow:5000/#/experiments/7/runs/ngram-k5-r4-code_edit-rep0">ngram-k5-r4-code_edit-rep0</a>'
         in html
     )
+
+
+def test_every_look_table_row_has_six_cells_and_says_a_missing_interval_once() -> None:
+    frame, samples = _sweep({(3, 1.0): 2.0, (3, 4.0): 1.4})
+    data = _analyse(frame, samples)
+    table = look_table(data)
+    assert {len(row) for row in table} == {6}  # acceptance rows too: the run links stay under their column
+    acceptance = next(row for row in table if row[1].startswith("acceptance"))
+    assert acceptance[2] == "—" and acceptance[3].startswith("L ") and acceptance[4] == "—"
+    throughput = next(row for row in table if row[1].startswith("throughput"))
+    assert "no interval" in throughput[4] and "no interval" not in throughput[5]
+
+
+def test_the_losslessness_line_names_where_outputs_first_differ_not_a_python_list() -> None:
+    from dataclasses import replace as with_
+
+    frame, samples = _sweep({(3, 1.0): 2.0})
+    lossless = quality.Lossless("ngram", "baseline", "float32", 4, 3, (None, 57, None, None))
+    text = markdown(with_(_analyse(frame, samples), lossless=[lossless]))
+    line = next(x for x in text.splitlines() if x.startswith("- ngram vs baseline"))
+    assert "3/4 identical; first divergence: prompt 1 at token 57;" in line and "[None" not in line
