@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, configure_log, run_job, setup_globals
@@ -23,7 +23,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from pipeline.compose import GROUP_FILE_KEY
 from pipeline.config import RayConfig
 from pipeline.run import cluster, progress_hub
-from pipeline.run.outcomes import GroupTask
+
+if TYPE_CHECKING:  # the driver's records import MLflow: not on every command line
+    from pipeline.run.outcomes import GroupTask
 
 # After Ctrl-C, how long a cancelled task gets to stop its server before we give up on it.
 CANCEL_GRACE_S = 60.0
@@ -119,6 +121,8 @@ class SpecsweepRayLauncher(Launcher):
             tasks.append(Path(group_file).read_bytes() if group_file else b"")
         remote = ray.remote(max_retries=GROUP_RETRIES, retry_exceptions=False)(_job_in_worker)
         state = Singleton.get_state()
+        from pipeline.run.outcomes import GroupTask
+
         requests = [_request(ray_config, GroupTask.load_bytes(t).gpus if t else 0) for t in tasks]
         channels = {c for t in tasks if t and (c := GroupTask.load_bytes(t).progress)}
         forwarding = [progress_hub.forward(channel) for channel in channels]

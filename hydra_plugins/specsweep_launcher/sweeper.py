@@ -12,7 +12,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -24,9 +24,12 @@ from omegaconf.errors import OmegaConfBaseException
 from pipeline.compose import GROUP_FILE_KEY, to_job_config
 from pipeline.config import ConfigError
 from pipeline.run import diskfull, entry
-from pipeline.run.driver import EXIT_BAD_INPUT, EXIT_INFRA, run_guarded
-from pipeline.run.outcomes import GroupOutcome, GroupTask
 from pipeline.run.signals import exit_on_sigterm
+
+# Hydra imports every plugin on every command line, a refused one too: the driver (MLflow,
+# pandas, scipy, plotly) is imported where a sweep runs, not here.
+if TYPE_CHECKING:
+    from pipeline.run.outcomes import GroupOutcome, GroupTask
 
 
 class HydraLaunch:
@@ -42,6 +45,8 @@ class HydraLaunch:
             check(tasks)
 
     def run(self, tasks: Sequence[GroupTask]) -> list[GroupOutcome]:
+        from pipeline.run.outcomes import GroupOutcome
+
         if not tasks:  # every point finished earlier: nothing to launch
             return []
         files = [t.save(self.sweep_dir / "groups" / f"{t.group.label}.pkl") for t in tasks]
@@ -60,6 +65,8 @@ class SpecsweepSweeper(BasicSweeper):
         super().__init__(max_batch_size=None, params=params)
 
     def sweep(self, arguments: list[str]) -> Any:
+        from pipeline.run.driver import EXIT_BAD_INPUT, EXIT_INFRA, run_guarded
+
         assert self.config is not None and self.launcher is not None and self.hydra_context is not None
         entry.entered()
         exit_on_sigterm()

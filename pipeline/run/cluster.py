@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pipeline.config import RayConfig
-from pipeline.run.driver import LaunchError, Unreachable
+from pipeline.run.errors import LaunchError, Unreachable
 
 GCS_DEFAULT_PORT = 6379
 WORKER_NICENESS = "RAY_worker_niceness"  # read by the raylet that ray.init starts

@@ -26,6 +26,7 @@ from pipeline.load.workloads import load_items
 from pipeline.record.journal import JOURNAL_NAME, JournaledTracker
 from pipeline.record.redact import redact_args, redact_mapping
 from pipeline.run import diskfull, predict_plan, progress_display, quiet, search_capacity, search_predict
+from pipeline.run.errors import LaunchError, Unreachable
 from pipeline.run.group import run_group
 from pipeline.run.job import Target, resolve_target, server_spec
 from pipeline.run.outcomes import Executor, GroupOutcome, GroupTask, PointOutcome
@@ -45,14 +46,6 @@ EXIT_BAD_INPUT = 2
 EXIT_FAILED_POINT = 3
 EXIT_INFRA = 4  # the tracking server or the Ray cluster does not answer
 EXIT_INTERRUPTED = 130
-
-
-class LaunchError(RuntimeError):
-    """The launcher cannot run the plan (resources it will never have, a bad address)."""
-
-
-class Unreachable(LaunchError):
-    """The cluster does not answer: infrastructure, not input."""
 
 
 class InProcess:
