@@ -301,3 +301,59 @@ def test_model_windows_draw_each_servers_run_level_offset_independently() -> Non
     base, top = windows[0].tpot_log_reps, windows[4].tpot_log_reps
     assert np.std(base) > 0 and np.std(top) > 0
     assert abs(np.corrcoef(base, top)[0, 1]) < 0.2
+
+
+def _fake_executor(plan: SweepPlan, fail_baseline: bool = False):  # type: ignore[no-untyped-def]
+    """Runs a plan's groups against the synthetic engine: every point's window and metrics."""
+    outcomes, samples = measured_outcomes(plan, {1, 2, 3, 4})
+    calls: list[SweepPlan] = []
+
+    def run(part: SweepPlan) -> list[GroupOutcome]:
+        calls.append(part)
+        return [GroupOutcome(g.index, tuple(
+            PointOutcome(p.hash, None, error="server failed") if fail_baseline and p.role == "baseline"
+            else outcomes[p.hash] for p in g.points)) for g in part.groups]  # fmt: skip
+
+    return run, (lambda found: [samples.get(str(o.run_id)) for o in found]), calls
+
+
+@pytest.mark.parametrize("cap", [0, 1])
+def test_predict_runs_whole_with_a_fake_executor_within_its_confirmation_cap(cap: int) -> None:
+    plan = grid((1, 2, 3, 4), (1.0, 8.0))
+    run, samples, calls = _fake_executor(plan)
+    spread = dataclasses.replace(OPTS, server_spread=ServerSpread({"speedup_median_tpot": 0.05}, 10, "aa"))
+    logged: list[str] = []
+    result = search_predict.run(plan, run, samples, lambda p, m: logged.append(p.hash) or f"pred-{p.hash}", spread,
+                                cap, {})  # fmt: skip
+    (curve,) = result.results
+    confirmed = {p.job.spec.k for part in calls[1:] for p in part.points}
+    assert len(calls) == (2 if cap else 1) and len(confirmed) == cap  # the cap bounds the fresh servers
+    if cap:
+        assert any("model error" in note for note in curve.notes)  # measured on the confirmed points
+    else:
+        assert any("predict.max_confirm=0" in note for note in curve.notes)  # the candidates left out are named
+    # Every k never measured is a predicted run of its own, none of them a measurement.
+    assert {k for k, _ in curve.final} == {1, 2, 3} - confirmed
+    assert all(o.predicted and o.run_id == f"pred-{h}" for h, o in result.predicted.items())
+    assert len(logged) == len(result.predicted) == len(curve.final)
+
+
+def test_predict_without_a_baseline_predicts_nothing_and_says_why() -> None:
+    plan = grid((1, 2, 3, 4), (1.0,))
+    run, samples, calls = _fake_executor(plan, fail_baseline=True)
+    result = search_predict.run(plan, run, samples, lambda p, m: "x", OPTS, 1, {})
+    (curve,) = result.results
+    assert not result.predicted and not curve.final and len(calls) == 1
+    assert any("no prediction (the baseline or k=4" in note for note in curve.notes)
+
+
+def test_predict_notes_drafts_shorter_than_k() -> None:
+    plan = grid((1, 2, 3, 4), (1.0,))
+    outcomes, samples = measured_outcomes(plan, {4})
+    for p in plan.points:
+        if p.hash in outcomes and p.job.spec.k == 4:
+            outcomes[p.hash].metrics["acceptance_k_effective"] = 3.2
+    predictor = search_predict.Predictor(plan, OPTS, lambda found: [samples.get(str(o.run_id)) for o in found])
+    (setting, points), = predict_plan.curves(plan).items()  # fmt: skip
+    notes = predictor.curve(setting, points, outcomes, None, cap=1).notes
+    assert any("averaged 3.20 tokens of 4" in note for note in notes)
