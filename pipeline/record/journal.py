@@ -9,6 +9,10 @@ MLflow is down gets a placeholder id, and the writes that name it are journaled 
 :func:`replay` makes the journaled writes once MLflow answers again: at the end of the sweep,
 and from ``python -m pipeline.sync <outputs dir>``. Each journal keeps, beside it, how far it was
 replayed and which real run each placeholder became, so replaying twice makes nothing twice.
+A replay that dies between a write and its mark finds its own run again by the tag it gave it
+(:data:`JOURNAL_RUN_TAG`) instead of starting a second one; the other writes are idempotent
+(a tag, a param, an artifact written again) or add one more metric value at most. A last line
+cut short (the process died while writing it) is a write that never happened, and is said so.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import pandas as pd
 
 JOURNAL_NAME = "mlflow-journal.jsonl"
 PLACEHOLDER = "pending-"
+JOURNAL_RUN_TAG = "specsweep.journal_run"  # a replayed run's placeholder id: what finds it again
 WRITES = ("start_run", "end_run", "log_params", "log_metrics", "set_tags", "log_text", "log_json", "log_file",
           "log_table")  # fmt: skip
 
@@ -96,6 +101,28 @@ def placeholders(paths: Iterable[Path]) -> dict[str, str]:
     return ids
 
 
+def _entries(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A journal's header and entries. A last line that does not parse was cut short by a death
+    mid-write: that write was never made, and is dropped with a word; a bad line before the
+    last is a damaged journal, refused with its line number."""
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    header, entries = json.loads(lines[0]), []
+    for number, line in enumerate(lines[1:], start=2):
+        try:
+            entries.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            if number != len(lines):
+                raise ValueError(f"{path}: line {number} is not a journaled write ({exc}); the journal is damaged, "
+                                 "replay the lines before it by hand or delete it") from exc  # fmt: skip
+            print(f"MLflow: {path}: its last line was cut short (the process died while writing it); that write is "
+                  "left out", file=sys.stderr)  # fmt: skip
+    return header, entries
+
+
+def _save(path: Path, progress: dict[str, Any]) -> None:
+    path.with_suffix(".synced.json").write_text(json.dumps(progress))
+
+
 def replay(paths: Iterable[Path], make_tracker: Any) -> tuple[int, int]:
     """Make every journaled write not made yet; returns (writes made, writes left). Stops at the
     first write that fails again, keeping the progress made."""
@@ -103,14 +130,18 @@ def replay(paths: Iterable[Path], make_tracker: Any) -> tuple[int, int]:
     ids = placeholders(paths)  # placeholders of one journal can be named in another (a driver's in a worker's)
     made = left = 0
     for path in paths:
-        lines = path.read_text().splitlines()
-        header, entries = json.loads(lines[0]), [json.loads(line) for line in lines[1:] if line.strip()]
+        header, entries = _entries(path)
         progress = _progress(path)
         tracker = make_tracker(header)
         for i, entry in enumerate(entries[progress["done"] :], start=progress["done"]):
             args = [_real(a, ids) for a in _decode(entry["op"], entry["args"])]
+            # The mark goes down before the write: a replay that finds it knows the write may
+            # have been made already (the process died between the two).
+            interrupted = progress.get("pending") == i
+            progress["pending"] = i
+            _save(path, progress)
             try:
-                result = getattr(tracker, entry["op"])(*args, **_real(entry.get("kwargs", {}), ids))
+                result = _make(tracker, entry, args, ids, interrupted)
             except Exception as exc:  # noqa: BLE001 - still down: keep what was done, say what is left
                 print(f"MLflow: replaying {path} stopped at write {i + 1} of {len(entries)} ({type(exc).__name__}: "
                       f"{str(exc)[:200]})", file=sys.stderr)  # fmt: skip
@@ -120,14 +151,29 @@ def replay(paths: Iterable[Path], make_tracker: Any) -> tuple[int, int]:
                 ids[entry["result"]] = result
                 progress["ids"][entry["result"]] = result
             progress["done"] = i + 1
-            path.with_suffix(".synced.json").write_text(json.dumps(progress))
+            _save(path, progress)
             made += 1
         else:
             continue
         for later in paths[paths.index(path) + 1 :]:
-            left += max(0, len(later.read_text().splitlines()) - 1 - _progress(later)["done"])
+            left += max(0, len(_entries(later)[1]) - _progress(later)["done"])
         break
     return made, left
+
+
+def _make(tracker: Any, entry: dict[str, Any], args: list[Any], ids: Mapping[str, str], interrupted: bool) -> Any:
+    """One journaled write; a run is started tagged with its placeholder, and a start that was
+    interrupted first looks for the run it may already have made."""
+    if entry["op"] == "start_run" and entry["result"]:
+        if interrupted and (found := tracker.run_tagged(JOURNAL_RUN_TAG, entry["result"])):
+            return found
+        kwargs = dict(entry.get("kwargs", {}))
+        if len(args) >= 2:
+            args = [args[0], {**args[1], JOURNAL_RUN_TAG: entry["result"]}, *args[2:]]
+        else:
+            kwargs["tags"] = {**kwargs.get("tags", {}), JOURNAL_RUN_TAG: entry["result"]}
+        return tracker.start_run(*args, **_real(kwargs, ids))
+    return getattr(tracker, entry["op"])(*args, **_real(entry.get("kwargs", {}), ids))
 
 
 def _real(value: Any, ids: Mapping[str, str]) -> Any:

@@ -185,6 +185,11 @@ class Tracker:
         tags = dict(tags) | ({"mlflow.parentRunId": parent_id} if parent_id else {})
         return self.client.create_run(self.experiment_id, run_name=name, tags=tags).info.run_id
 
+    def run_tagged(self, key: str, value: str) -> str | None:
+        """The run of this experiment whose tag ``key`` is ``value``, if there is one."""
+        found = self.client.search_runs([self.experiment_id], filter_string=f"tags.`{key}` = '{value}'", max_results=1)
+        return found[0].info.run_id if found else None
+
     def end_run(self, run_id: str, error: str | None = None, killed: bool = False) -> None:
         if error is not None:
             self.set_tags(run_id, {"status": "failed", "error": error[:5000]})

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from mlflow.tracking import MlflowClient
 
 from pipeline import sync
@@ -98,3 +99,64 @@ def test_a_replay_that_fails_again_keeps_its_progress(tmp_path: Path) -> None:
 def test_sync_refuses_a_folder_that_does_not_exist(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     assert sync.main([str(tmp_path / "missing")]) == 2
     assert "is not a folder" in capsys.readouterr().err
+
+
+def test_a_journal_cut_short_mid_line_replays_what_was_written_whole(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    real, client = _store(tmp_path)
+    flaky = Flaky(real)
+    flaky.down = True
+    path = tmp_path / "out" / JOURNAL_NAME
+    tracker = JournaledTracker(flaky, path)
+    run = tracker.start_run("baseline-r1", {})
+    tracker.log_metrics(run, {"completed": 6.0})
+    with path.open("a") as fh:  # the process died while writing the next write
+        fh.write('{"op": "log_metrics", "args": ["' + run + '", {"comp')
+    assert replay(journals(tmp_path / "out"), sync.make_tracker) == (2, 0)
+    assert "its last line was cut short" in capsys.readouterr().err
+    (only,) = client.search_runs([real.experiment_id])
+    assert only.data.metrics["completed"] == 6.0
+
+
+def test_a_damaged_line_before_the_last_is_refused_with_its_number(tmp_path: Path) -> None:
+    real, _ = _store(tmp_path)
+    flaky = Flaky(real)
+    flaky.down = True
+    path = tmp_path / "out" / JOURNAL_NAME
+    tracker = JournaledTracker(flaky, path)
+    run = tracker.start_run("baseline-r1", {})
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([lines[0], "{not json", *lines[1:]]) + "\n")
+    tracker.log_metrics(run, {"completed": 6.0})
+    with pytest.raises(ValueError, match="line 2 is not a journaled write"):
+        replay(journals(tmp_path / "out"), sync.make_tracker)
+
+
+def test_a_replay_that_died_between_a_write_and_its_mark_makes_no_second_run(tmp_path: Path) -> None:
+    real, client = _store(tmp_path)
+    flaky = Flaky(real)
+    flaky.down = True
+    tracker = JournaledTracker(flaky, tmp_path / "out" / JOURNAL_NAME)
+    run = tracker.start_run("baseline-r1", {})
+    tracker.log_metrics(run, {"completed": 6.0})
+
+    class DiesAfterStarting:
+        """The run is made in MLflow, then the process dies before the journal marks it done."""
+
+        def __init__(self, inner: Tracker) -> None:
+            self.inner = inner
+
+        def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+            if name != "start_run":
+                return getattr(self.inner, name)
+
+            def start(*args, **kwargs):  # type: ignore[no-untyped-def]
+                self.inner.start_run(*args, **kwargs)
+                raise KeyboardInterrupt  # stands in for a SIGKILL between the write and its mark
+
+            return start
+
+    with pytest.raises(KeyboardInterrupt):
+        replay(journals(tmp_path / "out"), lambda h: DiesAfterStarting(sync.make_tracker(h)))
+    assert replay(journals(tmp_path / "out"), sync.make_tracker) == (2, 0)
+    (only,) = client.search_runs([real.experiment_id])  # one run, not two
+    assert only.data.metrics["completed"] == 6.0
