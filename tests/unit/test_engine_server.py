@@ -235,3 +235,32 @@ def test_other_start_failures_are_not_retried(tmp_path: Path) -> None:
         with EngineServer(spec, poll_s=0.05):
             pass
     assert spec.log_path.read_text().count("bad flag") == 1  # one start only
+
+
+def test_the_watchdog_sigkills_a_server_that_ignores_sigterm_once_its_grace_is_over(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+
+    import psutil
+
+    ready = tmp_path / "ready"
+    stubborn = (f"import pathlib, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                f"pathlib.Path({str(ready)!r}).write_text('up'); time.sleep(600)")  # fmt: skip
+    watchdog = subprocess.Popen([sys.executable, "-m", "pipeline.engines.watchdog", "--parent", str(os.getpid()),
+                                 "--grace", "2", "--", sys.executable, "-c", stubborn])  # fmt: skip
+    server = None
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert time.monotonic() < deadline and watchdog.poll() is None, "the server never came up"
+            time.sleep(0.05)
+        (server,) = psutil.Process(watchdog.pid).children()
+        watchdog.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert _alive(server.pid), "the server should ignore SIGTERM: this test needs the grace to run out"
+        assert watchdog.wait(timeout=30) == 128 + signal.SIGTERM
+        assert _wait_gone(server.pid, 10), "the server outlived the watchdog's grace"
+    finally:  # only what this test started: its watchdog and that watchdog's server
+        for proc in (watchdog, server):
+            if proc is not None and _alive(proc.pid):
+                proc.kill()
