@@ -348,7 +348,7 @@ def main() -> int:
     print("| hint | power at the named size | status |")
     print("|---|---|---|")
     for server in (False, True):
-        hint, power = hint_power(5 if args.quick else 10, 30 if args.quick else 60, opts, server)
+        hint, power = hint_power(8 if args.quick else 10, 30 if args.quick else 60, opts, server)
         ok = power >= POWER_GOAL
         print(f"| {hint} | {power:.0%} | {'ok' if ok else 'miss'} |")
         if not ok:

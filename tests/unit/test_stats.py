@@ -131,7 +131,9 @@ def test_to_resolve_says_more_requests_cannot_help_when_the_server_spread_alone_
     hint = decisions.to_resolve(_noisy(1.10, 0.01, 50, server=0.05), 0.02)
     assert hint.startswith("more requests cannot resolve this") and "repeats.restart=true with repeats.count >=" in hint
     runs = int(hint.rsplit(">= ", 1)[1].split()[0])
-    per_run, margin = math.hypot(0.01, 0.05), math.log(1.10 / 1.02)
+    # The design is sized by the A/A spread's one-sided 80 % upper bound (9 degrees of freedom here).
+    server = 0.05 * math.sqrt(9 / scipy_stats.chi2.ppf(0.2, 9))
+    per_run, margin = math.hypot(0.01, server), math.log(1.10 / 1.02)
     t = scipy_stats.t
     assert (t.ppf(0.975, runs - 1) + t.ppf(0.8, runs - 1)) * per_run / math.sqrt(runs) <= margin
     assert (t.ppf(0.975, runs - 2) + t.ppf(0.8, runs - 2)) * per_run / math.sqrt(runs - 1) > margin
