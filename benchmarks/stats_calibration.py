@@ -79,21 +79,15 @@ def aa_spread(rng: np.random.Generator, comparisons: int = 10) -> ServerSpread:
 # ---- the experiments: each returns (hits, trials) ----------------------------------------
 
 
-def within_one_run(trials: int, opts: StatsOptions) -> tuple[int, int]:
-    rng = np.random.default_rng(1)
+def paired_coverage(seed: int, trials: int, opts: StatsOptions, n: int, true: float, runs: int = 1,
+                    offset_sd: float = 0.0, **kw: float) -> tuple[int, int]:  # fmt: skip
+    """How often the median-TPOT interval of ``runs`` repeats of ``n`` requests covers ``true``
+    (``offset_sd``: each repeat's own pair of servers, so the truth is the mean over servers)."""
+    rng = np.random.default_rng(seed)
     hits = 0
     for s in range(trials):
-        base, spec = pair(rng, 64, 1.5, 1, 0.0)
-        hits += covers(paired_ratio("speedup_median_tpot", base, spec, opts, np.random.default_rng(s)), 1.5)
-    return hits, trials
-
-
-def strong_prompt_effect(trials: int, opts: StatsOptions) -> tuple[int, int]:
-    rng = np.random.default_rng(11)
-    hits = 0
-    for s in range(trials):
-        base, spec = pair(rng, 64, 1.5, 1, 0.0, prompt_sd=0.6)
-        hits += covers(paired_ratio("speedup_median_tpot", base, spec, opts, np.random.default_rng(s)), 1.5)
+        base, spec = pair(rng, n, true, runs, offset_sd, **kw)
+        hits += covers(paired_ratio("speedup_median_tpot", base, spec, opts, np.random.default_rng(s)), true)
     return hits, trials
 
 
@@ -116,26 +110,6 @@ def serially_correlated(trials: int, opts: StatsOptions) -> tuple[int, int]:
             windows.append(dataclasses.replace(w, values={"tpot": tpot, "ttft": tpot * 5, "e2el": tpot * 64}))
         ratio = paired_ratio("speedup_median_tpot", [windows[0]], [windows[1]], opts, np.random.default_rng(s))
         hits += covers(ratio, 1.5)
-    return hits, trials
-
-
-def with_failures(trials: int, opts: StatsOptions) -> tuple[int, int]:
-    """5 % of requests fail on both sides at random: censored, the true ratio of the medians
-    (failures counted as slowest) is still 1.5."""
-    rng = np.random.default_rng(2)
-    hits = 0
-    for s in range(trials):
-        base, spec = pair(rng, 64, 1.5, 1, 0.0, fail=0.05)
-        hits += covers(paired_ratio("speedup_median_tpot", base, spec, opts, np.random.default_rng(s)), 1.5)
-    return hits, trials
-
-
-def repeats_restarted(trials: int, opts: StatsOptions) -> tuple[int, int]:
-    rng = np.random.default_rng(3)
-    hits = 0
-    for s in range(trials):
-        base, spec = pair(rng, 32, 1.3, 3, AA_SD)
-        hits += covers(paired_ratio("speedup_median_tpot", base, spec, opts, np.random.default_rng(s)), 1.3)
     return hits, trials
 
 
@@ -313,10 +287,20 @@ def main() -> int:
     opts = StatsOptions(resamples=500 if args.quick else 1000)
     start = time.monotonic()
     experiments: list[tuple[str, Callable[[], tuple[int, int]], str]] = [
-        ("one run, 64 requests", lambda: within_one_run(trials, opts), ""),
-        ("one run, 64 requests, strong prompt effect", lambda: strong_prompt_effect(trials, opts), "prompt sd 0.6"),
-        ("one run, 5 % failed requests (censored)", lambda: with_failures(trials, opts), ""),
-        ("3 repeats on fresh servers, 32 requests", lambda: repeats_restarted(trials, opts), f"offset sd {AA_SD}"),
+        ("one run, 64 requests", lambda: paired_coverage(1, trials, opts, 64, 1.5), ""),
+        (
+            "one run, 64 requests, strong prompt effect",
+            lambda: paired_coverage(11, trials, opts, 64, 1.5, prompt_sd=0.6),
+            "prompt sd 0.6",
+        ),
+        # 5 % of requests fail on both sides at random: censored at +inf, the true ratio of the
+        # medians (failures counted as the slowest) is still 1.5.
+        ("one run, 5 % failed requests (censored)", lambda: paired_coverage(2, trials, opts, 64, 1.5, fail=0.05), ""),
+        (
+            "3 repeats on fresh servers, 32 requests",
+            lambda: paired_coverage(3, trials, opts, 32, 1.3, 3, AA_SD),
+            f"offset sd {AA_SD}",
+        ),
         ("one run, A/A spread added", lambda: one_run_with_aa_spread(trials, opts), "10 A/A comparisons"),
         (
             "3 repeats, one pair of servers, A/A spread added",

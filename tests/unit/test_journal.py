@@ -38,6 +38,18 @@ def _store(tmp_path: Path) -> tuple[Tracker, MlflowClient]:
     return tracker, MlflowClient(store.tracking_uri)
 
 
+def _journaled_run(tmp_path: Path) -> tuple[Tracker, MlflowClient, Path, str]:
+    """MLflow down from the start: one run and one metric, in the journal only."""
+    real, client = _store(tmp_path)
+    flaky = Flaky(real)
+    flaky.down = True
+    path = tmp_path / "out" / JOURNAL_NAME
+    tracker = JournaledTracker(flaky, path)
+    run = tracker.start_run("baseline-r1", {})
+    tracker.log_metrics(run, {"completed": 6.0})
+    return real, client, path, run
+
+
 def test_writes_after_an_outage_are_journaled_in_order_and_replayed_once(tmp_path: Path) -> None:
     real, client = _store(tmp_path)
     flaky = Flaky(real)
@@ -72,12 +84,7 @@ def test_writes_after_an_outage_are_journaled_in_order_and_replayed_once(tmp_pat
 
 
 def test_a_replay_that_fails_again_keeps_its_progress(tmp_path: Path) -> None:
-    real, client = _store(tmp_path)
-    flaky = Flaky(real)
-    flaky.down = True
-    tracker = JournaledTracker(flaky, tmp_path / "out" / JOURNAL_NAME)
-    run = tracker.start_run("baseline-r1", {})
-    tracker.log_metrics(run, {"completed": 6.0})
+    real, client, _, _ = _journaled_run(tmp_path)
     calls = {"n": 0}
 
     class FailsSecond:
@@ -102,13 +109,7 @@ def test_sync_refuses_a_folder_that_does_not_exist(tmp_path: Path, capsys) -> No
 
 
 def test_a_journal_cut_short_mid_line_replays_what_was_written_whole(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    real, client = _store(tmp_path)
-    flaky = Flaky(real)
-    flaky.down = True
-    path = tmp_path / "out" / JOURNAL_NAME
-    tracker = JournaledTracker(flaky, path)
-    run = tracker.start_run("baseline-r1", {})
-    tracker.log_metrics(run, {"completed": 6.0})
+    real, client, path, run = _journaled_run(tmp_path)
     with path.open("a") as fh:  # the process died while writing the next write
         fh.write('{"op": "log_metrics", "args": ["' + run + '", {"comp')
     assert replay(journals(tmp_path / "out"), sync.make_tracker) == (2, 0)
@@ -118,26 +119,15 @@ def test_a_journal_cut_short_mid_line_replays_what_was_written_whole(tmp_path: P
 
 
 def test_a_damaged_line_before_the_last_is_refused_with_its_number(tmp_path: Path) -> None:
-    real, _ = _store(tmp_path)
-    flaky = Flaky(real)
-    flaky.down = True
-    path = tmp_path / "out" / JOURNAL_NAME
-    tracker = JournaledTracker(flaky, path)
-    run = tracker.start_run("baseline-r1", {})
+    _, _, path, _ = _journaled_run(tmp_path)
     lines = path.read_text().splitlines()
     path.write_text("\n".join([lines[0], "{not json", *lines[1:]]) + "\n")
-    tracker.log_metrics(run, {"completed": 6.0})
     with pytest.raises(ValueError, match="line 2 is not a journaled write"):
         replay(journals(tmp_path / "out"), sync.make_tracker)
 
 
 def test_a_replay_that_died_between_a_write_and_its_mark_makes_no_second_run(tmp_path: Path) -> None:
-    real, client = _store(tmp_path)
-    flaky = Flaky(real)
-    flaky.down = True
-    tracker = JournaledTracker(flaky, tmp_path / "out" / JOURNAL_NAME)
-    run = tracker.start_run("baseline-r1", {})
-    tracker.log_metrics(run, {"completed": 6.0})
+    real, client, _, _ = _journaled_run(tmp_path)
 
     class DiesAfterStarting:
         """The run is made in MLflow, then the process dies before the journal marks it done."""
