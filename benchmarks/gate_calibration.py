@@ -17,9 +17,9 @@ with ``ray job submit ... +sweep=nightly`` (gate.enabled, gate.confirm as in the
 3. The smallest slowdown the default nightly window detects, from the measured spread
    between nights: the ratio whose prediction interval just clears the floor.
 
-``--stutter 0.13 0.3`` injects the slowdown instead by pausing every engine process (SIGSTOP
-and SIGCONT) for that share of each half second: its steps then take about 1 / (1 - share)
-as long (1.15x, 1.43x). Busy processes turned out too weak and too erratic a slowdown here.
+``--stutter 0.13 0.3`` injects the slowdown instead by pausing every engine process of the
+cluster it started (SIGSTOP and SIGCONT; never another server on the machine) for that share
+of each half second: its steps then take about 1 / (1 - share) as long (1.15x, 1.43x). Busy processes turned out too weak and too erratic a slowdown here.
 
 Only the second node offers a server slot here: on 2 cores, two servers at once would share
 the one core vLLM's CPU build binds, and the measurement with them.
@@ -142,7 +142,7 @@ def main() -> None:
             print(f"slow night {i + 1} ({args.per_core} process(es) per core, duty {args.duty:.0%}): exit {code}, "
                   f"{wall:.0f} s\n{lines}\n", flush=True)  # fmt: skip
         for paused in args.stutter:
-            with cluster.stutter(paused):
+            with cluster.stutter(rc.processes, paused):
                 code, wall, lines = night(rc, server.uri, f"nightly-stutter-{time.time():.0f}")
             print(f"stutter night (engines paused {paused:.0%}, steps ~{1 / (1 - paused):.2f}x): exit {code}, "
                   f"{wall:.0f} s\n{lines}\n", flush=True)  # fmt: skip

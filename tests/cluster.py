@@ -5,13 +5,15 @@ calibration benchmark.
 Two raylets on one machine are Ray's own way to test multi-node. Each node gets its own
 ports, and the whole cluster its own temp dir; it is stopped by its processes (those whose
 command line names that temp dir), never with ``ray stop``, which stops every Ray of the
-machine.
+machine. What runs on the cluster (job drivers, Ray workers, vLLM servers) is found among
+the descendants of those processes, never by a name matched across the machine.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -19,13 +21,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import psutil
+
+from tests import procs
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[1]
@@ -61,32 +65,67 @@ class Cluster:
     worker_slots: float
     worker_node_port: int  # the joining node's raylet (--node-manager-port): what a test kills to lose it
 
+    def processes(self) -> list[psutil.Process]:
+        """The cluster's own processes (GCS, raylets, dashboard, workers, ...): every
+        process started on it descends from one of them."""
+        return _cluster_processes(self.temp_dir)
 
-def _ray(*args: str) -> None:
-    done = subprocess.run([str(BIN / "ray"), *args], env=env(), capture_output=True, text=True, timeout=180)
-    if done.returncode:
-        raise RuntimeError(f"ray {' '.join(args)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+
+def _ray(*args: str, started: list[psutil.Process], timeout_s: float = 180) -> None:
+    """Run ``ray ARGS``; add to ``started`` the processes seen below it while it ran: what
+    ``ray start`` starts and then leaves to init when it exits (some, such as Ray's client
+    server, never name the cluster's temp dir)."""
+    seen: dict[int, psutil.Process] = {}
+    try:
+        with tempfile.TemporaryFile("w+") as out:
+            proc = subprocess.Popen([str(BIN / "ray"), *args], env=env(), stdout=out, stderr=subprocess.STDOUT,
+                                    text=True)  # fmt: skip
+            deadline = time.monotonic() + timeout_s
+            while proc.poll() is None:
+                for child in procs.descendants(proc.pid):
+                    seen.setdefault(child.pid, child)
+                if time.monotonic() > deadline:
+                    proc.kill()
+                    proc.wait()
+                    raise subprocess.TimeoutExpired(proc.args, timeout_s)
+                time.sleep(0.05)
+            out.seek(0)
+            output = out.read()
+    finally:
+        started.extend(procs.alive(seen.values()))
+    if proc.returncode:
+        raise RuntimeError(f"ray {' '.join(args)} failed:\n{output[-6000:]}")
 
 
 def _cluster_processes(temp_dir: Path) -> list[psutil.Process]:
+    """This user's processes whose command line names ``temp_dir`` (made by mkdtemp for this
+    cluster alone) or a path inside it. ``ray start`` leaves its daemons to init, so they
+    are no one's descendants: the scan finds them by that marker alone, which no process of
+    another cluster, or of another user, carries."""
+    names = re.compile(r"(?<![\w./-])" + re.escape(str(temp_dir)) + r"(?![\w.-])")
+    uid = os.getuid()
     found = []
-    for proc in psutil.process_iter(["cmdline"]):
+    for proc in psutil.process_iter(["cmdline", "uids"]):
         try:
-            if any(str(temp_dir) in part for part in proc.info["cmdline"] or ()):
+            if proc.info["uids"].real == uid and any(names.search(part) for part in proc.info["cmdline"] or ()):
                 found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+        except (psutil.NoSuchProcess, psutil.AccessDenied, AttributeError):
             continue
     return found
 
 
-def stop_cluster(temp_dir: Path) -> None:
-    procs = _cluster_processes(temp_dir)
-    for proc in procs:
+def stop_cluster(temp_dir: Path, started: Iterable[psutil.Process] = ()) -> None:
+    """Stop the cluster's processes, what runs below them (Ray's agents, workers, and any
+    server left), and ``started``: what ``ray start`` started (see :func:`_ray`)."""
+    found = _cluster_processes(temp_dir)
+    tree = {p.pid: p for p in [*found, *procs.descendants(*found), *procs.alive(started)]}
+    targets = list(tree.values())
+    for proc in targets:
         try:
             proc.send_signal(signal.SIGTERM)
         except psutil.NoSuchProcess:
             pass
-    _, alive = psutil.wait_procs(procs, timeout=15)
+    _, alive = psutil.wait_procs(targets, timeout=15)
     for proc in alive:
         try:
             proc.kill()
@@ -109,21 +148,23 @@ def ray_cluster(head_slots: float = 1, worker_slots: float = 1) -> Iterator[Clus
                           timeout=120)  # fmt: skip
     if made.returncode:
         raise RuntimeError(f"ray get-auth-token --generate failed (exit {made.returncode})")
+    started: list[psutil.Process] = []
     try:
         _ray("start", "--head", f"--port={port}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
              "--num-cpus=1", f"--resources={head_res}", f"--temp-dir={temp_dir}", "--disable-usage-stats",
-             "--object-store-memory=200000000", "--include-dashboard=true")  # fmt: skip
+             "--object-store-memory=200000000", "--include-dashboard=true", started=started)  # fmt: skip
         low, node_port = free_port() % 5000 + 20000, free_port()
         _ray("start", f"--address=127.0.0.1:{port}", "--num-cpus=1", f"--resources={worker_res}",
              f"--node-manager-port={node_port}", f"--object-manager-port={free_port()}",
              f"--min-worker-port={low}", f"--max-worker-port={low + 999}", "--disable-usage-stats",
-             "--object-store-memory=200000000")  # fmt: skip
+             "--object-store-memory=200000000", started=started)  # fmt: skip
         cluster = Cluster(f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}", temp_dir, head_slots, worker_slots,
                           node_port)  # fmt: skip
         _wait_nodes(cluster, 2)
+        procs.tracker().add(*cluster.processes(), *started)  # what the cluster runs counts as this test run's
         yield cluster
     finally:
-        stop_cluster(temp_dir)
+        stop_cluster(temp_dir, started)
 
 
 def _wait_nodes(cluster: Cluster, count: int, timeout_s: float = 120) -> None:
@@ -235,34 +276,36 @@ def job_details(cluster: Cluster, submission_id: str) -> dict:
     return httpx.get(f"{cluster.dashboard}/api/jobs/{submission_id}", headers=auth_headers(), timeout=10).json()
 
 
-def engine_pids(ready: set[int]) -> list[int]:
-    """Every process of every vLLM server that has answered /health (``ready`` remembers
-    them): the API server and all it spawned (the engine core and the model worker, which
-    on the CPU runs the steps). Servers still starting are left alone."""
-    out = subprocess.run(["pgrep", "-f", "vllm.entrypoints.openai.api_server"], capture_output=True, text=True).stdout
+API_SERVER = "vllm.entrypoints.openai.api_server"
+
+
+def engine_pids(roots: Iterable[procs.Root], ready: set[int]) -> list[int]:
+    """Every process of every vLLM server below ``roots`` (a cluster's processes, or a
+    sweep's) that has answered /health (``ready`` remembers them): the API server and all it
+    spawned (the engine core and the model worker, which on the CPU runs the steps). Servers
+    still starting are left alone, and so is every server that is not below ``roots``."""
     pids = set()
-    for pid in (int(p) for p in out.split()):
+    for proc in procs.matching(roots, API_SERVER):
         try:
-            proc = psutil.Process(pid)
-            if pid not in ready:
+            if proc.pid not in ready:
                 args = proc.cmdline()
                 port = args[args.index("--port") + 1]
                 if httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code != 200:
                     continue
-                ready.add(pid)
-            pids |= {pid, *(c.pid for c in proc.children(recursive=True))}
+                ready.add(proc.pid)
+            pids |= {proc.pid, *(c.pid for c in proc.children(recursive=True))}
         except (psutil.Error, ValueError, IndexError, httpx.HTTPError):
             continue
     return sorted(pids)
 
 
 @contextmanager
-def stutter(paused: float, period_s: float = 0.5) -> Iterator[None]:
-    """Pause every ready vLLM server for ``paused`` of each period (SIGSTOP, then SIGCONT):
-    a real slowdown of the real engine, of a known size (it serves about 1 / (1 - paused)
-    times slower), that no config value shows, so the point's fingerprint stays the same. Busy
-    processes beside the server were tried first: on this machine they slowed it by 0-18 %,
-    unpredictably."""
+def stutter(roots: Callable[[], Iterable[procs.Root]], paused: float, period_s: float = 0.5) -> Iterator[None]:
+    """Pause every ready vLLM server below ``roots()`` (``Cluster.processes``: the servers the
+    cluster runs) for ``paused`` of each period (SIGSTOP, then SIGCONT): a real slowdown of
+    the real engine, of a known size (it serves about 1 / (1 - paused) times slower), that no
+    config value shows, so the point's fingerprint stays the same. Busy processes beside the
+    server were tried first: on this machine they slowed it by 0-18 %, unpredictably."""
     import threading
 
     done = threading.Event()
@@ -277,7 +320,7 @@ def stutter(paused: float, period_s: float = 0.5) -> Iterator[None]:
 
     def loop() -> None:
         while not done.is_set():
-            pids = engine_pids(ready)
+            pids = engine_pids(roots(), ready)
             signal_all(pids, signal.SIGSTOP)
             done.wait(paused * period_s)
             signal_all(pids, signal.SIGCONT)
@@ -290,4 +333,4 @@ def stutter(paused: float, period_s: float = 0.5) -> Iterator[None]:
     finally:
         done.set()
         thread.join()
-        signal_all(engine_pids(ready), signal.SIGCONT)
+        signal_all(engine_pids(roots(), ready), signal.SIGCONT)

@@ -7,22 +7,26 @@ from pathlib import Path
 
 import pytest
 
+from tests import procs
+
 REPO = Path(__file__).resolve().parents[2]
-# The API server, and the engine-core and worker processes it spawns (named by setproctitle).
-SERVER_PATTERN = "vllm.entrypoints.openai.api_server|VLLM::"
+SERVER_PATTERN = procs.SERVER_PATTERN
+
+
+@pytest.fixture(scope="package", autouse=True)
+def _tracked() -> Iterator[None]:
+    """Every process these tests start is tracked from the start (see tests/procs.py), so
+    that one orphaned between two looks at it is still known to be ours."""
+    procs.tracker().start()
+    yield
+    procs.tracker().stop()
 
 
 def vllm_server_pids() -> set[int]:
-    out = subprocess.run(["pgrep", "-f", SERVER_PATTERN], capture_output=True, text=True).stdout
-    # A zombie has exited; it waits only for a parent (here often PID 1) to reap it.
-    return {int(p) for p in out.split() if _state(int(p)) not in ("Z", None)}
-
-
-def _state(pid: int) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
+    """The vLLM server processes (API servers, engine cores, workers) this test run started
+    and that still run: descendants of this process, or of a cluster it made, including
+    those whose parent has died since. Never another server on the machine."""
+    return {p.pid for p in procs.tracker().processes(SERVER_PATTERN)}
 
 
 @pytest.fixture()
@@ -73,7 +77,9 @@ def sigterm_once_serving(args: list[str], cwd: Path, timeout: float = 180, sig: 
         seen.append(line)
         if "server ready" in line:
             break
-    assert vllm_server_pids(), "expected a running server before the signal:\n" + "".join(seen[-20:])
+    assert procs.matching([proc.pid], SERVER_PATTERN), "expected a running server before the signal:\n" + "".join(
+        seen[-20:]
+    )
     proc.send_signal(sig or signal.SIGTERM)
     out, _ = proc.communicate(timeout=timeout)
     return subprocess.CompletedProcess(proc.args, proc.returncode, "".join(seen) + (out or ""), "")

@@ -23,7 +23,7 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests import cluster
+from tests import cluster, procs
 from tests.integration.conftest import vllm_server_pids
 
 pytestmark = pytest.mark.integration
@@ -76,7 +76,7 @@ def test_job_runs_groups_on_both_nodes_and_every_artifact_downloads_through_the_
     # The first night has no history: "insufficient data", exit 3, never a silent pass.
     assert details["driver_exit_code"] == 3, log
     assert details["status"] == "FAILED" and proc.returncode == 1, log
-    assert "insufficient data" in proc.stdout.lower() or "insufficient" in proc.stdout, log
+    assert "insufficient data" in proc.stdout, log  # the gate's summary: "⚠️ insufficient data"
     client = MlflowClient(server.uri)
     (parent,) = _parents(server.uri)
     assert parent.data.tags["gate"] == "insufficient"
@@ -108,14 +108,15 @@ def test_gate_from_the_command_line_without_history_says_so(
 def test_unchanged_night_passes_and_a_slow_night_fails_naming_the_point(
     setup: tuple[cluster.Cluster, cluster.TrackingServer], first_night: tuple[subprocess.CompletedProcess[str], dict],
 ) -> None:  # fmt: skip
-    _, server = setup
+    ray_cluster, server = setup
     sequential = "sweep_name=nightly-seq"
     proc, details = _submit(setup, f"nightly-seq-1-{int(time.time())}", sequential)
     assert details["driver_exit_code"] == 3, proc.stdout[-6000:]
     proc, details = _submit(setup, f"nightly-seq-2-{int(time.time())}", sequential)
     assert details["driver_exit_code"] == 0 and details["status"] == "SUCCEEDED", proc.stdout[-6000:]
     assert _parents(server.uri, "nightly-seq")[-1].data.tags["gate"] == "pass"
-    with cluster.stutter(paused=0.8):  # engine steps ~5x as long: far past the spread of 2 nights
+    # Engine steps ~5x as long: far past the spread of 2 nights.
+    with cluster.stutter(ray_cluster.processes, paused=0.8):
         proc, details = _submit(setup, f"nightly-seq-3-{int(time.time())}", sequential)
     assert details["driver_exit_code"] == 1, proc.stdout[-6000:]
     assert re.search(r"\| \S+-r\d+ \| \w+ \| \*\*regressed\*\*", proc.stdout), proc.stdout[-6000:]
@@ -131,20 +132,25 @@ def _small(num_requests: int) -> list[str]:
     return [a for a in SMALL if not a.startswith("load.num_requests")] + [f"load.num_requests={num_requests}"]
 
 
-def _serving(ready: set[int], node_port: int | None, timeout_s: float = 300) -> tuple[int, psutil.Process]:
-    """A server that answers /health (on the node whose raylet has ``node_port``, if given):
-    its API server's pid and its node's raylet."""
+def _serving(ray_cluster: cluster.Cluster, ready: set[int], node_port: int | None,
+             timeout_s: float = 300) -> tuple[int, psutil.Process]:  # fmt: skip
+    """A server of the cluster that answers /health (on the node whose raylet has
+    ``node_port``, if given): its API server's pid and its node's raylet."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        out = subprocess.run(["pgrep", "-f", "vllm.entrypoints.openai.api_server"], capture_output=True, text=True)
-        healthy = set(cluster.engine_pids(ready)) & ready
-        for pid in (int(p) for p in out.stdout.split()):
+        healthy = set(cluster.engine_pids(ray_cluster.processes(), ready)) & ready
+        for pid in sorted(healthy):
             raylet = cluster.raylet_of(pid)
-            if pid in healthy and raylet and (node_port is None or f"--node_manager_port={node_port}" in
-                                                 " ".join(raylet.cmdline())):  # fmt: skip
+            if raylet and (node_port is None or f"--node_manager_port={node_port}" in " ".join(raylet.cmdline())):
                 return pid, raylet
         time.sleep(1)
     raise AssertionError("no server became ready")
+
+
+def _is_driver(proc: psutil.Process, sweep_name: str) -> bool:
+    """The job's ``python -m pipeline.sweep ... sweep_name=...`` (not the shell that started it)."""
+    args = procs.cmdline(proc)
+    return f"sweep_name={sweep_name}" in " ".join(args) and "pipeline.sweep" in args[1:3]
 
 
 def _start(setup: tuple[cluster.Cluster, cluster.TrackingServer], sweep_name: str, *overrides: str) -> str:
@@ -171,9 +177,8 @@ def test_sigkill_of_a_job_submitted_through_ray_jobs_stops_its_server(
     ray_cluster, _ = setup
     before = vllm_server_pids()
     name = _start(setup, "kill9job", "spec=none", "load.request_rate=1", *_small(num_requests=60))
-    _serving(set(), None)
-    drivers = [p for p in psutil.process_iter(["cmdline"]) if "sweep_name=kill9job" in " ".join(p.info["cmdline"] or ())
-               and "pipeline.sweep" in (p.info["cmdline"] or [""])[1:3]]  # fmt: skip
+    _serving(ray_cluster, set(), None)
+    drivers = [p for p in procs.descendants(*ray_cluster.processes()) if _is_driver(p, "kill9job")]
     assert drivers, "the job's driver process was not found"
     serving = vllm_server_pids() - before
     for driver in drivers:
@@ -193,7 +198,7 @@ def test_a_node_lost_mid_window_has_its_group_run_again_on_another_and_loses_no_
     ray_cluster, server = setup
     before = vllm_server_pids()
     name = _start(setup, "nodelost", "spec.k=3", *SPREAD, *_small(num_requests=16))
-    pid, raylet = _serving(set(), ray_cluster.worker_node_port)
+    pid, raylet = _serving(ray_cluster, set(), ray_cluster.worker_node_port)
     lost = {pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))}
     raylet.kill()  # the node's Ray is gone at once, as when its machine fails
     details = cluster.wait_job(ray_cluster, name, 900)

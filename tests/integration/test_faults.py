@@ -13,9 +13,12 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
-from tests.integration.conftest import vllm_server_pids
+from tests import procs
+from tests.cluster import API_SERVER
+from tests.integration.conftest import SERVER_PATTERN, vllm_server_pids
 
 pytestmark = pytest.mark.integration
 
@@ -35,20 +38,23 @@ def _start_until_serving(args: list[str], cwd: Path) -> tuple[subprocess.Popen[s
     raise AssertionError("the server never became ready:\n" + "".join(seen[-30:]))
 
 
-def _gone_within(pids: set[int], seconds: float) -> set[int]:
+def _servers(proc: subprocess.Popen[str]) -> list[psutil.Process]:
+    """The server processes below the sweep ``proc`` (watchdog, API server, engine core)."""
+    return procs.matching([proc.pid], SERVER_PATTERN)
+
+
+def _gone_within(servers: list[psutil.Process], seconds: float) -> list[int]:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        left = pids & vllm_server_pids()
-        if not left:
-            return set()
+        if not procs.alive(servers):
+            return []
         time.sleep(0.5)
-    return pids & vllm_server_pids()
+    return [p.pid for p in procs.alive(servers)]
 
 
 def test_sigkill_of_the_driver_stops_its_server(tmp_path: Path) -> None:
-    before = vllm_server_pids()
     proc, _ = _start_until_serving([f"hydra.run.dir={tmp_path}/out", "spec=none", "sweep_name=kill9", *SMALL], tmp_path)
-    serving = vllm_server_pids() - before
+    serving = _servers(proc)
     assert serving, "expected the server's processes (API server, engine core) to run"
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
@@ -61,10 +67,11 @@ def test_sigkill_of_the_ray_worker_stops_its_server(tmp_path: Path) -> None:
     proc, seen = _start_until_serving(["-m", f"hydra.sweep.dir={tmp_path}/multi", "spec=none", "sweep_name=kill9ray",
                                        *SMALL], tmp_path)  # fmt: skip
     try:
-        worker = next(int(m.group(1)) for line in seen if (m := re.search(r"_job_in_worker pid=(\d+)", line)))
-        serving = vllm_server_pids() - before
+        pid = next(int(m.group(1)) for line in seen if (m := re.search(r"_job_in_worker pid=(\d+)", line)))
+        (worker,) = [p for p in procs.descendants(proc.pid) if p.pid == pid]  # this sweep's worker, no other
+        serving = _servers(proc)
         assert serving
-        subprocess.run(["kill", "-9", str(worker)], check=True)
+        worker.kill()
         left = _gone_within(serving, 60)
         assert not left, f"server processes outlived their SIGKILLed Ray worker: {sorted(left)}"
     finally:
@@ -73,27 +80,53 @@ def test_sigkill_of_the_ray_worker_stops_its_server(tmp_path: Path) -> None:
     assert not vllm_server_pids() - before, "a server outlived the sweep"
 
 
-def _engine_cores(before: set[int]) -> list[int]:
-    out = subprocess.run(["pgrep", "-f", "VLLM::EngineCore"], capture_output=True, text=True).stdout
-    return sorted(int(p) for p in out.split() if int(p) not in before)
+ENGINE_CORE = "VLLM::EngineCore"
+
+
+def _warmed_up(proc: subprocess.Popen[str], requests: int = 1, timeout_s: float = 300) -> None:
+    """Until the sweep's server has answered its warm-up request(s) (its own request counter
+    says so): the first window starts right after. On a slow machine that takes many seconds."""
+    import httpx
+
+    ports = {args[args.index("--port") + 1] for args in map(procs.cmdline, procs.matching([proc.pid], API_SERVER))
+             if "--port" in args[:-1]}  # fmt: skip
+    assert len(ports) == 1, ports
+    (port,) = ports
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10, trust_env=False).text
+        done = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("vllm:request_success_total"))  # fmt: skip
+        if done >= requests:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"the warm-up did not finish in {timeout_s:g} s")
 
 
 def _fault_sweep(tmp_path: Path, name: str, fault: signal.Signals, *extra: str) -> tuple[str, list]:
-    """A baseline server with two rates; ``fault`` hits its engine core during the first window."""
+    """A baseline server with two rates; ``fault`` hits its engine core during the first window.
+    A decoy that looks like someone else's vLLM server on the machine must come through
+    untouched: the fault hits this sweep's engine core only."""
     from mlflow.tracking import MlflowClient
 
-    before = vllm_server_pids()
-    args = ["-m", f"hydra.sweep.dir={tmp_path}/multi", "hydra/launcher=basic", "spec=none", f"sweep_name={name}",
-            "load.request_rate=1,2", "load.num_requests=16",
-            *[a for a in SMALL if not a.startswith(("load.request_rate", "load.num_requests"))], *extra]  # fmt: skip
-    proc, seen = _start_until_serving(args, tmp_path)
-    cores = _engine_cores(before)
-    assert cores, "no engine core process found"
-    time.sleep(6)  # the warm-up request, then a few seconds into the first window (16 s long)
-    for pid in cores:
-        subprocess.run(["kill", f"-{fault.name.removeprefix('SIG')}", str(pid)], check=True)
-    out, _ = proc.communicate(timeout=600)
-    assert not vllm_server_pids() - before, "a server outlived the sweep"
+    decoy = procs.start_decoy()
+    try:
+        before = vllm_server_pids()
+        args = ["-m", f"hydra.sweep.dir={tmp_path}/multi", "hydra/launcher=basic", "spec=none", f"sweep_name={name}",
+                "load.request_rate=1,2", "load.num_requests=16",
+                *[a for a in SMALL if not a.startswith(("load.request_rate", "load.num_requests"))],
+                *extra]  # fmt: skip
+        proc, seen = _start_until_serving(args, tmp_path)
+        cores = procs.matching([proc.pid], ENGINE_CORE)
+        assert cores, "no engine core process found"
+        _warmed_up(proc)
+        time.sleep(3)  # a few seconds into the first window (16 s long)
+        procs.send(cores, fault, missing_ok=False)
+        out, _ = proc.communicate(timeout=600)
+        assert not vllm_server_pids() - before, "a server outlived the sweep"
+        assert procs.untouched(decoy) is None, procs.untouched(decoy)
+    finally:
+        procs.kill_decoy(decoy)
     client = MlflowClient(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
     experiment = client.get_experiment_by_name(name)
     assert experiment is not None

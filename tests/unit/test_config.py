@@ -39,8 +39,22 @@ def test_default_config_is_ngram_k3_rate1_on_embedded_model() -> None:
 
 @pytest.mark.parametrize(("group", "option"), [(g, p.stem) for g in GROUPS for p in sorted((CONF / g).glob("*.yaml"))])
 def test_every_config_group_option_composes(group: str, option: str) -> None:
+    from omegaconf import OmegaConf
+
     job = _compose([f"{group}={option}"])
-    assert isinstance(job, JobConfig)
+    # Composed, and with the option's own values in the job (not the schema's defaults).
+    section = getattr(job, group)
+    values = OmegaConf.to_container(OmegaConf.load(CONF / group / f"{option}.yaml"))
+    assert isinstance(values, dict) and values
+    for key, value in values.items():
+        if value == "???":  # mandatory: given on the command line (workload.path)
+            continue
+        got = getattr(section, key)
+        if isinstance(got, float) and isinstance(value, str):  # "inf"
+            value = float(value)
+        elif isinstance(value, list):
+            got = list(got)
+        assert got == value, f"{group}={option}: {key} is {got!r} in the job, {value!r} in the file"
 
 
 @pytest.mark.parametrize("name", SWEEPS)

@@ -204,10 +204,23 @@ def test_gate_command_line_exit_codes_on_a_real_store(tmp_path: Path, capsys: py
     assert "is one point of a sweep" in capsys.readouterr().err
     assert main(["pin", "0123456789abcdef0123456789abcdef", *out]) == 2
     assert "no run" in capsys.readouterr().err
+    from mlflow.tracking import MlflowClient
+
+    from pipeline.record.readers import PIN_TAG
+
+    def pin_tag() -> str | None:
+        experiment = MlflowClient(uri).get_experiment_by_name("nightly")
+        assert experiment is not None
+        return experiment.tags.get(PIN_TAG)
+
     assert main(["pin", parents[3], *out]) == 0  # the slow night as the reference
+    assert pin_tag() == parents[3]
     assert main([parents[2], *out]) == 0
     assert "pinned sweep run " + parents[3] in capsys.readouterr().out
     assert main(["unpin", "nightly", *out]) == 0
+    assert pin_tag() is None  # gone from the experiment's tags
+    assert main([parents[2], *out]) == 0
+    assert "pinned sweep run" not in capsys.readouterr().out  # the gate no longer uses it
 
 
 def test_gate_on_an_unreachable_tracking_server_exits_4() -> None:

@@ -14,6 +14,8 @@ from pipeline.run.measure import WINDOW_STOPPED
 from pipeline.run.outcomes import GroupTask, PointOutcome
 from pipeline.run.plan import plan_sweep
 
+TOO_MANY_ERRORS = "12 of the first 12 requests failed"
+
 
 class ScriptedServer:
     """Dies (or hangs) during the windows named in ``faults``; a restart brings it back."""
@@ -67,6 +69,8 @@ def _run(tmp_path: Path, faults: dict[float, str], restart: bool = True):  # typ
             results[point.hash] = PointOutcome(point.hash, point.label, {"completed": 6.0}, error=error)
         elif fault == "hang":
             results[point.hash] = PointOutcome(point.hash, point.label, error=WINDOW_STOPPED + "the window deadline")
+        elif fault == "errors":  # the server answers, with errors: load.max_error_rate stops the window
+            results[point.hash] = PointOutcome(point.hash, point.label, error=WINDOW_STOPPED + TOO_MANY_ERRORS)
         else:
             results[point.hash] = PointOutcome(point.hash, point.label, {"completed": 6.0})
         return results[point.hash]
@@ -100,13 +104,17 @@ def test_without_restarts_the_points_after_a_crash_are_failed_and_say_why(tmp_pa
 
 
 def test_a_window_stopped_for_errors_is_not_a_server_fault(tmp_path: Path) -> None:
-    group = _group()
     server = ScriptedServer(tmp_path / "log")
-    outcome = PointOutcome("h", "r", error=WINDOW_STOPPED + "12 of the first 12 requests failed")
+    outcome = PointOutcome("h", "r", error=WINDOW_STOPPED + TOO_MANY_ERRORS)
     from pipeline.run.group import _server_fault
 
     assert _server_fault(server, outcome) is None  # type: ignore[arg-type]
-    assert group.points
+    # In a group: the point keeps its own error; the server is neither blamed nor restarted.
+    group, results, tags, restarts, firsts = _run(tmp_path, {1.0: "errors"})
+    assert results[group.points[0].hash].error == WINDOW_STOPPED + TOO_MANY_ERRORS
+    assert restarts == 0 and firsts == [True, False, False]
+    assert not any("server.fault" in t or "server.restarts_before" in t for t in tags.values()), tags
+    assert all(results[p.hash].error is None for p in group.points[1:])
 
 
 def test_a_full_disk_stops_the_group_and_names_the_fix(tmp_path: Path) -> None:

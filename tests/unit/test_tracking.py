@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import time
 from pathlib import Path
 
 import mlflow
@@ -100,18 +99,29 @@ def test_two_sweeps_creating_one_new_store_at_once_both_succeed(tmp_path: Path) 
     import subprocess
     import sys
 
-    # Each process waits for the same moment, then creates the store and its own experiment.
+    # Each process imports all that creating the store needs (MLflow's SQL store, the lock),
+    # says it is ready and waits; once both are, both are told to go at the same moment, and
+    # each creates the store and its own experiment. (A deadline instead of this barrier
+    # passes unseen when the imports take longer than it, and then the two never race.)
     script = (
-        "import sys, time; from pathlib import Path\n"
+        "import sys; from pathlib import Path\n"
+        "import filelock, mlflow.store.tracking.sqlalchemy_store\n"
         "from pipeline.config import TrackingConfig\n"
         "from pipeline.record.tracking import prepare, resolve_store\n"
         "store = resolve_store(TrackingConfig(), Path(sys.argv[1]))\n"
-        "time.sleep(max(0.0, float(sys.argv[2]) - time.time()))\n"
-        "print(prepare(store, sys.argv[3]))\n"
+        "print('ready', flush=True)\n"
+        "sys.stdin.readline()\n"
+        "print(prepare(store, sys.argv[2]))\n"
     )
-    start = str(time.time() + 3)
-    procs = [subprocess.Popen([sys.executable, "-c", script, str(tmp_path), start, name], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for name in ("sweep-a", "sweep-b")]  # fmt: skip
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(tmp_path), name], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for name in ("sweep-a", "sweep-b")]  # fmt: skip
+    for p in procs:
+        assert p.stdout is not None and p.stdout.readline() == "ready\n", p.communicate(timeout=120)[1][-2000:]
+    for p in procs:  # the barrier: both are ready; both go
+        assert p.stdin is not None
+        p.stdin.write("go\n")
+        p.stdin.flush()
     results = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in results]
     assert len({out.strip() for out, _ in results}) == 2  # two experiments in one store
