@@ -95,16 +95,8 @@ def _finite_percentile(values: np.ndarray, percentile: float) -> np.ndarray:
 def _pass_statistic(sample: Sample, target: SloTarget) -> Callable[[np.ndarray], np.ndarray]:
     """``positions (..., n) -> 1.0 / 0.0 (...)``: whether the requests at those positions pass."""
     sent = sample.size + sample.failed
-    good = np.ones(sample.size, dtype=bool)
-    columns: list[tuple[np.ndarray, float]] = []
-    for name, limit in target.thresholds().items():
-        if name not in sample.values:
-            raise ValueError(f"the window has no per-request {name} values to check slo.{name} against")
-        values = np.asarray(sample.values[name], dtype=float)
-        columns.append((values, limit))
-        # As vLLM's goodput: a one-token request has no decode phase, so its TPOT counts as 0.
-        checked = np.where(np.isnan(values), 0.0, values) if name == "tpot" else values
-        good &= checked <= limit  # an undefined TTFT or E2EL is not good
+    good = _good(sample, target)
+    columns = [(np.asarray(sample.values[name], dtype=float), limit) for name, limit in target.thresholds().items()]
 
     def statistic(pos: np.ndarray) -> np.ndarray:
         ok = good[pos].sum(axis=-1) / sent >= target.min_goodput - _SHARE_TOLERANCE
@@ -169,7 +161,7 @@ def margins(sample: Sample, target: SloTarget, opts: StatsOptions,
         observed.append(_log_margin(values, target.percentile, limit))
         replicates.append(_quantile_draws(values, target.percentile, limit, opts.resamples, rng))
     if target.min_goodput > 0:
-        good, sent = _good_count(sample, target), sample.size + sample.failed
+        good, sent = int(_good(sample, target).sum()), sample.size + sample.failed
         share = good / sent if sent else 0.0
         # On the probability scale: a share that falls from 1 to 0 between two probes crosses
         # min_goodput near the lower one, as a straight line between them would.
@@ -209,12 +201,17 @@ def _quantile_draws(values: np.ndarray, percentile: float, limit: float, size: i
         return np.log(level / limit)
 
 
-def _good_count(sample: Sample, target: SloTarget) -> int:
+def _good(sample: Sample, target: SloTarget) -> np.ndarray:
+    """Which successful requests meet every threshold: the goodput rule of both the pass call and the margins."""
     good = np.ones(sample.size, dtype=bool)
     for name, limit in target.thresholds().items():
+        if name not in sample.values:
+            raise ValueError(f"the window has no per-request {name} values to check slo.{name} against")
         values = np.asarray(sample.values[name], dtype=float)
-        good &= (np.where(np.isnan(values), 0.0, values) if name == "tpot" else values) <= limit
-    return int(good.sum())
+        # As vLLM's goodput: a one-token request has no decode phase, so its TPOT counts as 0.
+        checked = np.where(np.isnan(values), 0.0, values) if name == "tpot" else values
+        good &= checked <= limit  # an undefined TTFT or E2EL is not good
+    return good
 
 
 # ---- The search ---------------------------------------------------------------------------
