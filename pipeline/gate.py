@@ -39,6 +39,8 @@ GATE_DIR = "gate"
 # Tags that name the hardware a point ran on; the platform string (kernel version) is left
 # out so that an OS update does not orphan a history.
 HARDWARE_KEYS = ("hardware.device", "hardware.cpu", "hardware.cpu_count", "hardware.gpu", "hardware.gpu_count")
+# The gate settings the decision uses, as the driver records them on a sweep's parent run (gate.<name>).
+DECIDING = (("history", int), ("floor_median", float), ("floor_p99", float), ("floor_acceptance_pp", float))
 
 
 def fingerprint(tags: Mapping[str, str]) -> str:
@@ -148,6 +150,26 @@ def run(reader: HistoryReader, parent_id: str, config: GateConfig, opts: StatsOp
     return result, summary
 
 
+def recorded_config(params: Mapping[str, str], history: int | None = None) -> tuple[GateConfig, list[str]]:
+    """The gate settings a sweep ran with, read back from its parent run's params; ``history``
+    (the --history flag) wins over the recorded one. A setting the run does not hold (it ran
+    before they were recorded) keeps its default: returns the config and the names defaulted."""
+    chosen: dict[str, float | int] = {}
+    defaulted = []
+    for name, cast in DECIDING:
+        value = params.get(f"gate.{name}")
+        if name == "history" and history is not None:
+            chosen[name] = history
+        elif value is None:
+            defaulted.append(name)
+        else:
+            try:
+                chosen[name] = cast(value)
+            except ValueError as exc:
+                raise TrackingError(f"the sweep run's param gate.{name}={value!r} is not a number") from exc
+    return GateConfig(**chosen), defaulted
+
+
 def _uri(given: str | None, project: Path) -> Store:
     uri = given or os.environ.get("MLFLOW_TRACKING_URI")
     return Store(uri, None) if uri else resolve_store(TrackingConfig(), project)
@@ -158,13 +180,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("ref", nargs="+", help="sweep name or parent run id; or: pin <run id>; unpin <name | run id>")
     parser.add_argument("--tracking-uri", help="the MLflow server (default: $MLFLOW_TRACKING_URI, else ./mlruns)")
     parser.add_argument("--project", type=Path, default=Path.cwd(), help="folder holding mlruns/ (default: here)")
-    parser.add_argument("--history", type=int, default=GateConfig.history, help="past runs in the reference")
+    parser.add_argument("--history", type=int, default=None,
+                        help="past runs in the reference (default: the sweep's recorded gate.history)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=None, help="where to write gate/ (default: ./outputs/gate-<run>)")
     args = parser.parse_args(argv)
     action, refs = ("judge", args.ref) if args.ref[0] not in ("pin", "unpin") else (args.ref[0], args.ref[1:])
     if len(refs) != 1:
         parser.error(f"give exactly one sweep name or run id (got {len(refs)}): e.g. python -m pipeline.gate nightly")
-    if args.history < 1:
+    if args.history is not None and args.history < 1:
         parser.error(f"--history={args.history} must be >= 1")
     store = _uri(args.tracking_uri, args.project.resolve())
     try:
@@ -181,7 +204,11 @@ def main(argv: list[str] | None = None) -> int:
         recorded = reader.params(parent)
         opts = StatsOptions(**{k: cast(recorded[f"stats.{k}"]) for k, cast in
                                (("confidence", float), ("resamples", int)) if f"stats.{k}" in recorded})  # fmt: skip
-        config = GateConfig(history=args.history)
+        config, defaulted = recorded_config(recorded, args.history)
+        if defaulted:
+            print(f"note: sweep run {parent} did not record its gate settings (it ran before they were); judged "
+                  f"with the defaults " + ", ".join(f"gate.{n}={getattr(config, n)}" for n in defaulted),
+                  file=sys.stderr)  # fmt: skip
         result, summary = run(reader, parent, config, opts, args.out or Path("outputs") / f"gate-{parent[:8]}")
     except TrackingUnreachable as exc:
         print(f"error: {exc}", file=sys.stderr)

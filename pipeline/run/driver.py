@@ -113,7 +113,9 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
         for workload in {repr(j.workload): j.workload for j in jobs}.values():
             if workload.name != "random":  # a missing or malformed file is refused here, not in a worker
                 load_items(workload, 1, 0, None)
-        targets = {g.index: resolve_target(g.server_job, build=not first.dry_run) for g in plan.groups}
+        # Every refusal first, nothing built: a bad draft path, store or cluster is not found
+        # after a model build of half a minute. The embedded models are built once all answer.
+        targets = {g.index: resolve_target(g.server_job, build=False) for g in plan.groups}
     except (ConfigError, EngineNotInstalled, ModelError) as exc:
         return _error(str(exc))
     quiet.apply(first.verbose)  # before Ray starts: its workers inherit the environment
@@ -135,13 +137,6 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
         return EXIT_INFRA
     except tracking.TrackingError as exc:
         return _error(str(exc))
-    identity = sweep_identity(plan, targets)
-    if first.gate.skip_if_done:
-        earlier = readers.HistoryReader(store.tracking_uri).ran_before(tracker.experiment_id, *identity)
-        if earlier:
-            print(f"skipped: engine {identity[1]} already ran this sweep's fingerprint (sweep run {earlier}); "
-                  f"gate.skip_if_done=false measures it again")  # fmt: skip
-            return 0
     # A capacity search picks its rates as it goes: earlier probes are no point of this search.
     done = {} if first.force or first.search == "capacity" else tracker.finished_points()
     todo = plan.without(done)
@@ -161,6 +156,19 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
         return EXIT_INFRA
     except LaunchError as exc:
         return _error(str(exc))
+    # The cluster answers: now build the embedded models (half a minute the first time), which the
+    # sweep's fingerprint names by revision.
+    try:
+        targets = {g.index: resolve_target(g.server_job) for g in plan.groups}
+    except (ConfigError, EngineNotInstalled, ModelError) as exc:
+        return _error(str(exc))
+    identity = sweep_identity(plan, targets)
+    if first.gate.skip_if_done:
+        earlier = readers.HistoryReader(store.tracking_uri).ran_before(tracker.experiment_id, *identity)
+        if earlier:
+            print(f"skipped: engine {identity[1]} already ran this sweep's fingerprint (sweep run {earlier}); "
+                  f"gate.skip_if_done=false measures it again")  # fmt: skip
+            return 0
 
     skipped = len(plan.points) - len(todo.points)
     shown = predict_plan.first_phase(plan).without(done) if first.search == "predict" else todo
@@ -175,11 +183,13 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
     name = f"{first.sweep_name} {time.strftime('%Y-%m-%d %H:%M:%S')}"  # one parent run per invocation
     parent = tracker.start_run(name, {"role": "sweep", "sweep_name": first.sweep_name, "fingerprint": identity[0],
                                       "engine.versions": identity[1]})  # fmt: skip
-    # How the report decides, kept with the sweep: `python -m pipeline.report` decides the same way.
+    # How the report and the gate decide, kept with the sweep: `python -m pipeline.report` and
+    # `python -m pipeline.gate` decide the same way later (the gate with this run's floors and history).
     tracker.log_params(
         parent,
         {f"stats.{k}": v for k, v in dataclasses.asdict(first.stats).items()}
-        | {"search": first.search, **{f"slo.{k}": str(v) for k, v in dataclasses.asdict(first.slo).items()}},
+        | {"search": first.search, **{f"slo.{k}": str(v) for k, v in dataclasses.asdict(first.slo).items()}}
+        | {f"gate.{k}": str(v) for k, v in dataclasses.asdict(first.gate).items()},
     )
     predicted: search_predict.PredictRun | None = None
     try:

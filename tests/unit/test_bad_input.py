@@ -1,18 +1,32 @@
 """Every input refusal in one table: each exits 2 before any server starts, naming the fix.
 
-The cases run as the real entry point (``python -m pipeline.sweep``, with ``-m`` where the case is
-a sweep's), two at a time on the machine's two cores, once for the module; each case is then a test
-of its own. A refused secret ("sentinel") must be written nowhere.
+Each case is composed with Hydra (a ``-m`` case's grid expanded as the sweeper expands it) and
+handed to the same conversion and driver the command line calls, in this process: that is where
+every refusal lives, and a case costs milliseconds, not an interpreter with MLflow. What only the
+command line can show (Hydra's own refusals, exit codes, the single-run Ray check) runs as the
+real entry point, ``python -m pipeline.sweep``, for the few cases in ``CLI_CASES``. A refused
+secret ("sentinel") must be written nowhere.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from hydra import compose, initialize_config_dir
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+from pipeline.compose import register_schema, to_job_config
+from pipeline.config import ConfigError
+from pipeline.run.driver import EXIT_BAD_INPUT, run_guarded
+from pipeline.run.outcomes import GroupOutcome, GroupTask
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
 
 # (id, multirun?, overrides, what the message must say). {tmp} is the case's own folder.
 CASES: list[tuple[str, bool, list[str], str]] = [
@@ -98,36 +112,99 @@ CASES: list[tuple[str, bool, list[str], str]] = [
 ]
 
 
-def _run(case: tuple[str, bool, list[str], str], root: Path) -> tuple[subprocess.CompletedProcess[str], Path]:
-    name, multirun, overrides, _ = case
-    folder = root / name
+# What only the real entry point shows: Hydra refusing the command line (single run and sweep),
+# the single-run Ray check, and the exit code and "error:" line of a refusal from the conversion
+# and from a sweep's point, with a secret on the command line written nowhere.
+CLI_CASES = {"unknown-key", "wrong-type", "unknown-group-option", "sweep-unknown-key", "sweep-wrong-type",
+             "ray-on-a-single-run", "one-bad-point", "secret-in-env"}  # fmt: skip
+
+
+class NoLaunch:
+    """The driver's executor for refusals: reaching it means a bad input got through."""
+
+    def preflight(self, tasks: Sequence[GroupTask]) -> None:
+        return None
+
+    def run(self, tasks: Sequence[GroupTask]) -> list[GroupOutcome]:
+        raise AssertionError(f"a refused input reached the launch of {len(tasks)} server group(s)")
+
+
+def _prepare(case: tuple[str, bool, list[str], str], root: Path) -> tuple[Path, list[str]]:
+    folder = root / case[0]
     folder.mkdir()
     (folder / "bad.jsonl").write_text('{"prompt": "a"}\n{"prompt": \n')
-    args = [o.replace("{tmp}", str(folder)) for o in overrides]
-    where = ["-m", f"hydra.sweep.dir={folder}/multi"] if multirun else [f"hydra.run.dir={folder}/out"]
+    return folder, [o.replace("{tmp}", str(folder)) for o in case[2]]
+
+
+def _in_process(case: tuple[str, bool, list[str], str], folder: Path, args: list[str]) -> int:
+    """Compose as the entry point does, then convert and run the driver: the exit code."""
+    register_schema()
+    if case[1]:  # a sweep: one config per grid point, as the sweeper expands the command line
+        grid = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(args), None)[0]
+        points = [list(point) for point in grid]
+    else:
+        points = [args]
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        cfgs = [compose(config_name="config", overrides=[*p, f"output_dir={folder}/out"]) for p in points]
+    try:
+        jobs = [to_job_config(cfg) for cfg in cfgs]
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return run_guarded(jobs, NoLaunch(), folder)
+
+
+def _cli(case: tuple[str, bool, list[str], str], folder: Path, args: list[str]) -> subprocess.CompletedProcess[str]:
+    where = ["-m", f"hydra.sweep.dir={folder}/multi"] if case[1] else [f"hydra.run.dir={folder}/out"]
     command = [sys.executable, "-m", "pipeline.sweep", *where, *args]
-    return subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=180), folder
+    return subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=180)
 
 
 @pytest.fixture(scope="module")
-def refusals(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[subprocess.CompletedProcess[str], Path]]:
-    root = tmp_path_factory.mktemp("bad-input")
+def cli_refusals(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[subprocess.CompletedProcess[str], Path]]:
+    root = tmp_path_factory.mktemp("bad-input-cli")
+    cases = [c for c in CASES if c[0] in CLI_CASES]
+
+    def run(case: tuple[str, bool, list[str], str]) -> tuple[subprocess.CompletedProcess[str], Path]:
+        folder, args = _prepare(case, root)
+        return _cli(case, folder, args), folder
+
     with ThreadPoolExecutor(max_workers=2) as pool:  # two cores: two entry points at a time
-        return dict(zip([c[0] for c in CASES], pool.map(lambda c: _run(c, root), CASES), strict=True))
+        return dict(zip([c[0] for c in cases], pool.map(run, cases), strict=True))
+
+
+def _nothing_launched_or_leaked(folder: Path, output: str) -> None:
+    assert "Traceback" not in output
+    assert not list(folder.rglob("server.log")) and not list(folder.rglob("groups"))  # nothing was launched
+    leaked = [f for f in folder.rglob("*") if f.is_file() and f.name != "bad.jsonl" and b"sentinel" in f.read_bytes()]
+    assert not leaked and "sentinel" not in output
 
 
 def test_the_table_covers_every_kind_of_input() -> None:
     assert len(CASES) >= 30 and len({c[0] for c in CASES}) == len(CASES)
+    assert CLI_CASES <= {c[0] for c in CASES}
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_bad_input_exits_2_before_any_server_starts_naming_the_fix(
-    case: tuple[str, bool, list[str], str], refusals: dict[str, tuple[subprocess.CompletedProcess[str], Path]]
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] not in CLI_CASES or c[0] in ("one-bad-point", "secret-in-env")],
+                         ids=lambda c: c[0])  # fmt: skip
+def test_bad_input_is_refused_before_any_server_starts_naming_the_fix(
+    case: tuple[str, bool, list[str], str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    folder, args = _prepare(case, tmp_path)
+    monkeypatch.chdir(folder)  # relative paths in a case are the user's working directory's
+    code = _in_process(case, folder, args)
+    out = capsys.readouterr()
+    assert code == EXIT_BAD_INPUT, out.out[-1500:] + out.err[-1500:]
+    assert case[3] in out.err, out.err[-1500:]
+    _nothing_launched_or_leaked(folder, out.out + out.err)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c[0] in CLI_CASES], ids=lambda c: c[0])
+def test_the_command_line_exits_2_naming_the_fix(
+    case: tuple[str, bool, list[str], str], cli_refusals: dict[str, tuple[subprocess.CompletedProcess[str], Path]]
 ) -> None:
-    proc, folder = refusals[case[0]]
+    proc, folder = cli_refusals[case[0]]
     assert proc.returncode == 2, proc.stdout[-1500:] + proc.stderr[-1500:]
     assert case[3] in proc.stderr, proc.stderr[-1500:]
-    assert "Traceback" not in proc.stderr
-    assert not list(folder.rglob("server.log")) and not list(folder.rglob("groups"))  # nothing was launched
-    leaked = [f for f in folder.rglob("*") if f.is_file() and f.name != "bad.jsonl" and b"sentinel" in f.read_bytes()]
-    assert not leaked and "sentinel" not in proc.stdout + proc.stderr
+    _nothing_launched_or_leaked(folder, proc.stdout + proc.stderr)

@@ -3,6 +3,7 @@ command line against a real MLflow store (SQLite in a temporary folder)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import subprocess
 import sys
@@ -26,7 +27,8 @@ from pipeline.analysis.gate import (
     markdown,
 )
 from pipeline.analysis.samples import Sample, StatsOptions
-from pipeline.gate import fingerprint, main
+from pipeline.config import GateConfig
+from pipeline.gate import fingerprint, main, recorded_config
 
 OPTS = StatsOptions(resamples=1000)
 
@@ -171,8 +173,9 @@ def test_fingerprint_keys_on_point_hardware_and_weights_not_engine_version() -> 
 # ---- The command line, on a real store ---------------------------------------------------------
 
 
-def _store(tmp_path: Path, nights: list[float]) -> tuple[str, list[str], str]:
-    """A local store holding one sweep run per value (median TPOT of its one point)."""
+def _store(tmp_path: Path, nights: list[float], params: dict[str, str] | None = None) -> tuple[str, list[str], str]:
+    """A local store holding one sweep run per value (median TPOT of its one point); ``params``
+    on the newest sweep run, as the driver records them."""
     from pipeline.config import TrackingConfig
     from pipeline.record.tracking import Tracker, prepare, resolve_store
 
@@ -186,6 +189,8 @@ def _store(tmp_path: Path, nights: list[float]) -> tuple[str, list[str], str]:
         tracker.log_metrics(child, {"median_tpot_ms": tpot, "p99_tpot_ms": 1.4 * tpot, "median_ttft_ms": 90.0,
                                     "output_throughput": 10_000 / tpot})  # fmt: skip
         tracker.end_run(child)
+        if params and i == len(nights) - 1:
+            tracker.log_params(parent, params)
         tracker.end_run(parent)
         parents.append(parent)
     return store.tracking_uri, parents, child
@@ -221,6 +226,29 @@ def test_gate_command_line_exit_codes_on_a_real_store(tmp_path: Path, capsys: py
     assert pin_tag() is None  # gone from the experiment's tags
     assert main([parents[2], *out]) == 0
     assert "pinned sweep run" not in capsys.readouterr().out  # the gate no longer uses it
+
+
+def test_gate_judges_again_with_the_floors_the_sweep_recorded(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """A night 30 % slower regresses under the default floors (5 %, 10 % for p99), but the sweep
+    ran with 50 % floors: `python -m pipeline.gate` must judge it as the sweep did, a pass."""
+    loose = GateConfig(floor_median=0.5, floor_p99=0.5, history=3)
+    recorded = {f"gate.{k}": str(v) for k, v in dataclasses.asdict(loose).items()}  # as pipeline/run/driver.py logs
+    out = ["--out", str(tmp_path / "out")]
+    uri, parents, _ = _store(tmp_path / "old", [201.0, 198.0, 203.0, 262.0])
+    assert main(["nightly", "--tracking-uri", uri, *out]) == 1  # no recorded settings: the defaults, and a note
+    captured = capsys.readouterr()
+    assert "**regressed**" in captured.out
+    note = [line for line in captured.err.splitlines() if line.startswith("note:")]
+    assert len(note) == 1 and "judged with the defaults gate.history=5, gate.floor_median=0.05" in note[0]
+    uri, parents, _ = _store(tmp_path / "new", [201.0, 198.0, 203.0, 262.0], recorded)
+    assert main(["nightly", "--tracking-uri", uri, *out]) == 0  # the same night, under the sweep's own floors
+    captured = capsys.readouterr()
+    assert "regressed" not in captured.out and "note:" not in captured.err
+    assert "✅ pass" in captured.out
+    assert recorded_config(recorded) == (loose, [])
+    assert recorded_config(recorded, history=2)[0].history == 2  # --history still wins
+    assert recorded_config({}) == (GateConfig(), ["history", "floor_median", "floor_p99", "floor_acceptance_pp"])
 
 
 def test_gate_on_an_unreachable_tracking_server_exits_4() -> None:
