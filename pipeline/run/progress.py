@@ -48,10 +48,10 @@ def local_sink(name: str) -> Sink | None:
 
 
 class Reporter:
-    """What a group holds: ``emit`` never raises."""
+    """What a group holds: ``emit`` never raises. ``clock`` paces window updates (monotonic)."""
 
-    def __init__(self, sink: Sink | None, group: str) -> None:
-        self.sink, self.group = sink, group
+    def __init__(self, sink: Sink | None, group: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.sink, self.group, self.clock = sink, group, clock
         self._last_window = 0.0
 
     def emit(self, kind: str, point: str = "", **fields: object) -> None:
@@ -63,7 +63,7 @@ class Reporter:
             self.sink = None
 
     def window(self, point: str, done: int, total: int, errors: int, tok_s: float) -> None:
-        now = time.monotonic()
+        now = self.clock()
         if done < total and now - self._last_window < WINDOW_EVERY_S:
             return
         self._last_window = now

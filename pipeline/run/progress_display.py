@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,11 +69,13 @@ class SweepState:
 
 
 class Display:
-    """Feed it events (any thread); ``close`` stops it. ``stream``: where it draws (stdout)."""
+    """Feed it events (any thread); ``close`` stops it. ``stream``: where it draws (stdout);
+    ``clock``: the time its lines are drawn at (wall-clock seconds, as events' ``at``)."""
 
     def __init__(self, state: SweepState, stream: Any = None, interactive: bool | None = None,
-                 every_s: float | None = None) -> None:  # fmt: skip
+                 every_s: float | None = None, clock: Callable[[], float] = time.time) -> None:  # fmt: skip
         self.state = state
+        self.clock = clock
         self.every_s = every_s or PLAIN_EVERY_S
         self.stream = stream or sys.stdout
         self.interactive = self.stream.isatty() if interactive is None else interactive
@@ -99,12 +101,12 @@ class Display:
         from rich.text import Text
 
         with self._lock:
-            return Text("\n".join(self.state.lines(time.time())))
+            return Text("\n".join(self.state.lines(self.clock())))
 
     def _plain(self) -> None:
         while not self._stop.wait(self.every_s):
             with self._lock:
-                text = "\n".join(self.state.lines(time.time()))
+                text = "\n".join(self.state.lines(self.clock()))
             print(text, file=self.stream, flush=True)
 
     def close(self) -> None:

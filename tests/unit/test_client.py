@@ -1,12 +1,14 @@
 from __future__ import annotations
 
+import asyncio
 import math
 
 import pytest
+from aiohttp import web
 
 from pipeline.load.client import ClientOptions
 from pipeline.load.items import Request
-from pipeline.load.loadgen import run_window
+from pipeline.load.loadgen import TIMER_SLACK_S, run_window
 from tests.fakes import FakeServer, Script, chat_chunk, chat_script, usage_chunk
 
 
@@ -136,13 +138,38 @@ def test_unreachable_server_is_an_error_record() -> None:
     assert not record.ok and "Cannot connect" in (record.error or "")
 
 
+class _HoldingServer(FakeServer):
+    """Answers nothing until ``expected`` requests are in, then all of them: a client that waits
+    for one answer before it sends the next never gets there (``all_in`` stays False)."""
+
+    def __init__(self, script: Script, expected: int, wait_s: float = 30.0) -> None:
+        super().__init__(lambda body: script)
+        self.expected, self.wait_s = expected, wait_s
+        self.arrived, self.all_in = 0, False
+        self._gate: asyncio.Event | None = None
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        self._gate = self._gate or asyncio.Event()
+        self.arrived += 1
+        if self.arrived >= self.expected and not self._gate.is_set():
+            self.all_in = True
+            self._gate.set()
+        try:
+            await asyncio.wait_for(self._gate.wait(), self.wait_s)
+        except TimeoutError:
+            self._gate.set()  # a closed-loop client: answered from now on, and all_in stays False
+        return await super()._completions(request)
+
+
 def test_open_loop_sends_on_schedule_not_after_completion() -> None:
-    slow = chat_script(["a", "b"], 2, gap_s=0.3)
-    with FakeServer(lambda body: slow) as url:
+    server = _HoldingServer(chat_script(["a", "b"], 2), expected=3)
+    with server as url:
         window = run_window([_request(i) for i in range(3)], [0.0, 0.1, 0.2], _opts(url))
-    sent = [r.sent_s for r in window.records]
-    # Each request left near its due time although the previous one was still streaming.
+    # All three reached the server before it answered any: each request left on its schedule
+    # although the ones before it were still waiting for their answers.
+    assert server.all_in, "a request was sent only after an earlier one's answer"
     for record in window.records:
-        assert record.ok
-        assert record.sent_s - record.scheduled_s < 0.08
-    assert sent[2] < window.records[0].e2el_s + window.records[0].sent_s
+        assert record.ok, record.error
+        assert record.sent_s >= record.scheduled_s - TIMER_SLACK_S  # never before it was due
+    assert [r.index for r in sorted(window.records, key=lambda r: r.sent_s)] == [0, 1, 2]
+    assert window.records[2].sent_s < window.records[0].sent_s + window.records[0].e2el_s

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import threading
 import time
 
 import pytest
@@ -23,22 +24,36 @@ def _scripted_group(reporter: Reporter, points: list[str], total: int) -> None:
 
 
 def test_a_scripted_group_drives_the_sweep_state_through_an_in_process_channel() -> None:
-    state = SweepState(planned=3, estimate_s=600, started=time.time() - 30)
+    state = SweepState(planned=3, estimate_s=600, started=1000.0)
     seen: list[Event] = []
     progress.register("chan", lambda e: (seen.append(e), state.apply(e)))
     try:
         reporter = progress.reporter_for("chan", "00-ngram-k3")
+        reporter.clock = lambda: 5000.0  # the reporter's time stands still: no second passes mid-window
         reporter.emit("server_starting")
         assert state.lines(time.time())[1].startswith("  [00-ngram-k3] server starting, ")
         _scripted_group(reporter, ["ngram-k3-r1", "ngram-k3-r2"], total=8)
     finally:
         progress.unregister("chan")
     assert state.done == 2 and state.failed == 1 and not state.starting and not state.windows
-    # Throttled: a window's first and last update always arrive, not one per request.
-    windows = [e for e in seen if e.kind == "window"]
-    assert windows[0].done == 0 and windows[-1].done == 8 and len(windows) < 2 * 9
-    head = state.lines(time.time())[0]
-    assert head.startswith("progress: 2/3 points done (1 failed), 30 s elapsed, ~15 s left"), head
+    # Throttled, not one per request: with no time passing, the first update and each window's last
+    # arrive, and nothing between (the throttle is the reporter's: the second window's first update too).
+    assert [(e.point, e.done) for e in seen if e.kind == "window"] == [
+        ("ngram-k3-r1", 0), ("ngram-k3-r1", 8), ("ngram-k3-r2", 8)
+    ]  # fmt: skip
+    head = state.lines(1030.0)[0]  # 30 s after the sweep began: 15 s a point, one point left
+    assert head == "progress: 2/3 points done (1 failed), 30 s elapsed, ~15 s left", head
+
+
+def test_mid_window_updates_pass_once_a_throttle_interval_has_gone_by(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(progress, "WINDOW_EVERY_S", 1.0)
+    seen: list[Event] = []
+    now = [5000.0]
+    reporter = Reporter(seen.append, "g", clock=lambda: now[0])
+    for done in range(6):  # a request finishes every 0.4 s
+        reporter.window("p", done, 5, errors=0, tok_s=1.0)
+        now[0] += 0.4
+    assert [e.done for e in seen] == [0, 3, 5]  # the first, the first a second later, the last
 
 
 def test_mid_window_lines_name_the_point_requests_errors_and_rate() -> None:
@@ -52,16 +67,34 @@ def test_mid_window_lines_name_the_point_requests_errors_and_rate() -> None:
     assert state.eta_s(10_000.0) == 0.0  # past the plan's estimate with nothing measured: no negative time
 
 
+class _Lines(io.StringIO):
+    """A stream that says when ``want`` progress lines have been written to it."""
+
+    def __init__(self, want: int) -> None:
+        super().__init__()
+        self.want, self.enough = want, threading.Event()
+
+    def write(self, text: str) -> int:
+        written = super().write(text)
+        if self.getvalue().count("progress: ") >= self.want:
+            self.enough.set()
+        return written
+
+
 def test_plain_lines_come_every_interval_and_are_never_redrawn(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(progress_display, "PLAIN_EVERY_S", 0.05)
-    out = io.StringIO()
-    display = Display(SweepState(planned=1, estimate_s=60), stream=out, interactive=False)
-    display(Event("server_starting", "00-baseline"))
-    time.sleep(0.3)
-    display.close()
+    out = _Lines(want=3)
+    display = Display(SweepState(planned=1, estimate_s=60, started=1000.0), stream=out, interactive=False,
+                      clock=lambda: 1000.0)  # fmt: skip
+    display(Event("server_starting", "00-baseline", at=1000.0))
+    try:
+        # Three lines at 0.05 s apart; the deadline only bounds a display that never prints again.
+        assert out.enough.wait(timeout=60), out.getvalue()
+    finally:
+        display.close()
     lines = out.getvalue().splitlines()
-    assert sum(line.startswith("progress: 0/1 points done") for line in lines) >= 3
-    assert "  [00-baseline] server starting, 0 s so far" in lines
+    block = ["progress: 0/1 points done, 0 s elapsed, ~60 s left", "  [00-baseline] server starting, 0 s so far"]
+    assert lines[:6] == block * 3, lines  # the same two lines each time, appended, never rewritten
     assert "\r" not in out.getvalue() and "\x1b[" not in out.getvalue()  # no cursor movement off a terminal
 
 

@@ -142,20 +142,6 @@ def test_options_that_would_override_method_k_or_draft_are_refused(options: dict
         vllm.validate_spec(SpecConfig(method="ngram", k=3, options=options), NEW)
 
 
-def test_our_method_names_exist_in_installed_vllm() -> None:
-    # Guards JSON_METHODS against renames in vLLM's own SpeculativeConfig.
-    speculative = pytest.importorskip("vllm.config.speculative")
-    import typing
-
-    def flatten(tp: object) -> set[str]:
-        out: set[str] = set()
-        for arg in typing.get_args(tp):
-            out |= flatten(arg) if typing.get_args(arg) else {arg}
-        return out
-
-    assert set(vllm.JSON_METHODS.values()) <= flatten(speculative.SpeculativeMethod)
-
-
 def test_detect_install_reads_metadata_of_the_engine_interpreter() -> None:
     install = vllm.detect_install(sys.executable)
     assert install.distribution in vllm.DISTRIBUTIONS and install.version >= Version("0.1")
