@@ -113,8 +113,9 @@ def capacity_lines(curves: list[CapacityCurve], target: SloTarget, opts: StatsOp
         return []
     lines = ["## Capacity under the SLO", "",
              f"SLO: {target.describe()}. Each server's rate was bracketed, then bisected, on that one server. The "
-             f"interval ({opts.confidence:.0%}) covers the search's resolution and the noise of each pass or miss "
-             f"(a bootstrap over each probe's requests, {opts.resamples} resamples).", "",
+             f"boundary is where a monotone fit of the SLO's margins across probes crosses zero; its interval "
+             f"({opts.confidence:.0%}) re-fits {opts.resamples} draws of each probe's percentile (its order "
+             f"statistics) and goodput share (exact binomial).", "",
              "| configuration | max sustainable req/s | against the baseline | probes (rate: p-value of the metric, "
              "met?) |", "|---|---|---|---|"]  # fmt: skip
     for curve in curves:

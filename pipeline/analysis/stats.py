@@ -395,3 +395,43 @@ def acceptance_length_interval(windows: Sequence[Sample], counter_length: float 
         combined = combined - centre + math.log(counter_length)
         centre = math.log(counter_length)
     return interval_from("acceptance_length", centre, combined, opts, len(windows), int(windows[0].size), df)
+
+
+# ---- Kept up: the achieved request rate against the offered one ----------------------------
+
+# A window kept up with its offered load when it completed requests at 90 % or more of the rate
+# at which they were sent. One rule for search=capacity's overload check
+# (:mod:`~pipeline.analysis.capacity`) and the report's "load-bound" label
+# (:mod:`~pipeline.analysis.verdicts`). The achieved rate is taken over the measured span less a
+# typical request's latency (the median E2EL): a window that kept up still runs past its last
+# arrival by its last request's own latency, which says nothing about the load. A server that
+# falls behind stretches the span by the queue it builds: at a service rate mu below the offered
+# lambda the share tends to mu / lambda. A smaller overload shows as a rising TTFT (capacity's
+# trend test).
+KEPT_UP = 0.9
+
+
+def achieved_share(sample: Sample) -> float:
+    """The achieved request rate over the offered one: completed requests per second of the
+    measured span (``duration_s``, the window's start to its last response) less the median
+    E2EL, over requests sent (failed ones included) per second of the arrival span
+    (``scheduled_end_s``, when the last request was due). NaN where a span is unknown; 0
+    where every request was due at once (an infinite offered rate never keeps up)."""
+    sent = sample.size + sample.failed
+    end = sample.scheduled_end_s
+    if not sent or not math.isfinite(end) or end < 0 or not sample.duration_s > 0:
+        return math.nan
+    if end == 0:
+        return 0.0
+    e2el = sample.values.get("e2el", np.empty(0))
+    e2el = e2el[np.isfinite(e2el)]
+    lag = float(np.median(e2el)) if len(e2el) else 0.0
+    span = max(sample.duration_s - lag, end * 1e-3)  # a window shorter than its latency: all lag
+    return (sample.size / span) / (sent / end)
+
+
+def keeps_up(sample: Sample) -> bool:
+    """Whether a window kept up with its offered load (:data:`KEPT_UP`); False where
+    :func:`achieved_share` is unknown."""
+    share = achieved_share(sample)
+    return math.isfinite(share) and share >= KEPT_UP

@@ -55,20 +55,6 @@ def floor_for(metric: str, opts: StatsOptions) -> float:
     return P99_FLOOR if metric.startswith("speedup_p99") else opts.floor
 
 
-# A window kept up with its offered load when its output rate reached this share of the rate
-# at which work arrived (the last request's own latency after the last arrival included).
-KEPT_UP = 0.7
-
-
-def keeps_up(sample: Sample) -> bool:
-    """Achieved ~ offered: the window's span is mostly the arrival span. A server that falls
-    behind, by queueing or by batching everything at once, stretches the window far past
-    the last arrival (the all-at-once load never keeps up)."""
-    if not math.isfinite(sample.scheduled_end_s) or sample.scheduled_end_s <= 0 or sample.duration_s <= 0:
-        return False
-    return sample.scheduled_end_s / sample.duration_s >= KEPT_UP
-
-
 @dataclass(frozen=True)
 class Comparisons:
     """One row per speculative point, with every ratio's interval and verdict."""
@@ -146,7 +132,7 @@ def compare_points(frame: pd.DataFrame, samples: Mapping[str, Sample], opts: Sta
                 found[metric] = _summary_only(metric, pairs)
         ratios[str(key)] = found
         rate = float(first["request_rate"])
-        load_bound[str(key)] = complete and all(keeps_up(x) for x in [*base_s, *spec_s])  # type: ignore[arg-type]
+        load_bound[str(key)] = complete and all(stats.keeps_up(x) for x in [*base_s, *spec_s])  # type: ignore[arg-type]
         row = {c: first.get(c) for c in ("engine", "method", "k", "workload", "setting_key", "replica")}
         row |= {"point_key": str(key), "request_rate": rate, "runs": len(pairs), "k": int(first["k"])}
         # The MLflow runs behind the row, speculation's first: the report links to them.

@@ -173,15 +173,19 @@ def capacity_sample(rate: float, scale: float, n: int = 30, seed: int = 0, noise
     """TPOT 40 ms x rate / scale per request (times noise): p99 passes 50 ms near 1.25 x scale."""
     rng = np.random.default_rng(seed)
     tpot = 0.040 * (rate / scale) * np.exp(rng.normal(0, noise, n))
+    # Arrivals at the offered rate; the window ends with its last request: it kept up.
+    scheduled = np.arange(n) / rate
     return Sample(index=np.arange(n), values={"tpot": tpot, "ttft": tpot, "e2el": tpot * 10},
                   itl=tuple(np.full(2, v) for v in tpot), output_tokens=np.full(n, 10.0), chunks=np.full(n, 10.0),
-                  duration_s=10.0)  # fmt: skip
+                  duration_s=float(scheduled[-1] + tpot[-1] * 10), scheduled_end_s=float(scheduled[-1]),
+                  scheduled=scheduled)  # fmt: skip
 
 
 def write_requests(folder: Path, sample: Sample) -> None:
     folder.mkdir(parents=True, exist_ok=True)
+    scheduled = sample.scheduled if len(sample.scheduled) == sample.size else np.zeros(sample.size)
     rows = {"index": sample.index, "error": [None] * sample.size, "output_tokens": sample.output_tokens,
-            "num_chunks": sample.chunks, "scheduled_s": np.zeros(sample.size),
+            "num_chunks": sample.chunks, "scheduled_s": scheduled,
             **{f"{m}_s": sample.values[m] for m in ("ttft", "tpot", "e2el")}}  # fmt: skip
     pd.DataFrame(rows).to_csv(folder / "requests.csv", index=False)
 
@@ -193,8 +197,9 @@ def test_probe_loop_brackets_then_bisects_to_the_resolution(tmp_path: Path) -> N
     opened, logged = [seed], []
 
     def measure(point: Point, first: bool) -> PointOutcome:
-        write_requests(tmp_path / point.label, capacity_sample(point.job.load.request_rate, 3.0, noise=0.0))
-        return PointOutcome(point.hash, "r", {"duration": 10.0})
+        sample = capacity_sample(point.job.load.request_rate, 3.0, noise=0.0)
+        write_requests(tmp_path / point.label, sample)
+        return PointOutcome(point.hash, "r", {"duration": sample.duration_s})
 
     history = search_capacity.probe(seed, lambda p: opened.append(p) or p, measure, tmp_path,
                                     lambda p, m: logged.append(m))  # fmt: skip

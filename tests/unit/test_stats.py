@@ -170,6 +170,51 @@ def test_crossing_is_an_interval_only_where_helps_turns_into_hurts() -> None:
     assert decisions.crossing(rates, decide(flat, OPTS), OPTS).rate is None
 
 
+def test_crossing_keeps_replicates_that_do_not_cross_censored_at_the_segment_ends() -> None:
+    # Helps at 1 req/s, hurts at 4. On 10 % of the replicates the speedup at 4 req/s is still
+    # above 1 (no crossing within the segment: censored at 4), on 10 % it is below 1 already at
+    # 1 req/s (censored at 1): the interval reaches both ends instead of being confined to the
+    # replicates that cross.
+    b = 2000
+    rng = np.random.default_rng(0)
+    low_rate, high_rate = rng.normal(0.3, 0.05, b), rng.normal(-0.3, 0.05, b)
+    high_rate[: b // 10] = 0.05
+    low_rate[b // 10 : b // 5] = -0.05
+
+    def at(estimate: float, log_replicates: np.ndarray, label: str) -> decisions.Decision:
+        ratio = stats.Ratio("speedup_median_tpot", estimate, estimate * 0.9, estimate * 1.1, 0.95, 1, 200,
+                            log_replicates=log_replicates)  # fmt: skip
+        return decisions.Decision(label, ratio, 0.001)
+
+    cross = decisions.crossing([1.0, 4.0], [at(math.exp(0.3), low_rate, decisions.HELPS),
+                                            at(math.exp(-0.3), high_rate, decisions.HURTS)], OPTS)  # fmt: skip
+    assert cross.rate == pytest.approx(2.5)
+    assert cross.low == 1.0 and cross.high == 4.0
+    assert cross.text == "crosses 1.0 at ~2.50 req/s [1.00, 4.00] (between 1 and 4 req/s)"
+    # Dropping the replicates that do not cross would have confined the interval inside the segment.
+    crossed = [v for v in (decisions._interpolate([1.0, 4.0], [a, c]) for a, c in zip(low_rate, high_rate,
+                                                                                   strict=True)) if v is not None]  # fmt: skip
+    assert 1.0 < min(crossed) and max(crossed) < 4.0
+
+
+def test_kept_up_is_the_achieved_request_rate_against_the_offered_one() -> None:
+    w = window(np.random.default_rng(0), np.zeros(40), 0.04)
+    lag = float(np.median(w.values["e2el"]))  # a typical request's latency: ~4 s
+    # 40 requests over 10 s of arrivals, the last done a typical latency later: it kept up.
+    on_time = dataclasses.replace(w, scheduled_end_s=10.0, duration_s=10.0 + lag)
+    assert stats.achieved_share(on_time) == pytest.approx(1.0) and stats.keeps_up(on_time)
+    # Served at 80 % of the offered rate: the queue stretched the span by a quarter.
+    behind = dataclasses.replace(on_time, duration_s=10.0 / 0.8 + lag)
+    assert stats.achieved_share(behind) == pytest.approx(0.8) and not stats.keeps_up(behind)
+    assert stats.keeps_up(dataclasses.replace(on_time, duration_s=10.0 / 0.95 + lag))
+    # Failed requests were offered, not achieved: 40 of 50 completed in the same span is 80 %.
+    failing = dataclasses.replace(on_time, failed=10)
+    assert stats.achieved_share(failing) == pytest.approx(0.8) and not stats.keeps_up(failing)
+    # All at once never keeps up; an unknown schedule is not "kept up".
+    assert stats.achieved_share(dataclasses.replace(w, scheduled_end_s=0.0)) == 0.0
+    assert math.isnan(stats.achieved_share(w)) and not stats.keeps_up(w)
+
+
 def test_acceptance_length_interval_is_centred_on_the_counters() -> None:
     rng = np.random.default_rng(0)
     w = window(rng, np.zeros(30), 0.04)
