@@ -15,6 +15,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -165,6 +166,7 @@ def ray_cluster(head_slots: float = 1, worker_slots: float = 1) -> Iterator[Clus
         yield cluster
     finally:
         stop_cluster(temp_dir, started)
+        shutil.rmtree(temp_dir, ignore_errors=True)  # Ray's sessions and logs: nothing left in /tmp
 
 
 def _wait_nodes(cluster: Cluster, count: int, timeout_s: float = 120) -> None:
@@ -279,13 +281,14 @@ def job_details(cluster: Cluster, submission_id: str) -> dict:
 API_SERVER = "vllm.entrypoints.openai.api_server"
 
 
-def engine_pids(roots: Iterable[procs.Root], ready: set[int]) -> list[int]:
+def engine_pids(roots: Iterable[procs.Root], ready: set[int], pattern: str = API_SERVER) -> list[int]:
     """Every process of every vLLM server below ``roots`` (a cluster's processes, or a
     sweep's) that has answered /health (``ready`` remembers them): the API server and all it
     spawned (the engine core and the model worker, which on the CPU runs the steps). Servers
-    still starting are left alone, and so is every server that is not below ``roots``."""
+    still starting are left alone, and so is every server that is not below ``roots``, or
+    whose API server's command line does not match ``pattern``."""
     pids = set()
-    for proc in procs.matching(roots, API_SERVER):
+    for proc in procs.matching(roots, pattern):
         try:
             if proc.pid not in ready:
                 args = proc.cmdline()
@@ -300,11 +303,13 @@ def engine_pids(roots: Iterable[procs.Root], ready: set[int]) -> list[int]:
 
 
 @contextmanager
-def stutter(roots: Callable[[], Iterable[procs.Root]], paused: float, period_s: float = 0.5) -> Iterator[None]:
+def stutter(roots: Callable[[], Iterable[procs.Root]], paused: float, period_s: float = 0.5,
+            pattern: str = API_SERVER) -> Iterator[None]:  # fmt: skip
     """Pause every ready vLLM server below ``roots()`` (``Cluster.processes``: the servers the
     cluster runs) for ``paused`` of each period (SIGSTOP, then SIGCONT): a real slowdown of
     the real engine, of a known size (it serves about 1 / (1 - paused) times slower), that no
-    config value shows, so the point's fingerprint stays the same. Busy processes beside the
+    config value shows, so the point's fingerprint stays the same. ``pattern`` narrows it to
+    the servers whose API server's command line matches (e.g. the speculative ones). Busy processes beside the
     server were tried first: on this machine they slowed it by 0-18 %, unpredictably."""
     import threading
 
@@ -320,7 +325,7 @@ def stutter(roots: Callable[[], Iterable[procs.Root]], paused: float, period_s: 
 
     def loop() -> None:
         while not done.is_set():
-            pids = engine_pids(roots(), ready)
+            pids = engine_pids(roots(), ready, pattern)
             signal_all(pids, signal.SIGSTOP)
             done.wait(paused * period_s)
             signal_all(pids, signal.SIGCONT)
@@ -333,4 +338,4 @@ def stutter(roots: Callable[[], Iterable[procs.Root]], paused: float, period_s: 
     finally:
         done.set()
         thread.join()
-        signal_all(engine_pids(roots(), ready), signal.SIGCONT)
+        signal_all(engine_pids(roots(), ready, pattern), signal.SIGCONT)

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pipeline.config import RayConfig
+from pipeline.run import signals
 from pipeline.run.errors import LaunchError, Unreachable
 
 GCS_DEFAULT_PORT = 6379
@@ -115,6 +116,8 @@ def connect(config: RayConfig) -> bool:
             ray.init(**LOCAL_INIT)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise Unreachable(f"cannot start or join Ray (ray.address={address}): {exc}") from exc
+    # ray.init takes SIGTERM over (its handler aborts the driver: exit 134, not 143): take it back.
+    signals.exit_on_sigterm()
     return True
 
 

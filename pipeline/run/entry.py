@@ -10,6 +10,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
+from pipeline.run import signals
+
 EXIT_BAD_INPUT = 2
 _entered = False
 
@@ -29,4 +31,6 @@ def run(main: Callable[[], object]) -> None:
                   "the key and group names and the value types (`python -m pipeline.sweep --cfg job` prints the "
                   "config with every key)", file=sys.stderr)  # fmt: skip
             sys.exit(EXIT_BAD_INPUT)
+        if signals.exit_code() is not None:  # stopped by SIGTERM: 143, whatever code the exit took on the way
+            sys.exit(signals.exit_code())
         raise

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -58,6 +59,50 @@ def run_sweep(project: Path, *overrides: str, timeout: float = 900) -> subproces
     )
 
 
+def read_until(proc: subprocess.Popen[str], marker: str | None, seen: list[str], timeout_s: float = 600) -> bool:
+    """Read ``proc``'s output into ``seen`` until a line contains ``marker`` (True), the output
+    ends (False; ``marker=None`` reads to the end), or ``timeout_s`` passes (AssertionError, with
+    the process killed): a server that never becomes ready fails its test in minutes, not at the
+    suite's timeout."""
+    import queue
+    import threading
+
+    assert proc.stdout is not None
+    lines: queue.Queue[str | None] = getattr(proc, "_lines", None) or queue.Queue()
+    if not hasattr(proc, "_lines"):  # one reader per process, kept for later calls
+        proc._lines = lines  # type: ignore[attr-defined]
+
+        def pump() -> None:
+            for line in proc.stdout:  # type: ignore[union-attr]
+                lines.put(line)
+            lines.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+    deadline = time.monotonic() + timeout_s
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            line = lines.get(timeout=left)
+        except queue.Empty:
+            break
+        if line is None:
+            lines.put(None)
+            return False
+        seen.append(line)
+        if marker is not None and marker in line:
+            return True
+    proc.kill()
+    waited = f"no {marker!r}" if marker else "no end of the output"
+    raise AssertionError(f"{waited} within {timeout_s:g} s:\n" + "".join(seen[-30:]))
+
+
+def rest_of_output(proc: subprocess.Popen[str], timeout_s: float = 600) -> str:
+    """What ``proc`` prints until it exits (after :func:`read_until`), within ``timeout_s``."""
+    seen: list[str] = []
+    read_until(proc, None, seen, timeout_s)
+    proc.wait(timeout=60)
+    return "".join(seen)
+
+
 def sigterm_once_serving(args: list[str], cwd: Path, timeout: float = 180, sig: int | None = None
                          ) -> subprocess.CompletedProcess[str]:  # fmt: skip
     """Start the entry point, wait until a server is ready, then send what a scheduler sends
@@ -71,15 +116,11 @@ def sigterm_once_serving(args: list[str], cwd: Path, timeout: float = 180, sig: 
         stderr=subprocess.STDOUT,
         text=True,
     )
-    assert proc.stdout is not None
     seen: list[str] = []
-    for line in proc.stdout:
-        seen.append(line)
-        if "server ready" in line:
-            break
+    read_until(proc, "server ready", seen)
     assert procs.matching([proc.pid], SERVER_PATTERN), "expected a running server before the signal:\n" + "".join(
         seen[-20:]
     )
     proc.send_signal(sig or signal.SIGTERM)
-    out, _ = proc.communicate(timeout=timeout)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, "".join(seen) + (out or ""), "")
+    out = rest_of_output(proc, timeout)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, "".join(seen) + out, "")

@@ -2,12 +2,13 @@
 (token auth on), a real ``mlflow server`` with proxied artifacts, sweeps submitted with
 ``ray job submit``, and the regression gate on them.
 
-One cluster and one tracking server serve the module. The first nightly run spreads its two
-server groups over both nodes (``ray.resources_per_group``). Then three more, one server at a
-time (on 2 cores, two servers at once disturb each other far more than any night differs
-from the next), at 1 and 4 req/s, in their own experiment: the first has no history (exit 3),
-the second is unchanged (passes), the third runs with its engines paused 80 % of the time
-(a real slowdown: the gate fails it, naming a point).
+One cluster and one tracking server serve the module. Three nights of the nightly sweep run
+one after another (on 2 cores, two servers at once disturb each other far more than any night
+differs from the next), at one rate, each judged by the gate as ``sweeps/nightly.yaml`` sets it
+(confirmation on): the first has no history (exit 3), the second is unchanged (passes), the
+third runs with its speculative engine paused 80 % of the time, the confirmation's too (a
+real slowdown: the gate confirms it on a fresh server and fails the night, naming the point). The
+node-lost test spreads its two server groups over both nodes.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -29,11 +31,14 @@ from tests.integration.conftest import vllm_server_pids
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
+# One rate, no losslessness probe, fewer resamples: the nights test the schedule and the
+# gate's path, which a smaller night exercises as fully.
 SMALL = [
-    "load.num_requests=8", "load.warmup_requests=1", "workload.max_tokens=16",
-    "engine.dtype=float32", "lossless.prompts=1", "lossless.max_tokens=8", "gate.confirm=false",
+    "load.num_requests=8", "load.warmup_requests=1", "workload.max_tokens=16", "load.request_rate=1",
+    "engine.dtype=float32", "lossless.prompts=0", "stats.resamples=500",
 ]  # fmt: skip
-SPREAD = ["load.request_rate=1", f"+ray.resources_per_group.{cluster.SLOT}=1"]
+SPREAD = [f"+ray.resources_per_group.{cluster.SLOT}=1"]
+SPECULATIVE = cluster.API_SERVER + ".*--speculative-config"
 
 
 @pytest.fixture(scope="module")
@@ -61,29 +66,60 @@ def _parents(uri: str, name: str = "nightly") -> list:
     return client.search_runs([experiment.experiment_id], "tags.role = 'sweep'", order_by=["attributes.start_time ASC"])
 
 
+@dataclass(frozen=True)
+class Night:
+    proc: subprocess.CompletedProcess[str]
+    details: dict
+    parent: object  # its MLflow parent run
+
+    @property
+    def log(self) -> str:
+        return self.proc.stdout[-6000:] + self.proc.stderr[-3000:]
+
+
+@dataclass(frozen=True)
+class Nights:
+    first: Night
+    gate_cli: subprocess.CompletedProcess[str]  # `python -m pipeline.gate` after the first night
+    unchanged: Night
+    slow: Night
+
+
 @pytest.fixture(scope="module")
-def first_night(setup: tuple[cluster.Cluster, cluster.TrackingServer]) -> tuple[subprocess.CompletedProcess[str], dict]:
-    return _submit(setup, f"nightly-test-1-{int(time.time())}", *SPREAD)
+def nights(setup: tuple[cluster.Cluster, cluster.TrackingServer]) -> Nights:
+    ray_cluster, server = setup
+    stamp = int(time.time())
+
+    def night(number: int) -> Night:
+        proc, details = _submit(setup, f"nightly-test-{number}-{stamp}")
+        return Night(proc, details, _parents(server.uri)[-1])
+
+    first = night(1)
+    gate_cli = subprocess.run([sys.executable, "-m", "pipeline.gate", "nightly", "--tracking-uri", server.uri],
+                              capture_output=True, text=True, timeout=300, cwd=REPO)  # fmt: skip
+    unchanged = night(2)
+    # The speculative server's engine steps ~5x as long, the confirmation's too: far past the
+    # spread of 2 nights. The baseline is left alone, so one point regresses and one server
+    # starts again to confirm it.
+    with cluster.stutter(ray_cluster.processes, paused=0.8, pattern=SPECULATIVE):
+        slow = night(3)
+    return Nights(first, gate_cli, unchanged, slow)
 
 
-def test_job_runs_groups_on_both_nodes_and_every_artifact_downloads_through_the_server(
-    setup: tuple[cluster.Cluster, cluster.TrackingServer], first_night: tuple[subprocess.CompletedProcess[str], dict],
-    tmp_path: Path,
-) -> None:  # fmt: skip
+def test_the_first_night_has_no_history_and_every_artifact_downloads_through_the_server(
+    setup: tuple[cluster.Cluster, cluster.TrackingServer], nights: Nights, tmp_path: Path
+) -> None:
     _, server = setup
-    proc, details = first_night
-    log = proc.stdout[-6000:] + proc.stderr[-3000:]
+    first = nights.first
     # The first night has no history: "insufficient data", exit 3, never a silent pass.
-    assert details["driver_exit_code"] == 3, log
-    assert details["status"] == "FAILED" and proc.returncode == 1, log
-    assert "insufficient data" in proc.stdout, log  # the gate's summary: "⚠️ insufficient data"
-    client = MlflowClient(server.uri)
-    (parent,) = _parents(server.uri)
+    assert first.details["driver_exit_code"] == 3, first.log
+    assert first.details["status"] == "FAILED" and first.proc.returncode == 1, first.log
+    assert "insufficient data" in first.proc.stdout, first.log  # the gate's summary: "⚠️ insufficient data"
+    parent = first.parent
     assert parent.data.tags["gate"] == "insufficient"
+    client = MlflowClient(server.uri)
     children = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
-    assert len(children) == 2
-    nodes = {c.data.tags["node.ray_id"] for c in children}
-    assert len(nodes) == 2, f"both groups ran on one node: {nodes}"
+    assert sorted(c.info.run_name for c in children) == ["baseline-r1", "ngram-k3-r1"]
     for child in children:
         assert child.data.metrics.get("server_niceness") == 0  # RAY_worker_niceness=0 on the nodes
         assert child.info.artifact_uri.startswith("mlflow-artifacts:"), child.info.artifact_uri
@@ -95,37 +131,35 @@ def test_job_runs_groups_on_both_nodes_and_every_artifact_downloads_through_the_
         assert path.stat().st_size > 0, name
 
 
-def test_gate_from_the_command_line_without_history_says_so(
-    setup: tuple[cluster.Cluster, cluster.TrackingServer], first_night: tuple[subprocess.CompletedProcess[str], dict],
-) -> None:  # fmt: skip
+def test_gate_from_the_command_line_without_history_says_so(nights: Nights) -> None:
+    assert nights.gate_cli.returncode == 3, nights.gate_cli.stdout + nights.gate_cli.stderr
+    assert "insufficient data" in nights.gate_cli.stderr
+
+
+def test_unchanged_night_passes_and_a_slow_night_is_confirmed_and_fails_naming_the_point(
+    setup: tuple[cluster.Cluster, cluster.TrackingServer], nights: Nights
+) -> None:
     _, server = setup
-    proc = subprocess.run([sys.executable, "-m", "pipeline.gate", "nightly", "--tracking-uri", server.uri],
-                          capture_output=True, text=True, timeout=300, cwd=REPO)  # fmt: skip
-    assert proc.returncode == 3, proc.stdout + proc.stderr
-    assert "insufficient data" in proc.stderr
-
-
-def test_unchanged_night_passes_and_a_slow_night_fails_naming_the_point(
-    setup: tuple[cluster.Cluster, cluster.TrackingServer], first_night: tuple[subprocess.CompletedProcess[str], dict],
-) -> None:  # fmt: skip
-    ray_cluster, server = setup
-    sequential = "sweep_name=nightly-seq"
-    proc, details = _submit(setup, f"nightly-seq-1-{int(time.time())}", sequential)
-    assert details["driver_exit_code"] == 3, proc.stdout[-6000:]
-    proc, details = _submit(setup, f"nightly-seq-2-{int(time.time())}", sequential)
-    assert details["driver_exit_code"] == 0 and details["status"] == "SUCCEEDED", proc.stdout[-6000:]
-    assert _parents(server.uri, "nightly-seq")[-1].data.tags["gate"] == "pass"
-    # Engine steps ~5x as long: far past the spread of 2 nights.
-    with cluster.stutter(ray_cluster.processes, paused=0.8):
-        proc, details = _submit(setup, f"nightly-seq-3-{int(time.time())}", sequential)
-    assert details["driver_exit_code"] == 1, proc.stdout[-6000:]
-    assert re.search(r"\| \S+-r\d+ \| \w+ \| \*\*regressed\*\*", proc.stdout), proc.stdout[-6000:]
-    parent = _parents(server.uri, "nightly-seq")[-1]
-    assert parent.data.tags["gate"] == "fail"
+    unchanged, slow = nights.unchanged, nights.slow
+    assert unchanged.details["driver_exit_code"] == 0 and unchanged.details["status"] == "SUCCEEDED", unchanged.log
+    assert unchanged.parent.data.tags["gate"] == "pass"
+    assert slow.details["driver_exit_code"] == 1, slow.log
+    assert re.search(r"\| \S+-r\d+ \| \w+ \| \*\*regressed\*\*", slow.proc.stdout), slow.log
+    assert slow.parent.data.tags["gate"] == "fail"
     client = MlflowClient(server.uri)
-    children = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    children = client.search_runs(
+        [slow.parent.info.experiment_id], f"tags.mlflow.parentRunId = '{slow.parent.info.run_id}'"
+    )
     assert any(c.data.tags.get("gate.verdict") == "regressed" for c in children)
     assert any("gate.median_tpot_ms.ratio" in c.data.metrics for c in children)
+    # gate.confirm=true (the nightly's own setting): the regression was measured again on a
+    # fresh server before the night failed.
+    assert "re-measuring them on fresh servers to confirm" in slow.proc.stdout, slow.log
+    confirmations = [c for c in children if c.data.tags.get("gate.confirmation_of")]
+    # Only the slowed speculative point regressed, and only it was measured again.
+    assert [c.data.tags["role"] for c in confirmations] == ["speculative"], [
+        (c.info.run_name, c.data.tags.get("role")) for c in children
+    ]
 
 
 def _small(num_requests: int) -> list[str]:
@@ -176,7 +210,7 @@ def test_sigkill_of_a_job_submitted_through_ray_jobs_stops_its_server(
 ) -> None:  # fmt: skip
     ray_cluster, _ = setup
     before = vllm_server_pids()
-    name = _start(setup, "kill9job", "spec=none", "load.request_rate=1", *_small(num_requests=60))
+    name = _start(setup, "kill9job", "spec=none", *_small(num_requests=60))
     _serving(ray_cluster, set(), None)
     drivers = [p for p in procs.descendants(*ray_cluster.processes()) if _is_driver(p, "kill9job")]
     assert drivers, "the job's driver process was not found"
@@ -217,3 +251,6 @@ def test_a_node_lost_mid_window_has_its_group_run_again_on_another_and_loses_no_
     assert finished == ["baseline-r1", "ngram-k3-r1"], [(r.info.run_name, r.info.status) for r in runs]
     (gone,) = [r for r in runs if r.info.status != "FINISHED"]
     assert gone.info.status == "FAILED" and gone.data.tags["error"].startswith("lost: the Ray worker or node")
+    # ray.resources_per_group spread the two groups over both nodes; the lost one ran again on the head.
+    nodes = {r.data.tags.get("node.ray_id") for r in runs}
+    assert len(nodes) == 2 and None not in nodes, [(r.info.run_name, r.data.tags.get("node.ray_id")) for r in runs]

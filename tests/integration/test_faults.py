@@ -18,7 +18,7 @@ import pytest
 
 from tests import procs
 from tests.cluster import API_SERVER
-from tests.integration.conftest import SERVER_PATTERN, vllm_server_pids
+from tests.integration.conftest import SERVER_PATTERN, read_until, rest_of_output, vllm_server_pids
 
 pytestmark = pytest.mark.integration
 
@@ -29,13 +29,10 @@ SMALL = ["engine.dtype=float32", "load.num_requests=40", "load.request_rate=1", 
 def _start_until_serving(args: list[str], cwd: Path) -> tuple[subprocess.Popen[str], list[str]]:
     proc = subprocess.Popen([sys.executable, "-m", "pipeline.sweep", *args], cwd=cwd, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    assert proc.stdout is not None
     seen: list[str] = []
-    for line in proc.stdout:
-        seen.append(line)
-        if "server ready" in line:
-            return proc, seen
-    raise AssertionError("the server never became ready:\n" + "".join(seen[-30:]))
+    if read_until(proc, "server ready", seen):
+        return proc, seen
+    raise AssertionError("the sweep ended before its server became ready:\n" + "".join(seen[-30:]))
 
 
 def _servers(proc: subprocess.Popen[str]) -> list[psutil.Process]:
@@ -76,7 +73,7 @@ def test_sigkill_of_the_ray_worker_stops_its_server(tmp_path: Path) -> None:
         assert not left, f"server processes outlived their SIGKILLed Ray worker: {sorted(left)}"
     finally:
         proc.send_signal(signal.SIGTERM)  # Ray retries the lost task; this test is done with it
-        proc.communicate(timeout=180)
+        rest_of_output(proc, 180)
     assert not vllm_server_pids() - before, "a server outlived the sweep"
 
 
@@ -85,75 +82,102 @@ ENGINE_CORE = "VLLM::EngineCore"
 
 def _warmed_up(proc: subprocess.Popen[str], requests: int = 1, timeout_s: float = 300) -> None:
     """Until the sweep's server has answered its warm-up request(s) (its own request counter
-    says so): the first window starts right after. On a slow machine that takes many seconds."""
+    says so): the first window starts right after. On a slow machine that takes many seconds.
+    After a restart the new server may not listen yet, and the old one may linger a moment."""
     import httpx
 
-    ports = {args[args.index("--port") + 1] for args in map(procs.cmdline, procs.matching([proc.pid], API_SERVER))
-             if "--port" in args[:-1]}  # fmt: skip
-    assert len(ports) == 1, ports
-    (port,) = ports
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10, trust_env=False).text
-        done = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith("vllm:request_success_total"))  # fmt: skip
-        if done >= requests:
-            return
+        ports = _api_ports(proc)
+        if len(ports) == 1:
+            try:
+                text = httpx.get(f"http://127.0.0.1:{ports.pop()}/metrics", timeout=10, trust_env=False).text
+            except httpx.HTTPError:
+                text = ""
+            done = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                       if line.startswith("vllm:request_success_total"))  # fmt: skip
+            if done >= requests:
+                return
         time.sleep(0.5)
     raise AssertionError(f"the warm-up did not finish in {timeout_s:g} s")
 
 
-def _fault_sweep(tmp_path: Path, name: str, fault: signal.Signals, *extra: str) -> tuple[str, list]:
-    """A baseline server with two rates; ``fault`` hits its engine core during the first window.
-    A decoy that looks like someone else's vLLM server on the machine must come through
-    untouched: the fault hits this sweep's engine core only."""
+def _api_ports(proc: subprocess.Popen[str]) -> set[str]:
+    return {args[args.index("--port") + 1] for args in map(procs.cmdline, procs.matching([proc.pid], API_SERVER))
+            if "--port" in args[:-1]}  # fmt: skip
+
+
+def _next_core(proc: subprocess.Popen[str], old: set[int], timeout_s: float = 300) -> list[psutil.Process]:
+    """The engine core of the server the sweep started after ``old``'s (a restart), once there."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        cores = [p for p in procs.matching([proc.pid], ENGINE_CORE) if p.pid not in old]
+        if cores:
+            return cores
+        time.sleep(0.5)
+    raise AssertionError(f"no restarted engine core in {timeout_s:g} s")
+
+
+@pytest.fixture(scope="module")
+def faulted(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
+    """One baseline server measuring three rates, hit twice (the restart costs are the test's):
+    its engine core is SIGKILLed a few seconds into the first window (a crash), and the
+    restarted server's engine core is SIGSTOPped a few seconds into the second (a hang, which
+    only the window deadline ends); the third window runs on a second restart. A decoy that
+    looks like someone else's vLLM server on the machine must come through untouched: the
+    faults hit this sweep's engine cores only. The log and the runs, by name."""
     from mlflow.tracking import MlflowClient
 
+    tmp_path = tmp_path_factory.mktemp("faults")
     decoy = procs.start_decoy()
     try:
         before = vllm_server_pids()
-        args = ["-m", f"hydra.sweep.dir={tmp_path}/multi", "hydra/launcher=basic", "spec=none", f"sweep_name={name}",
-                "load.request_rate=1,2", "load.num_requests=16",
-                *[a for a in SMALL if not a.startswith(("load.request_rate", "load.num_requests"))],
-                *extra]  # fmt: skip
+        args = ["-m", f"hydra.sweep.dir={tmp_path}/multi", "hydra/launcher=basic", "spec=none", "sweep_name=faults",
+                "load.request_rate=1,2,3", "load.num_requests=16", "load.window_timeout_s=40",
+                *[a for a in SMALL if not a.startswith(("load.request_rate", "load.num_requests"))]]  # fmt: skip
         proc, seen = _start_until_serving(args, tmp_path)
-        cores = procs.matching([proc.pid], ENGINE_CORE)
-        assert cores, "no engine core process found"
+        crashed = procs.matching([proc.pid], ENGINE_CORE)
+        assert crashed, "no engine core process found"
         _warmed_up(proc)
         time.sleep(3)  # a few seconds into the first window (16 s long)
-        procs.send(cores, fault, missing_ok=False)
-        out, _ = proc.communicate(timeout=600)
+        procs.send(crashed, signal.SIGKILL, missing_ok=False)
+        hung = _next_core(proc, {p.pid for p in crashed})
+        _warmed_up(proc)
+        time.sleep(3)  # into the second window
+        procs.send(hung, signal.SIGSTOP, missing_ok=False)
+        out = rest_of_output(proc)
         assert not vllm_server_pids() - before, "a server outlived the sweep"
         assert procs.untouched(decoy) is None, procs.untouched(decoy)
     finally:
         procs.kill_decoy(decoy)
     client = MlflowClient(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
-    experiment = client.get_experiment_by_name(name)
+    experiment = client.get_experiment_by_name("faults")
     assert experiment is not None
-    return "".join(seen) + out + f"\nexit code {proc.returncode}", client.search_runs([experiment.experiment_id])
+    runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
+    return "".join(seen) + out + f"\nexit code {proc.returncode}", runs
 
 
-def test_an_engine_killed_mid_window_fails_that_point_and_is_restarted_for_the_next(tmp_path: Path) -> None:
-    log, runs = _fault_sweep(tmp_path, "crash", signal.SIGKILL)
+def test_an_engine_killed_mid_window_fails_that_point_and_is_restarted_for_the_next(
+    faulted: tuple[str, dict],
+) -> None:
+    log, runs = faulted
     assert log.endswith("exit code 3"), log[-3000:]  # a failed point
-    (parent,) = [r for r in runs if r.data.tags.get("role") == "sweep"]
-    points = {r.info.run_name: r for r in runs if r.data.tags.get("role") == "baseline"}
-    assert parent.data.metrics["server_restarts"] == 1
-    crashed, after = points["baseline-r1"], points["baseline-r2"]
+    (parent,) = [r for r in runs.values() if r.data.tags.get("role") == "sweep"]
+    assert parent.data.metrics["server_restarts"] == 2  # once after the crash, once after the hang
+    crashed, after = runs["baseline-r1"], runs["baseline-r2"]
     assert crashed.info.status == "FAILED" and "server.fault" in crashed.data.tags
     assert "--- last lines of the server log ---" in crashed.data.tags["error"]
-    assert after.info.status == "FINISHED" and after.data.tags["server.restarts_before"] == "1"
-    assert after.data.metrics["completed"] > 0
+    assert after.data.tags["server.restarts_before"] == "1"  # it ran on the restarted server
 
 
-def test_an_engine_that_hangs_mid_window_hits_the_window_deadline_and_is_restarted(tmp_path: Path) -> None:
-    log, runs = _fault_sweep(tmp_path, "hang", signal.SIGSTOP, "load.window_timeout_s=25")
-    assert log.endswith("exit code 3"), log[-3000:]
-    points = {r.info.run_name: r for r in runs if r.data.tags.get("role") == "baseline"}
-    hung = points["baseline-r1"]
+def test_an_engine_that_hangs_mid_window_hits_the_window_deadline_and_is_restarted(faulted: tuple[str, dict]) -> None:
+    _, runs = faulted
+    hung = runs["baseline-r2"]
     assert hung.info.status == "FAILED" and "stopped answering" in hung.data.tags["server.fault"]
-    assert "the window deadline of 25 s passed" in hung.data.tags["window.stopped"]
-    assert points["baseline-r2"].info.status == "FINISHED"
+    assert "the window deadline of 40 s passed" in hung.data.tags["window.stopped"]
+    last = runs["baseline-r3"]
+    assert last.info.status == "FINISHED" and last.data.tags["server.restarts_before"] == "2"
+    assert last.data.metrics["completed"] > 0
 
 
 def test_a_tracking_server_gone_mid_sweep_loses_no_measurement(tmp_path: Path) -> None:
@@ -170,16 +194,12 @@ def test_a_tracking_server_gone_mid_sweep_loses_no_measurement(tmp_path: Path) -
             *[a for a in SMALL if not a.startswith(("load.request_rate", "load.num_requests"))]]  # fmt: skip
     proc = subprocess.Popen([sys.executable, "-m", "pipeline.sweep", *args], cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    assert proc.stdout is not None
-    seen = []
-    try:
-        for line in proc.stdout:  # the baseline is measured and recorded; then the server goes away
-            seen.append(line)
-            if "ngram-k3] server ready" in line:
-                break
+    seen: list[str] = []
+    try:  # the baseline is measured and recorded; then the server goes away
+        read_until(proc, "ngram-k3] server ready", seen)
     finally:
         first.__exit__(None, None, None)
-    out = "".join(seen) + proc.communicate(timeout=600)[0]
+    out = "".join(seen) + rest_of_output(proc)
     assert proc.returncode == 4, out[-3000:]  # infrastructure: the measurements are kept, MLflow lacks some
     assert "python -m pipeline.sync" in out and not vllm_server_pids() - before
     assert list((tmp_path / "multi").rglob("ngram-k3-r2/requests.csv"))  # on disk whatever MLflow did
@@ -221,7 +241,7 @@ def test_a_full_output_disk_is_one_message_and_exit_4_and_keeps_the_numbers_in_m
     (command,) = (tmp_path / "multi").rglob("server_command.txt")
     (command.parent / "baseline-r1").mkdir()
     (command.parent / "baseline-r1" / "requests.csv").symlink_to("/dev/full")
-    out = "".join(seen) + proc.communicate(timeout=600)[0]
+    out = "".join(seen) + rest_of_output(proc)
     assert proc.returncode == 4, out[-3000:]
     assert "the output disk is full (No space left on device writing" in out and "hydra.sweep.dir" in out
     assert "Traceback" not in out, out[-3000:]

@@ -1,8 +1,8 @@
 """Our per-point `vllm bench serve` result JSON has the keys of vLLM 0.32's own writer.
 
 vLLM's writer runs for real: `vllm bench serve` against a scripted server, once without
-speculation and once with the speculative counters moving on /metrics, with
-``--save-detailed`` and without. Our file is made from our own measurement of the same server.
+speculation (its plain file) and once with the speculative counters moving on /metrics and
+``--save-detailed`` (its per-request arrays). Our file is made from our own measurement of the same server.
 It is an integration test because `vllm bench serve` imports all of vLLM (~20 s).
 """
 
@@ -47,8 +47,11 @@ def _vllm_bench(url: str, tokenizer_dir: str, out: Path, detailed: bool, shim: P
     return json.loads(out.read_text())
 
 
-@pytest.mark.parametrize("speculative", [False, True], ids=["baseline", "speculative"])
-def test_our_result_json_has_the_keys_of_vllm_bench_serve(tmp_path: Path, speculative: bool) -> None:
+# Two runs of vLLM's writer cover both of its switches: the plain file without speculation, the
+# detailed file (per-request arrays) with the speculative counters moving.
+@pytest.mark.parametrize(("speculative", "detailed"), [(False, False), (True, True)],
+                         ids=["baseline", "speculative-detailed"])  # fmt: skip
+def test_our_result_json_has_the_keys_of_vllm_bench_serve(tmp_path: Path, speculative: bool, detailed: bool) -> None:
     answered = {"n": 0}
     server = FakeServer(lambda body: _answer(server, answered, speculative))
     server.metrics_text = v1_text(0, 0, 0, [0, 0]) if speculative else ""
@@ -56,27 +59,24 @@ def test_our_result_json_has_the_keys_of_vllm_bench_serve(tmp_path: Path, specul
                     workload=WorkloadConfig(max_tokens=4), tracking=TrackingConfig(vllm_result="detailed"))  # fmt: skip
     model_dir = resolve_target(job).model_path
     with server as url:
-        theirs = {
-            d: _vllm_bench(url, model_dir, tmp_path / f"vllm-{d}.json", d, tmp_path / "shim") for d in (False, True)
-        }
+        theirs = _vllm_bench(url, model_dir, tmp_path / "vllm.json", detailed, tmp_path / "shim")
         sends = point_requests(job, load_tokenizer(model_dir))
         measured = measure(url, SERVED, job, sends.warmup, sends.requests, sends.offsets, "point")
     metrics = {**measured.summary, **measured.acceptance.as_metrics()}
-    for detailed in (False, True):
-        ours = vllm_result.result(vllm_result.setup_of(job, "point", 4), metrics, measured.window.records, detailed)
-        assert list(ours) == list(theirs[detailed]), (list(ours), list(theirs[detailed]))
-        for key, value in theirs[detailed].items():  # the same JSON types: scripts index them the same way
-            assert type(ours[key]) is type(value) or value is None or ours[key] is None, key
-    assert ("spec_decode_acceptance_length" in theirs[False]) is speculative
-    ours = vllm_result.result(vllm_result.setup_of(job, "point", 4), metrics, measured.window.records, True)
-    same = ("completed", "failed", "total_output_tokens", "output_lens", "errors", "generated_texts", "num_prompts")
-    assert {k: ours[k] for k in same} == {k: theirs[True][k] for k in same}
-    # The one difference by design (docs/metrics.md): the role-only first chunk is no token for us.
-    assert [len(i) for i in ours["itls"]] == [len(i) - 1 for i in theirs[True]["itls"]]
+    ours = vllm_result.result(vllm_result.setup_of(job, "point", 4), metrics, measured.window.records, detailed)
+    assert list(ours) == list(theirs), (list(ours), list(theirs))
+    for key, value in theirs.items():  # the same JSON types: scripts index them the same way
+        assert type(ours[key]) is type(value) or value is None or ours[key] is None, key
+    assert ("spec_decode_acceptance_length" in theirs) is speculative
+    same = ("completed", "failed", "total_output_tokens", "num_prompts")
+    if detailed:
+        same += ("output_lens", "errors", "generated_texts")
+        # The one difference by design (docs/metrics.md): the role-only first chunk is no token for us.
+        assert [len(i) for i in ours["itls"]] == [len(i) - 1 for i in theirs["itls"]]
+    assert {k: ours[k] for k in same} == {k: theirs[k] for k in same}
     if speculative:  # the same counters, read the same way
-        assert ours["spec_decode_acceptance_rate"] == pytest.approx(75.0) and theirs[True][
-            "spec_decode_acceptance_rate"
-        ] == pytest.approx(75.0)
+        assert ours["spec_decode_acceptance_rate"] == pytest.approx(75.0)
+        assert theirs["spec_decode_acceptance_rate"] == pytest.approx(75.0)
     path = tmp_path / vllm_result.FILE_NAME
     vllm_result.write(path, dataclasses.replace(job), "point", metrics, measured.window.records)
     assert json.loads(path.read_text())["completed"] == 4
