@@ -47,6 +47,8 @@ CASES: list[tuple[str, bool, list[str], str]] = [
     ("no-cache-flag", False, ["engine.extra_args=[--no-enable-prefix-caching]"], "set engine.prefix_cache=off"),
     ("context-too-short", False, ["engine.max_model_len=16"], "leaves no room for workload.max_tokens"),
     ("generate-on-vllm", False, ["workload.endpoint=generate"], "with engine=vllm use chat or completions"),
+    # SGLang here: not installed (or, installed, without a GPU); either way the way out is named
+    ("sglang-on-cpu", False, ["engine=sglang"], "use engine=vllm"),
     ("exposed-host", False, ["engine.host=0.0.0.0"], "set engine.allow_remote=true to mean it"),
     ("secret-in-env", False, ["+engine.env.HF_TOKEN=hf_sentinel"], "pass engine.env_from=[HF_TOKEN] instead"),
     ("secret-in-args", False, ["engine.extra_args=[--api-key,sk-sentinel]"], "engine.env_from=[VLLM_API_KEY]"),
