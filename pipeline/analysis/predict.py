@@ -221,6 +221,10 @@ def predict(inputs: RateInputs, k: int, opts: StatsOptions, server_sd: float | N
     if model_error is not None and model_error[0] > 0:
         # The model's own bias (e.g. L under-predicted at small k), as measured on this sweep's
         # confirmed points: (RMS of log measured / predicted TPOT, how many), a t offset.
+        # One draw for every k and rate (the seed names neither): a common error, so it cancels
+        # where choose() compares two predictions replicate by replicate and widens only the
+        # comparison with a measured k. Fair for choosing, as the bias is largely shared across
+        # k; the part of it that differs between k is not modelled.
         sd, count = model_error
         rng = np.random.default_rng([opts.seed, 11])
         reps_tpot = reps_tpot * np.exp(sd * rng.standard_t(max(count, 1), size=reps_tpot.shape))

@@ -150,7 +150,10 @@ def predictions_table(results: Sequence) -> pd.DataFrame:
             row: dict[str, object] = {"curve": result.label, "setting_key": result.setting, "k": k,
                                       "request_rate": rate, "predicted": first is not None, "confirmed": seen is not None,
                                       "chosen": bool(choice and choice.best.k == k),
-                                      "notes": "; ".join(result.notes)}  # fmt: skip
+                                      "notes": "; ".join(result.notes),
+                                      # The sweep's model-error term (log-scale sd), in every final interval.
+                                      "model_error_sd": result.model_error[0] if result.model_error else math.nan,
+                                      "model_error_points": result.model_error[1] if result.model_error else 0}  # fmt: skip
             if first is not None:
                 row |= {"predicted_length": first.length, "predicted_length_low": first.length_low,
                         "predicted_length_high": first.length_high, "predicted_tpot_ms": 1000 * first.tpot_s,

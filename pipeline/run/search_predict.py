@@ -145,6 +145,8 @@ class CurveResult:
     confirm: dict[int, tuple[float, ...]]
     left_out: tuple[int, ...]
     notes: tuple[str, ...]
+    # The sweep's model-error term added to ``final``: (log-scale sd, confirmed points it rests on).
+    model_error: tuple[float, int] | None = None
 
 
 class Predictor:
@@ -241,9 +243,12 @@ def _estimate(source: predict.Window | predict.Prediction, is_measured: bool, op
                             source.tpot_log_reps)  # fmt: skip
 
 
-def predicted_metrics(prediction: predict.Prediction) -> dict[str, float]:
-    """A predicted point's MLflow metrics: the sweep table's names, each with its interval."""
-    return {
+def predicted_metrics(prediction: predict.Prediction,
+                      model_error: tuple[float, int] | None = None) -> dict[str, float]:  # fmt: skip
+    """A predicted point's MLflow metrics: the sweep table's names, each with its interval, and
+    ``model_error_sd``, the log-scale model-error term its interval carries (where there is one)."""
+    error = {} if model_error is None else {"model_error_sd": model_error[0]}
+    return error | {
         "predicted": 1.0,
         "median_tpot_ms": 1000 * prediction.tpot_s,
         "median_tpot_ms_low": 1000 * prediction.tpot_low_s,
@@ -289,7 +294,8 @@ def run(plan: SweepPlan, executor_run: Callable[[SweepPlan], list[GroupOutcome]]
         results = [predictor.curve(r.setting, curves(plan)[r.setting], by_hash, r.first, cap) for r in firsts]
         note = (f"model error {sd:.1%} (RMS of log measured / first-predicted TPOT over {count} confirmed point(s)), "
                 "added to the final intervals")  # fmt: skip
-        results = [dataclasses.replace(r, notes=(*r.notes, note)) for r in results]
+        results = [dataclasses.replace(r, notes=(*r.notes, note), model_error=predictor.model_error)
+                   for r in results]  # fmt: skip
     results = [dataclasses.replace(r, confirm=f.confirm, left_out=f.left_out, notes=r.notes + _left_out(f, cap))
                for r, f in zip(results, firsts, strict=True)]  # fmt: skip
     for result in results:
@@ -300,7 +306,7 @@ def run(plan: SweepPlan, executor_run: Callable[[SweepPlan], list[GroupOutcome]]
     for result in results:
         for (k, rate), prediction in result.final.items():
             point = points[(result.setting, k, rate, 0)]
-            metrics = predicted_metrics(prediction)
+            metrics = predicted_metrics(prediction, result.model_error)
             predicted[point.hash] = PointOutcome(point.hash, log_predicted(point, metrics), metrics, predicted=True)
     return PredictRun(outcomes, predicted, results, search_report.predictions_table(results))
 

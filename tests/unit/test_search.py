@@ -308,9 +308,15 @@ def test_model_windows_draw_each_servers_run_level_offset_independently() -> Non
     assert abs(np.corrcoef(base, top)[0, 1]) < 0.2
 
 
-def _fake_executor(plan: SweepPlan, fail_baseline: bool = False):  # type: ignore[no-untyped-def]
-    """Runs a plan's groups against the synthetic engine: every point's window and metrics."""
+def _fake_executor(plan: SweepPlan, fail_baseline: bool = False, off: float = 1.0):  # type: ignore[no-untyped-def]
+    """Runs a plan's groups against the synthetic engine: every point's window and metrics. A k
+    below k_max (a confirmation) comes out ``off`` times the engine's TPOT: an error of the model."""
     outcomes, samples = measured_outcomes(plan, {1, 2, 3, 4})
+    for p in plan.points:
+        if 0 < p.job.spec.k < 4:
+            sample = samples[str(outcomes[p.hash].run_id)]
+            scaled = {m: v * off for m, v in sample.values.items()}
+            samples[str(outcomes[p.hash].run_id)] = dataclasses.replace(sample, values=scaled)
     calls: list[SweepPlan] = []
 
     def run(part: SweepPlan) -> list[GroupOutcome]:
@@ -341,6 +347,43 @@ def test_predict_runs_whole_with_a_fake_executor_within_its_confirmation_cap(cap
     assert {k for k, _ in curve.final} == {1, 2, 3} - confirmed
     assert all(o.predicted and o.run_id == f"pred-{h}" for h, o in result.predicted.items())
     assert len(logged) == len(result.predicted) == len(curve.final)
+
+
+def test_the_model_error_is_stored_as_a_number_and_widens_the_final_intervals_by_it() -> None:
+    # k=3 is a candidate at 1 req/s only (at 50 req/s k=4 leads by 8 %), and its confirmation
+    # comes out 25 % slower than the model says: the model's error, measured on one point.
+    plan = grid((1, 2, 3, 4), (1.0, 50.0))
+    run, samples, calls = _fake_executor(plan, off=1.25)
+    spread = dataclasses.replace(OPTS, server_spread=ServerSpread({"speedup_median_tpot": 0.02}, 10, "aa"))
+    logged: dict[str, dict[str, float]] = {}
+
+    def log_predicted(point: Point, metrics: dict[str, float]) -> str:
+        logged[point.hash] = metrics
+        return f"pred-{point.hash}"
+
+    result = search_predict.run(plan, run, samples, log_predicted, spread, 1, {})
+    (curve,) = result.results
+    assert curve.confirm == {3: (1.0,)} and (3, 50.0) in curve.final
+    # The term is the confirmed point's |log measured / first-predicted TPOT|, measured from its window.
+    (confirmed,) = [p for part in calls[1:] for p in part.points]
+    (window,) = samples([p for o in result.outcomes for p in o.points if p.hash == confirmed.hash])
+    sd = abs(math.log(float(np.median(window.values["tpot"])) / curve.first[(3, 1.0)].tpot_s))
+    assert sd == pytest.approx(math.log(1.25), abs=0.03)
+    assert curve.model_error == pytest.approx((sd, 1))
+    # Stored as a number: a column of predictions.csv and a metric of every predicted run.
+    assert result.table["model_error_sd"].to_numpy() == pytest.approx(np.full(len(result.table), sd))
+    assert set(result.table["model_error_points"]) == {1}
+    assert len(logged) == len(curve.final) and all(m["model_error_sd"] == pytest.approx(sd) for m in logged.values())
+    # At 50 req/s nothing was confirmed: the final prediction has the first's inputs, and differs
+    # from it only by the term, one t(1) draw shared by every k, scaled by the stored sd.
+    offsets = []
+    for k in (1, 2, 3):
+        first, final = curve.first[(k, 50.0)], curve.final[(k, 50.0)]
+        assert final.tpot_s == first.tpot_s
+        assert final.tpot_low_s < first.tpot_low_s and final.tpot_high_s > first.tpot_high_s
+        offsets.append((final.tpot_log_reps - first.tpot_log_reps) / sd)
+    assert np.allclose(offsets[0], offsets[1]) and np.allclose(offsets[0], offsets[2])
+    assert np.median(np.abs(offsets[0])) == pytest.approx(1.0, abs=0.2)  # the median of |t(1)|
 
 
 def test_predict_without_a_baseline_predicts_nothing_and_says_why() -> None:

@@ -300,3 +300,79 @@ def test_a_p99_from_fewer_than_100_requests_is_shown_but_gets_no_verdict() -> No
     got = decide([small, large], OPTS, 0.10)
     assert small.resolved and got[0].label == decisions.TOO_FEW and "100 or more paired requests" in got[0].detail
     assert got[1].label == "helps"
+
+
+def _ar1(rng: np.random.Generator, n: int, rho: float, sd: float = 0.15) -> np.ndarray:
+    """A stationary Gaussian AR(1) series of lag-1 correlation ``rho`` and marginal sd ``sd``."""
+    x = np.empty(n)
+    x[0] = rng.normal(0, sd)
+    for i in range(1, n):
+        x[i] = rho * x[i - 1] + rng.normal(0, sd * math.sqrt(1 - rho**2))
+    return x
+
+
+@pytest.mark.parametrize("rho", [0.3, 0.6])
+def test_serial_inflation_is_the_ar1_mean_factor_of_the_series_own_correlation(rho: float) -> None:
+    rng = np.random.default_rng(21)
+    got, factor = stats.serial_inflation(_ar1(rng, 4000, rho))
+    assert got == pytest.approx(rho, abs=0.04)
+    assert factor == pytest.approx(math.sqrt((1 + rho) / (1 - rho)), rel=0.06)
+    # Censored entries (a failure's log ratio is +-inf) leave the estimate where it was.
+    series = _ar1(rng, 4000, rho)
+    series[::50] = math.inf
+    assert stats.lag1_autocorrelation(series) == pytest.approx(rho, abs=0.04)
+
+
+def test_serial_inflation_leaves_independent_requests_alone() -> None:
+    rng = np.random.default_rng(22)
+    # This seed's rho is positive (0.14) but below 1.645 / sqrt(64): not widened.
+    assert stats.serial_inflation(rng.normal(0, 0.15, 64)) == (pytest.approx(0.136, abs=0.001), 1.0)
+    # In expectation: a one-sided 5 % test, so about one window in twenty is widened, and little.
+    factors = np.array([stats.serial_inflation(rng.standard_t(4, 64))[1] for _ in range(1000)])
+    assert 0.02 < np.mean(factors > 1) < 0.09
+    assert np.mean(factors) < 1.03
+    # Too few entries or a constant series: nothing to estimate, nothing widened.
+    assert stats.serial_inflation(np.ones(64)) == (0.0, 1.0)
+    assert stats.serial_inflation(np.array([1.0, 2.0]))[1] == 1.0
+
+
+def _correlated_pair(seed: int, n: int, rho: float) -> tuple[Sample, Sample]:
+    """One run's two windows whose request noise is AR(1) in arrival order, each server its own."""
+    rng = np.random.default_rng(seed)
+    prompt = rng.normal(0, 0.1, n)
+    out = []
+    for scale in (0.04, 0.04 / 1.5):
+        w = window(rng, prompt, scale)
+        tpot = scale * np.exp(prompt + _ar1(rng, n, rho))
+        out.append(dataclasses.replace(w, values={"tpot": tpot, "ttft": tpot * 3, "e2el": tpot * 100}))
+    return out[0], out[1]
+
+
+def test_serially_correlated_windows_get_their_interval_widened_about_the_estimate(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    base, spec = _correlated_pair(5, 64, 0.6)
+    series = np.log(base.values["tpot"]) - np.log(spec.values["tpot"])
+    rho, factor = stats.serial_inflation(series)
+    assert rho > 0.4 and factor > 1.5
+    widened = paired_ratio("speedup_median_tpot", [base], [spec], OPTS, np.random.default_rng(1))
+    monkeypatch.setattr(stats, "serial_inflation", lambda series: (0.0, 1.0))
+    iid = paired_ratio("speedup_median_tpot", [base], [spec], OPTS, np.random.default_rng(1))
+    assert widened.estimate == iid.estimate
+    centre = math.log(iid.estimate)  # type: ignore[arg-type]
+    for got, was in ((widened.low, iid.low), (widened.high, iid.high)):
+        assert math.log(got) - centre == pytest.approx(factor * (math.log(was) - centre), rel=1e-9)  # type: ignore[arg-type]
+
+
+def test_arrival_order_is_the_schedule_where_there_is_one_else_the_prompt_index() -> None:
+    # The prompts were sent in a shuffled order: in prompt order the correlation is gone.
+    base, spec = _correlated_pair(6, 64, 0.6)
+    order = np.random.default_rng(0).permutation(64)  # request j (in arrival order) is prompt order[j]
+    due = np.arange(64, dtype=float)
+    base, spec = (dataclasses.replace(w, index=order, scheduled=due) for w in (base, spec))
+    prompts = np.arange(64)
+    positions = stats._arrival_order(base, spec, prompts)
+    assert np.array_equal(prompts[positions], order)
+    unscheduled = dataclasses.replace(base, scheduled=np.empty(0))
+    assert np.array_equal(stats._arrival_order(unscheduled, dataclasses.replace(spec, scheduled=np.empty(0)),
+                                               prompts), prompts)  # fmt: skip
+    # Only one window recorded its schedule: both windows share it.
+    assert np.array_equal(prompts[stats._arrival_order(unscheduled, spec, prompts)], order)
