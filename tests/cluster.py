@@ -281,14 +281,13 @@ def job_details(cluster: Cluster, submission_id: str) -> dict:
 API_SERVER = "vllm.entrypoints.openai.api_server"
 
 
-def engine_pids(roots: Iterable[procs.Root], ready: set[int], pattern: str = API_SERVER) -> list[int]:
+def engine_pids(roots: Iterable[procs.Root], ready: set[int]) -> list[int]:
     """Every process of every vLLM server below ``roots`` (a cluster's processes, or a
     sweep's) that has answered /health (``ready`` remembers them): the API server and all it
     spawned (the engine core and the model worker, which on the CPU runs the steps). Servers
-    still starting are left alone, and so is every server that is not below ``roots``, or
-    whose API server's command line does not match ``pattern``."""
+    still starting are left alone, and so is every server that is not below ``roots``."""
     pids = set()
-    for proc in procs.matching(roots, pattern):
+    for proc in procs.matching(roots, API_SERVER):
         try:
             if proc.pid not in ready:
                 args = proc.cmdline()
@@ -303,13 +302,11 @@ def engine_pids(roots: Iterable[procs.Root], ready: set[int], pattern: str = API
 
 
 @contextmanager
-def stutter(roots: Callable[[], Iterable[procs.Root]], paused: float, period_s: float = 0.5,
-            pattern: str = API_SERVER) -> Iterator[None]:  # fmt: skip
+def stutter(roots: Callable[[], Iterable[procs.Root]], paused: float, period_s: float = 0.5) -> Iterator[None]:
     """Pause every ready vLLM server below ``roots()`` (``Cluster.processes``: the servers the
     cluster runs) for ``paused`` of each period (SIGSTOP, then SIGCONT): a real slowdown of
     the real engine, of a known size (it serves about 1 / (1 - paused) times slower), that no
-    config value shows, so the point's fingerprint stays the same. ``pattern`` narrows it to
-    the servers whose API server's command line matches (e.g. the speculative ones). Busy processes beside the
+    config value shows, so the point's fingerprint stays the same. Busy processes beside the
     server were tried first: on this machine they slowed it by 0-18 %, unpredictably."""
     import threading
 
@@ -325,7 +322,7 @@ def stutter(roots: Callable[[], Iterable[procs.Root]], paused: float, period_s: 
 
     def loop() -> None:
         while not done.is_set():
-            pids = engine_pids(roots(), ready, pattern)
+            pids = engine_pids(roots(), ready)
             signal_all(pids, signal.SIGSTOP)
             done.wait(paused * period_s)
             signal_all(pids, signal.SIGCONT)
@@ -338,4 +335,4 @@ def stutter(roots: Callable[[], Iterable[procs.Root]], paused: float, period_s: 
     finally:
         done.set()
         thread.join()
-        signal_all(engine_pids(roots(), ready, pattern), signal.SIGCONT)
+        signal_all(engine_pids(roots(), ready), signal.SIGCONT)
