@@ -120,7 +120,7 @@ def overloaded(sample: Sample) -> str | None:
     a Theil-Sen rise over the window of at least the median TTFT). A window without a recorded
     schedule is not judged on the first."""
     share = stats.achieved_share(sample)
-    if math.isfinite(share) and not stats.keeps_up(sample):
+    if math.isfinite(share) and share < stats.KEPT_UP:  # stats.keeps_up's rule, on the share at hand
         end = sample.scheduled_end_s
         if end > 0:
             offered = (sample.size + sample.failed) / end
