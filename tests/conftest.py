@@ -6,6 +6,8 @@
   nothing a developer's earlier runs left (a built model, a Ray token, MLflow's config) and
   leaves nothing behind in theirs. Every process the tests start inherits them. The embedded
   model is built once per session, in the session's cache, by the first test that needs it.
+- Under pytest-xdist (``make test-unit`` runs the unit tests on both cores) the workers are
+  part of their controller's session: they inherit its home and make none of their own.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ _made: list[Path] = []
 
 def pytest_configure(config: pytest.Config) -> None:
     if _made:  # pytest_configure runs once per session; a re-entrant call (pytester) keeps the first
+        return
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # the controller made the session's home: inherited
         return
     root = Path(tempfile.mkdtemp(prefix="sst", dir=os.environ.get("TMPDIR") or "/tmp"))
     ray_tmp = Path(tempfile.mkdtemp(prefix="ssr", dir="/tmp"))

@@ -18,11 +18,11 @@ import pytest
 
 from tests import procs
 from tests.cluster import API_SERVER
-from tests.integration.conftest import SERVER_PATTERN, read_until, rest_of_output, vllm_server_pids
+from tests.integration.conftest import SERVER_PATTERN, TEST_SERVER, read_until, rest_of_output, vllm_server_pids
 
 pytestmark = pytest.mark.integration
 
-SMALL = ["engine.dtype=float32", "load.num_requests=40", "load.request_rate=1", "load.warmup_requests=1",
+SMALL = [*TEST_SERVER, "load.num_requests=40", "load.request_rate=1", "load.warmup_requests=1",
          "workload.max_tokens=32", "lossless.prompts=0"]  # fmt: skip
 
 

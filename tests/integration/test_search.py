@@ -15,11 +15,11 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.integration.conftest import vllm_server_pids
+from tests.integration.conftest import TEST_SERVER, vllm_server_pids
 
 pytestmark = pytest.mark.integration
 
-SMALL = ["load.num_requests=10", "load.warmup_requests=1", "workload.max_tokens=32", "engine.dtype=float32",
+SMALL = ["load.num_requests=10", "load.warmup_requests=1", "workload.max_tokens=32", *TEST_SERVER,
          "lossless.prompts=0"]  # fmt: skip
 
 

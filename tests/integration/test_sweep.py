@@ -1,7 +1,7 @@
 """A real multirun: Hydra -m through our sweeper, a local Ray, real vLLM servers, MLflow.
 
-One sweep (2 k values x 2 rates) is run once for the module; the tests then check its runs,
-that re-running it resumes (no server starts), that Hydra's basic launcher gives the same
+One sweep (2 k values x 2 rates) is run once for the module; the tests then check its runs
+(counters, artifacts, lossless outputs: one job end to end), that re-running it resumes (no server starts), that Hydra's basic launcher gives the same
 points in-process, and that the MLflow UI shows the child runs in a real browser.
 """
 
@@ -14,11 +14,12 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
 from tests import procs
-from tests.integration.conftest import sigterm_once_serving, vllm_server_pids
+from tests.integration.conftest import TEST_SERVER, sigterm_once_serving, vllm_server_pids
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +29,7 @@ SMALL = [
     # Two repeats: throughput's interval is measured across windows.
     "repeats.count=2",
     # float32: greedy outputs must then match the baseline's exactly (bf16 may differ by numerics).
-    "engine.dtype=float32", "lossless.prompts=2", "lossless.max_tokens=32",
+    *TEST_SERVER, "lossless.prompts=2", "lossless.max_tokens=32",
     # Off a terminal the live display prints a line this often (10 s by default).
     "progress_every_s=2",
 ]  # fmt: skip
@@ -104,6 +105,48 @@ def test_multirun_through_ray_starts_one_server_per_configuration(
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"summary.csv", "summary_table.json"} <= artifacts
     assert "ngram-k5-r4" in proc.stdout and "TPOT speedup" in proc.stdout  # the final table
+
+
+def test_every_point_carries_its_counters_artifacts_and_lossless_outputs(
+    swept: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    """One job end to end, read off the shared sweep: the counters, the artifacts, the exact
+    command, and greedy outputs identical with and without speculation (float32)."""
+    project, proc = swept
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    client = MlflowClient(f"sqlite:///{project}/mlruns/mlflow.db")
+    children = [r for r in FIRST_RUNS[project] if r.data.tags.get("role") != "sweep"]
+    for run in children:
+        metrics = run.data.metrics
+        assert run.data.tags["hardware.cpu"] and metrics["failed"] == 0
+        # The client reports its own health (its timing is pinned by the unit tests).
+        assert metrics["send_lateness_p50_ms"] <= metrics["send_lateness_p99_ms"]
+        assert metrics["target_request_rate"] == float(run.data.params["load.request_rate"])
+        if run.data.tags["role"] == "baseline":
+            assert "spec_decode_num_drafts" not in metrics and run.data.params["spec.k"] == "0"
+            continue
+        k = int(run.data.params["spec.k"])
+        # Non-zero counters, a rate strictly inside (0, 100) percent, a length inside (1, k + 1).
+        assert metrics["spec_decode_num_drafts"] > 0 and metrics["spec_decode_draft_tokens"] > 0
+        assert 0 < metrics["spec_decode_acceptance_rate"] < 100
+        assert 1 < metrics["spec_decode_acceptance_length"] < k + 1
+    spec = next(r for r in children if r.info.run_name == "ngram-k3-r2")
+    artifacts = {a.path for a in client.list_artifacts(spec.info.run_id)}
+    assert {"server.log", "server_command.txt", "requests.csv", "summary.json"} <= artifacts
+    got = Path(client.download_artifacts(spec.info.run_id, "server_command.txt", str(project / "dl")))
+    command = got.read_text()
+    assert '"method":"ngram"' in command and "--host 127.0.0.1" in command
+
+    def rows(name: str) -> pd.DataFrame:
+        (path,) = [p for p in project.rglob(f"{name}/requests.csv") if "dl" not in p.parts]
+        return pd.read_csv(path).set_index("index")
+
+    base_rows, spec_rows = rows("baseline-r2"), rows("ngram-k3-r2")
+    assert len(base_rows) == 6 and (base_rows["category"] == "code_edit").all()
+    assert (base_rows["text"] == spec_rows["text"]).all()
+    assert (base_rows["output_tokens"] == spec_rows["output_tokens"]).all()
+    # Under speculation one chunk can carry several tokens: tokens come from usage, not chunks.
+    assert spec_rows["num_chunks"].sum() < spec_rows["output_tokens"].sum()
 
 
 def test_the_live_display_prints_plain_lines_through_ray_and_the_terminal_stays_quiet(

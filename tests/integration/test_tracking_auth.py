@@ -16,14 +16,14 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.cluster import mlflow_server
-from tests.integration.conftest import vllm_server_pids
+from tests.integration.conftest import TEST_SERVER, vllm_server_pids
 
 pytestmark = pytest.mark.integration
 
 PASSWORD = "mlflow-pw-sentinel-5f1c"
 SECRETS = {"MLFLOW_TRACKING_PASSWORD": PASSWORD, "HF_TOKEN": "hf_sentinel_token_93ab",
            "SPECSWEEP_TEST_SECRET": "server-secret-sentinel-77d2"}  # fmt: skip
-SMALL = ["spec=none", "engine.dtype=float32", "load.num_requests=4", "load.request_rate=2", "load.warmup_requests=1",
+SMALL = ["spec=none", *TEST_SERVER, "load.num_requests=4", "load.request_rate=2", "load.warmup_requests=1",
          "workload.max_tokens=16", "lossless.prompts=0"]  # fmt: skip
 
 
