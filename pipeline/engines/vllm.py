@@ -20,6 +20,10 @@ from packaging.version import InvalidVersion, Version
 from pipeline.config import ConfigError, EngineConfig, SpecConfig
 
 JSON_CONFIG_SINCE = Version("0.8.0")
+# Per-request acceptance on the final usage chunk (metrics.speculative_decoding); read from the
+# installed vLLM 0.32.0's config/observability.py, and not asked of older servers.
+PER_REQUEST_SPEC_SINCE = Version("0.32.0")
+PER_REQUEST_SPEC_FLAG = "--per-request-spec-decode-metrics"
 # --speculative-config keys that spec.method, spec.k and spec.draft_model own.
 OWNED_KEYS = {"method": "spec.method", "num_speculative_tokens": "spec.k", "model": "spec.draft_model"}
 # Our method name -> vLLM's speculative-config method.
@@ -190,6 +194,10 @@ def build_launch(
     if engine.prefix_cache == "off":
         cmd.append("--no-enable-prefix-caching")
     cmd += speculative_args(spec, draft_path, install.version)
+    if spec.method != "none" and install.version >= PER_REQUEST_SPEC_SINCE:
+        # "summary": each request's steps, drafts and accepted drafts; a few integers a step.
+        if not any(a.split("=")[0] == PER_REQUEST_SPEC_FLAG for a in engine.extra_args):
+            cmd += [PER_REQUEST_SPEC_FLAG, "summary"]
     cmd += list(engine.extra_args)
 
     env = dict(COMMON_ENV)

@@ -31,11 +31,26 @@ class Usage(msgspec.Struct):
     completion_tokens: int | None = None
 
 
+class SpeculativeDecoding(msgspec.Struct):
+    """vLLM's per-request acceptance (``--per-request-spec-decode-metrics summary``, vLLM 0.32):
+    counted at the same verify steps as its ``vllm:spec_decode_*`` counters."""
+
+    num_spec_steps: int | None = None  # verify steps that carried drafts: the counters' "drafts"
+    num_accepted_draft_tokens: int | None = None
+    num_draft_tokens: int | None = None
+
+
+class RequestMetrics(msgspec.Struct):
+    speculative_decoding: SpeculativeDecoding | None = None
+
+
 class Chunk(msgspec.Struct):
     """The fields of a streamed chunk that the measurement reads; the rest is skipped."""
 
     choices: list[Choice] = []
     usage: Usage | None = None
+    # vLLM puts a request's own metrics on the final usage chunk (include_usage streams only).
+    metrics: RequestMetrics | None = None
     error: Any = None
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from pipeline.load.chunks import Delta, GenerateChunk, decode_chunk, decode_generate
+from pipeline.load.chunks import Delta, GenerateChunk, SpeculativeDecoding, decode_chunk, decode_generate
 from pipeline.load.items import Request
 from pipeline.load.sse import SSEDecoder
 
@@ -39,6 +39,11 @@ class RequestRecord:
     error: str | None = None
     # SGLang's meta_info.spec_verify_ct: verification steps this request took (native API only).
     spec_verify_ct: int | None = None
+    # vLLM's per-request acceptance (metrics.speculative_decoding on the usage chunk): the
+    # verify steps that carried drafts, and the draft tokens proposed and accepted in them.
+    spec_steps: int | None = None
+    spec_accepted_tokens: int | None = None
+    spec_draft_tokens: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -64,6 +69,17 @@ class RequestRecord:
         return tuple(b - a for a, b in itertools.pairwise(self.chunk_s))
 
     @property
+    def acceptance_length(self) -> float | None:
+        """Tokens per verify step, the bonus token included, on vLLM's scale (1 + accepted /
+        drafts). From SGLang's verify count: (completion tokens - 1) / verify steps, since the
+        first token comes from prefill (the window's figure, sglang_acceptance.py)."""
+        if self.spec_steps and self.spec_accepted_tokens is not None:
+            return 1.0 + self.spec_accepted_tokens / self.spec_steps
+        if self.spec_verify_ct and self.output_tokens:
+            return (self.output_tokens - 1) / self.spec_verify_ct
+        return None
+
+    @property
     def tpot_s(self) -> float | None:
         if not self.ok or self.output_tokens is None or self.output_tokens <= 1 or not self.chunk_s:
             return None
@@ -85,6 +101,10 @@ class RequestRecord:
             "finish_reason": self.finish_reason,
             "error": self.error,
             "spec_verify_ct": self.spec_verify_ct,
+            "spec_steps": self.spec_steps,
+            "spec_accepted_tokens": self.spec_accepted_tokens,
+            "spec_draft_tokens": self.spec_draft_tokens,
+            "acceptance_length": self.acceptance_length,
             "text": self.text,
             "chunk_s": json.dumps([round(t, 6) for t in self.chunk_s]),
         }
@@ -134,6 +154,7 @@ class _Stream:
         self.prompt_tokens: int | None = None
         self.output_tokens: int | None = None
         self.verify_ct: int | None = None
+        self.spec: SpeculativeDecoding | None = None
         self.has_usage = False
 
     @property
@@ -150,6 +171,8 @@ class _Stream:
         if chunk.usage is not None:
             self.has_usage = True
             self.prompt_tokens, self.output_tokens = chunk.usage.prompt_tokens, chunk.usage.completion_tokens
+        if chunk.metrics is not None and chunk.metrics.speculative_decoding is not None:
+            self.spec = chunk.metrics.speculative_decoding
         if not chunk.choices:
             return False  # the usage trailer carries no token
         choice = chunk.choices[0]
@@ -246,6 +269,9 @@ async def send(
         text=stream.text,
         error=error,
         spec_verify_ct=stream.verify_ct,
+        spec_steps=stream.spec.num_spec_steps if stream.spec else None,
+        spec_accepted_tokens=stream.spec.num_accepted_draft_tokens if stream.spec else None,
+        spec_draft_tokens=stream.spec.num_draft_tokens if stream.spec else None,
     )
 
 

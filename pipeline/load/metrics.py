@@ -90,7 +90,29 @@ def summarize(
     summary |= _stats("itl", [gap for r in ok for gap in r.itl_s])
     summary |= _stats("e2el", [r.e2el_s for r in ok if r.e2el_s is not None])
     summary |= by_category(records)
+    summary |= per_request_acceptance(records)
     return summary
+
+
+def per_request_acceptance(records: Sequence[RequestRecord]) -> dict[str, float]:
+    """The window's acceptance summed from the requests' own figures (vLLM's per-request
+    metrics): over every request that reported them, failed ones included, since the
+    ``/metrics`` counters count those steps too. Equal to the counter differences when every
+    step of the window belongs to a request that reported (docs/traces.md)."""
+    counted = [r for r in records if r.spec_steps is not None]
+    if not counted:
+        return {}
+    steps = float(sum(r.spec_steps or 0 for r in counted))
+    accepted = float(sum(r.spec_accepted_tokens or 0 for r in counted))
+    drafted = float(sum(r.spec_draft_tokens or 0 for r in counted))
+    return {
+        "spec_requests_counted": float(len(counted)),
+        "spec_request_steps": steps,
+        "spec_request_accepted_tokens": accepted,
+        "spec_request_draft_tokens": drafted,
+        "spec_request_acceptance_length": 1.0 + accepted / steps if steps else math.nan,
+        "spec_request_acceptance_rate": 100.0 * accepted / drafted if drafted else math.nan,
+    }
 
 
 CATEGORY_KEYS = ("median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_e2el_ms", "p99_e2el_ms")

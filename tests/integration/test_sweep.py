@@ -130,6 +130,12 @@ def test_every_point_carries_its_counters_artifacts_and_lossless_outputs(
         assert metrics["spec_decode_num_drafts"] > 0 and metrics["spec_decode_draft_tokens"] > 0
         assert 0 < metrics["spec_decode_acceptance_rate"] < 100
         assert 1 < metrics["spec_decode_acceptance_length"] < k + 1
+        # Per-request acceptance (vLLM's metrics.speculative_decoding), summed over the window,
+        # equals the /metrics counter differences exactly: both count the same verify steps.
+        assert metrics["spec_requests_counted"] == 6
+        assert metrics["spec_request_steps"] == metrics["spec_decode_num_drafts"]
+        assert metrics["spec_request_accepted_tokens"] == metrics["spec_decode_accepted_tokens"]
+        assert metrics["spec_request_draft_tokens"] == metrics["spec_decode_draft_tokens"]
     spec = next(r for r in children if r.info.run_name == "ngram-k3-r2")
     artifacts = {a.path for a in client.list_artifacts(spec.info.run_id)}
     assert {"server.log", "server_command.txt", "requests.csv", "summary.json"} <= artifacts
@@ -147,6 +153,9 @@ def test_every_point_carries_its_counters_artifacts_and_lossless_outputs(
     assert (base_rows["output_tokens"] == spec_rows["output_tokens"]).all()
     # Under speculation one chunk can carry several tokens: tokens come from usage, not chunks.
     assert spec_rows["num_chunks"].sum() < spec_rows["output_tokens"].sum()
+    # Every speculative request carries its own acceptance; the baseline's carry none.
+    assert spec_rows["spec_steps"].notna().all() and (spec_rows["acceptance_length"] >= 1).all()
+    assert base_rows["spec_steps"].isna().all()
 
 
 def test_the_live_display_prints_plain_lines_through_ray_and_the_terminal_stays_quiet(

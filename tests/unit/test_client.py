@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 
 import pytest
@@ -173,3 +174,28 @@ def test_open_loop_sends_on_schedule_not_after_completion() -> None:
         assert record.sent_s >= record.scheduled_s - TIMER_SLACK_S  # never before it was due
     assert [r.index for r in sorted(window.records, key=lambda r: r.sent_s)] == [0, 1, 2]
     assert window.records[2].sent_s < window.records[0].sent_s + window.records[0].e2el_s
+
+
+def test_per_request_acceptance_is_read_off_the_usage_chunk() -> None:
+    """vLLM 0.32's --per-request-spec-decode-metrics summary: the stats ride on the final usage
+    chunk as metrics.speculative_decoding, beside fields the client does not read."""
+    spec = {"mean_acceptance_length": 2.5, "draft_acceptance_rate": 0.5, "acceptance_histogram": [1, 0, 1, 2],
+            "num_spec_steps": 4, "num_accepted_draft_tokens": 6, "num_draft_tokens": 12, "num_spec_tokens": 3}  # fmt: skip
+    usage = json.dumps({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 11},
+                        "metrics": {"time_to_first_token_ms": 3.0, "speculative_decoding": spec}})  # fmt: skip
+    script = chat_script(["a", "b"], completion_tokens=11)
+    script.steps[-2] = (0.0, usage)
+    with FakeServer(lambda body: script) as url:
+        record = run_window([_request()], [0.0], _opts(url)).records[0]
+    assert record.ok, record.error
+    assert (record.spec_steps, record.spec_accepted_tokens, record.spec_draft_tokens) == (4, 6, 12)
+    assert record.acceptance_length == 2.5 == spec["mean_acceptance_length"]  # vLLM's own figure, 1 + 6/4
+    row = record.as_row()
+    assert (row["spec_steps"], row["spec_accepted_tokens"], row["spec_draft_tokens"]) == (4, 6, 12)
+    assert row["acceptance_length"] == 2.5
+
+
+def test_a_stream_without_per_request_acceptance_records_none() -> None:
+    with FakeServer(lambda body: chat_script(["a", "b"], completion_tokens=2)) as url:
+        record = run_window([_request()], [0.0], _opts(url)).records[0]
+    assert record.ok and record.spec_steps is None and record.acceptance_length is None

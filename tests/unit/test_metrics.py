@@ -87,3 +87,18 @@ def test_per_category_summaries_when_the_window_mixes_kinds() -> None:
     assert s["category.chat.completed"] == 1
     single = summarize(records[:1], duration_s=1.0, slo=SloConfig())
     assert not any(k.startswith("category.") for k in single)
+
+
+def test_per_request_acceptance_sums_over_every_request_that_reported_it() -> None:
+    def rec(i: int, steps: int | None, accepted: int, drafted: int, error: str | None = None) -> RequestRecord:
+        return RequestRecord(index=i, category="c", scheduled_s=0, sent_s=0, chunk_s=(0.1, 0.2), output_tokens=5,
+                             spec_steps=steps, spec_accepted_tokens=accepted, spec_draft_tokens=drafted, error=error)  # fmt: skip
+
+    # A failed request's steps count too: the counters it is checked against count them.
+    records = [rec(0, 4, 6, 12), rec(1, 2, 1, 6, error="timed out"), rec(2, None, 0, 0)]
+    out = summarize(records, 1.0, SloConfig())
+    assert out["spec_requests_counted"] == 2 and out["spec_request_steps"] == 6
+    assert out["spec_request_accepted_tokens"] == 7 and out["spec_request_draft_tokens"] == 18
+    assert out["spec_request_acceptance_length"] == pytest.approx(1 + 7 / 6)
+    assert out["spec_request_acceptance_rate"] == pytest.approx(100 * 7 / 18)
+    assert "spec_request_steps" not in summarize([rec(0, None, 0, 0)], 1.0, SloConfig())

@@ -171,3 +171,17 @@ def test_a_server_other_hosts_can_reach_runs_without_dev_mode() -> None:
     plan = _launch(SpecConfig(method="none", k=0), host="0.0.0.0", allow_remote=True)
     assert "VLLM_SERVER_DEV_MODE" not in plan.env
     assert plan.command[plan.command.index("--host") + 1] == "0.0.0.0"
+
+
+def test_speculative_servers_of_0_32_report_acceptance_per_request() -> None:
+    flag = ["--per-request-spec-decode-metrics", "summary"]
+
+    def has_flag(cmd: list[str]) -> bool:
+        return any(cmd[i : i + 2] == flag for i in range(len(cmd)))
+
+    assert has_flag(_launch(SpecConfig(method="ngram", k=3)).command)
+    assert not has_flag(_launch(SpecConfig(method="none")).command)  # vLLM refuses it without speculation
+    assert not has_flag(_launch(SpecConfig(method="ngram", k=3), version=Version("0.31.0")).command)
+    # The user's own choice of level wins, and the flag is not given twice.
+    own = _launch(SpecConfig(method="ngram", k=3), extra_args=["--per-request-spec-decode-metrics", "detailed"])
+    assert own.command.count("--per-request-spec-decode-metrics") == 1 and "detailed" in own.command
