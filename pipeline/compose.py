@@ -8,6 +8,7 @@ twins of the schema's classes; the composed config is turned back into the froze
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import field
 from typing import Any
@@ -76,5 +77,42 @@ def to_job_config(cfg: Any) -> JobConfig:
     values = OmegaConf.to_container(own, resolve=True, throw_on_missing=True)
     assert isinstance(values, dict)
     job = from_dict(JobConfig, values)
+    job = resolve_trace_rate(job)
     validate(job)
     return job
+
+
+def resolve_trace_rate(job: JobConfig) -> JobConfig:
+    """A trace point's mean request rate, fixed once here, before any plan: the rate a sweep
+    asks for (the trace scaled to it), or with ``load.request_rate=null`` the trace's own (its
+    slice's mean rate over ``workload.time_scale``). Reading the trace here refuses a bad one
+    before anything starts. Everything past this point sees a number."""
+    from pipeline.load import traces
+
+    load, workload = job.load, job.workload
+    if workload.name != "trace":
+        if load.request_rate is None:
+            raise ConfigError("load.request_rate=null replays a trace on its own timestamps: it needs workload=trace")
+        return job
+    if load.burstiness != 1.0:
+        raise ConfigError(
+            f"load.burstiness={load.burstiness} shapes generated arrivals; a trace keeps its own (its bursts and "
+            f"lulls): remove load.burstiness (use load=poisson with workload=trace)"
+        )
+    if load.duration_s is not None:
+        raise ConfigError("load.duration_s does not apply to a trace; slice it with workload.start_s and duration_s")
+    if load.request_rate is not None and workload.time_scale != 1.0:
+        raise ConfigError(
+            f"load.request_rate={load.request_rate} and workload.time_scale={workload.time_scale} both set the "
+            f"trace's speed; keep one (load.request_rate=null replays at the time scale)"
+        )
+    if workload.timestamp_unit not in (*traces.TIMESTAMP_UNITS, "auto"):
+        raise ConfigError(
+            f"workload.timestamp_unit={workload.timestamp_unit!r} is not valid; choose one of: auto, s, ms"
+        )
+    if not (workload.time_scale > 0) or math.isinf(workload.time_scale):
+        raise ConfigError(f"workload.time_scale={workload.time_scale} must be a positive number (0.5: twice as fast)")
+    if not workload.start_s >= 0 or (workload.duration_s is not None and not workload.duration_s > 0):
+        raise ConfigError("workload.start_s must be >= 0 and workload.duration_s > 0 (or null: to the trace's end)")
+    rate = traces.with_rate(workload, load.request_rate)
+    return dataclasses.replace(job, load=dataclasses.replace(load, request_rate=rate))

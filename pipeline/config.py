@@ -77,7 +77,9 @@ class SpecConfig:
 
 @dataclass(frozen=True)
 class LoadConfig:
-    request_rate: float = 1.0  # requests per second; inf sends every request at once
+    # Requests per second; inf sends every request at once. With workload=trace it scales the
+    # trace to this mean rate (its shape kept); null replays the trace on its own timestamps.
+    request_rate: float | None = 1.0
     burstiness: float = 1.0  # gamma shape of inter-arrival times; 1.0 is Poisson
     num_requests: int = 16
     # Instead of num_requests: every arrival due within this many seconds (finite rates).
@@ -110,6 +112,15 @@ class WorkloadConfig:
     random_input_len: int = 256
     random_output_len: int = 128
     random_range_ratio: float = 0.0  # lengths drawn uniformly in len × [1 - ratio, 1 + ratio]
+    # workload=trace (docs/traces.md): the unit of the trace's timestamps (s, ms, or auto: ms
+    # for vLLM's timed_trace / Mooncake lines, s for ours); a time scale for a replay on the
+    # trace's own schedule (0.5 replays twice as fast); the slice replayed, on the trace's own
+    # clock; and sort=true to replay a file whose timestamps go backwards in time order.
+    timestamp_unit: str = "auto"
+    time_scale: float = 1.0
+    start_s: float = 0.0
+    duration_s: float | None = None
+    sort: bool = False
 
 
 @dataclass(frozen=True)

@@ -138,7 +138,7 @@ def request_body(req: Request, opts: ClientOptions) -> tuple[str, dict[str, Any]
         body["ignore_eos"] = True  # a vLLM and SGLang extension
     if opts.endpoint == "chat":
         # Raw prompt: the server applies the chat template, once.
-        body["messages"] = [{"role": "user", "content": req.prompt}]
+        body["messages"] = list(req.messages) or [{"role": "user", "content": req.prompt}]
         return "/v1/chat/completions", body
     body["prompt"] = req.prompt
     return "/v1/completions", body

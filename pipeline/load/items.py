@@ -14,6 +14,8 @@ class Item:
     prompt: str
     category: str
     output_tokens: int | None = None  # a dataset's reference output length, where it has one
+    # A chat history to send as it is (a trace's messages); the prompt is then its last turn.
+    messages: tuple[dict[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -23,6 +25,7 @@ class Request:
     category: str
     max_tokens: int
     prompt_tokens: int | None = None  # by the model's own tokenizer
+    messages: tuple[dict[str, str], ...] = ()  # sent instead of the prompt alone on the chat endpoint
 
 
 class Tokenizer(Protocol):

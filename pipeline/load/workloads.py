@@ -12,18 +12,23 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from pipeline.config import ConfigError, WorkloadConfig
-from pipeline.load import datasets
+from pipeline.load import datasets, traces
 from pipeline.load.bundled import BUNDLED, draw
 from pipeline.load.items import Item, Request, Tokenizer
 
 FILE_FORMATS = ("sharegpt", "spec_bench", "jsonl")
-WORKLOAD_NAMES = (*BUNDLED, *FILE_FORMATS, "random")
+WORKLOAD_NAMES = (*BUNDLED, *FILE_FORMATS, "random", "trace")
 
 
 def load_items(workload: WorkloadConfig, count: int, seed: int, tokenizer: Tokenizer | None) -> list[Item]:
     rng = random.Random(f"{workload.name}:{seed}")
     if workload.name in BUNDLED:
         return BUNDLED[workload.name](rng, count)
+    if workload.name == "trace":  # on its own schedule: pipeline/run/job.py point_requests
+        replayed = traces.load_replay(workload, None)  # read and checked, slice included
+        if replayed.synthetic and tokenizer is None:
+            return []  # lengths only: the text needs the model's tokenizer
+        return traces.items(replayed, tokenizer)[:count]
     if workload.name == "random":
         if tokenizer is None:
             raise ConfigError("workload.name=random needs the model's tokenizer to build prompts of exact lengths")
@@ -43,7 +48,14 @@ def to_requests(items: Sequence[Item], workload: WorkloadConfig, tokenizer: Toke
         cap = min(item.output_tokens, workload.max_tokens) if item.output_tokens else workload.max_tokens
         length = len(tokenizer.encode(item.prompt, add_special_tokens=False)) if tokenizer is not None else None
         requests.append(
-            Request(index=i, prompt=item.prompt, category=item.category, max_tokens=max(cap, 1), prompt_tokens=length)
+            Request(
+                index=i,
+                prompt=item.prompt,
+                category=item.category,
+                max_tokens=max(cap, 1),
+                prompt_tokens=length,
+                messages=item.messages,
+            )  # fmt: skip
         )
     return requests
 

@@ -6,7 +6,7 @@ Everything that can be refused (engine install, device, methods, model paths) is
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pipeline.config import JobConfig
@@ -15,9 +15,10 @@ from pipeline.engines.base import ServerSpec
 from pipeline.engines.hardware import resolve_device
 from pipeline.engines.models import cache_root, resolve_model
 from pipeline.engines.process import free_port
+from pipeline.load import traces
 from pipeline.load.items import Request, Tokenizer
 from pipeline.load.loadgen import schedule
-from pipeline.load.workloads import split_warmup
+from pipeline.load.workloads import split_warmup, to_requests
 from pipeline.run.plan import WARMUP_MAX_TOKENS
 
 
@@ -62,15 +63,37 @@ class PointRequests:
     warmup: tuple[Request, ...]
     requests: tuple[Request, ...]
     offsets: tuple[float, ...]  # seconds from the window start
+    metrics: dict[str, float] = field(default_factory=dict)  # what the point records of its load's source
 
 
 def point_requests(job: JobConfig, tokenizer: Tokenizer | None) -> PointRequests:
+    if job.workload.name == "trace":
+        return _trace_requests(job, tokenizer)
     seed = job.seed + job.repeat  # a repeat draws new prompts and arrivals
     offsets = schedule(job.load, seed)
     warmup, requests = split_warmup(job.workload, len(offsets), job.load.warmup_requests, seed, tokenizer)
     # Warm-up exercises the code paths (prefill, decode, drafting); a few tokens do that.
     capped = tuple(replace(r, max_tokens=min(r.max_tokens, WARMUP_MAX_TOKENS)) for r in warmup)
     return PointRequests(capped, tuple(requests), tuple(offsets))
+
+
+def _trace_requests(job: JobConfig, tokenizer: Tokenizer | None) -> PointRequests:
+    """A trace's slice on its own schedule, scaled to the point's mean rate (compose.py fixed
+    it). Every repeat replays the same requests at the same offsets. The warm-up sends the
+    slice's last prompts; under the default cold policy the cache is reset after it."""
+    replayed = traces.load_replay(job.workload, job.load.request_rate)
+    requests = to_requests(traces.items(replayed, tokenizer), job.workload, tokenizer)
+    warmup = [replace(r, index=i, max_tokens=min(r.max_tokens, WARMUP_MAX_TOKENS))
+              for i, r in enumerate(requests[::-1][: job.load.warmup_requests])]  # fmt: skip
+    metrics = {
+        "trace_requests": float(len(requests)),
+        "trace_mean_rate": replayed.own_mean_rate,  # the slice's own, before scaling
+        "trace_peak_rate": replayed.own_peak_rate,  # its busiest 10 s, per second
+        "trace_scale": replayed.scale,  # offsets = trace seconds x this
+        "trace_synthetic": float(replayed.synthetic),
+        "trace_sorted_lines": float(replayed.sorted_lines),
+    }
+    return PointRequests(tuple(warmup), tuple(requests), replayed.offsets, metrics)
 
 
 def server_spec(target: Target, job: JobConfig, log_path: Path, port: int | None = None) -> ServerSpec:

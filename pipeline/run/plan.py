@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from pipeline.config import ConfigError, JobConfig
+from pipeline.load import traces
 from pipeline.load.loadgen import schedule
 
 # Settings of the whole sweep: a grid may not vary them, and no point's identity includes them.
@@ -28,7 +29,9 @@ _VOLATILE = ("output_dir", *SWEEP_LEVEL)
 # (otherwise repeats share a server and vary only the prompts and arrivals).
 _NOT_MEASURED = (("slo", "percentile"), ("slo", "min_goodput"), ("load", "max_error_rate"),
                  ("load", "window_timeout_s"), ("engine", "restart_on_crash"))  # fmt: skip
-_NEWER = (("engine", "allow_remote", False), ("engine", "env_from", []))
+_NEWER = (("engine", "allow_remote", False), ("engine", "env_from", []), ("workload", "timestamp_unit", "auto"),
+          ("workload", "time_scale", 1.0), ("workload", "start_s", 0.0), ("workload", "duration_s", None),
+          ("workload", "sort", False))  # fmt: skip
 _SERVER_KEYS = ("engine", "model", "spec", "seed", "replica")
 
 # Rough costs, measured with the embedded 135M model on 2 cores: eager CPU servers start in
@@ -179,10 +182,17 @@ def _eager(job: JobConfig, on_gpu: bool) -> bool:
     return job.engine.enforce_eager if job.engine.enforce_eager is not None else not on_gpu
 
 
+def point_offsets(job: JobConfig) -> list[float] | tuple[float, ...]:
+    """When the point's requests are due: a trace's own (scaled) timestamps, or the seeded schedule."""
+    if job.workload.name == "trace":
+        return traces.load_replay(job.workload, job.load.request_rate).offsets
+    return schedule(job.load, job.seed + job.repeat)
+
+
 def point_estimate_s(job: JobConfig, on_gpu: bool) -> float:
     """Arrivals plus the last request's decode; speculation is assumed no faster (an upper bound)."""
     tpot = CPU_TPOT_S if not on_gpu else CPU_TPOT_S / 4
-    offsets = schedule(job.load, job.seed + job.repeat)
+    offsets = point_offsets(job)
     span = offsets[-1] if offsets and math.isfinite(offsets[-1]) else 0.0
     unsaturated = span + job.workload.max_tokens * tpot
     if on_gpu:
@@ -229,7 +239,7 @@ def describe(plan: SweepPlan, servers: Sequence[ServerLine], on_gpu: bool) -> st
         for point in group.points:
             load = point.job.load
             rate = "all at once" if math.isinf(load.request_rate) else f"{load.request_rate:g} req/s"
-            count = len(schedule(load, point.job.seed + point.job.repeat))
+            count = len(point_offsets(point.job))
             lines.append(
                 f"  - point {point.label}: {count} requests at {rate} ({point.job.workload.name}, "
                 f"up to {point.job.workload.max_tokens} tokens), ~{point_estimate_s(point.job, on_gpu):.0f} s"

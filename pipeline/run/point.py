@@ -86,7 +86,7 @@ def measure_point(
             tracker.log_file(run_id, write_requests(out_dir / point.label, window))
             tracker.set_tags(run_id, {"window.stopped": message})
         return PointOutcome(point.hash, run_id, error=message)
-    metrics = point_metrics(measurement, point.job.spec.k, server.startup_s if first else None)
+    metrics = point_metrics(measurement, point.job.spec.k, server.startup_s if first else None) | sends.metrics
     rss = server.rss_mib()
     if rss is not None:
         metrics["server_rss_mib"] = rss

@@ -72,6 +72,43 @@ CASES: list[tuple[str, bool, list[str], str]] = [
     ),  # fmt: skip
     ("workload-file-malformed", False, ["workload=jsonl", "workload.path={tmp}/bad.jsonl"], "not valid JSON"),
     ("workload-without-path", False, ["workload=jsonl", "workload.path=null"], "set workload.path=/path/to/file"),
+    # traces (docs/traces.md)
+    ("trace-missing-file", False, ["workload=trace", "workload.path=/no/such/trace.jsonl"], "no such file"),
+    ("trace-without-path", False, ["workload=trace"], "set workload.path=/path/to/trace.jsonl"),
+    ("trace-no-timestamp", False, ["workload=trace", "workload.path={tmp}/nostamp.jsonl"], "'timestamp' is missing"),
+    ("trace-negative-time", False, ["workload=trace", "workload.path={tmp}/negative.jsonl"], "-2 is negative"),
+    ("trace-backwards", False, ["workload=trace", "workload.path={tmp}/backwards.jsonl"], "set workload.sort=true"),
+    (
+        "trace-no-prompt",
+        False,
+        ["workload=trace", "workload.path={tmp}/noprompt.jsonl"],
+        "neither 'prompt', 'messages' nor 'input_length'",
+    ),  # fmt: skip
+    (
+        "trace-burstiness",
+        False,
+        ["workload=trace", "workload.path={tmp}/trace.jsonl", "load.burstiness=0.5"],
+        "a trace keeps its own",
+    ),  # fmt: skip
+    (
+        "trace-empty-slice",
+        False,
+        ["workload=trace", "workload.path={tmp}/trace.jsonl", "workload.start_s=100"],
+        "selects no request; the trace spans 0-3 s",
+    ),  # fmt: skip
+    (
+        "trace-rate-and-scale",
+        False,
+        ["workload=trace", "workload.path={tmp}/trace.jsonl", "load.request_rate=2", "workload.time_scale=0.5"],
+        "both set the trace's speed",
+    ),  # fmt: skip
+    (
+        "trace-unit",
+        False,
+        ["workload=trace", "workload.path={tmp}/trace.jsonl", "workload.timestamp_unit=min"],
+        "choose one of: auto, s, ms",
+    ),  # fmt: skip
+    ("rate-null-without-trace", False, ["load.request_rate=null"], "it needs workload=trace"),
     # decisions
     ("confidence", False, ["stats.confidence=1.5"], "stats.confidence=1.5 must lie in (0.5, 1)"),
     ("repeats", False, ["repeats.count=0"], "repeats.count=0 must be >= 1"),
@@ -135,6 +172,15 @@ def _prepare(case: tuple[str, bool, list[str], str], root: Path) -> tuple[Path, 
     folder = root / case[0]
     folder.mkdir()
     (folder / "bad.jsonl").write_text('{"prompt": "a"}\n{"prompt": \n')
+    traces = {
+        "trace": '{"timestamp": 0, "prompt": "a"}\n{"timestamp": 3, "prompt": "b"}\n',
+        "nostamp": '{"timestamp": 0, "prompt": "a"}\n{"prompt": "b"}\n',
+        "negative": '{"timestamp": -2, "prompt": "a"}\n',
+        "backwards": '{"timestamp": 5, "prompt": "a"}\n{"timestamp": 1, "prompt": "b"}\n',
+        "noprompt": '{"timestamp": 0, "output_tokens": 8}\n',
+    }
+    for name, text in traces.items():
+        (folder / f"{name}.jsonl").write_text(text)
     return folder, [o.replace("{tmp}", str(folder)) for o in case[2]]
 
 

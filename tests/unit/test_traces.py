@@ -1,0 +1,175 @@
+"""Traces: the formats, the slice and the scale, and what a point sends from them."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from pipeline.compose import resolve_trace_rate
+from pipeline.config import ConfigError, JobConfig, LoadConfig, WorkloadConfig
+from pipeline.load import traces
+from pipeline.load.client import ClientOptions, request_body
+from pipeline.run.job import point_requests
+from pipeline.run.plan import point_offsets
+
+
+class WordTokenizer:
+    """One token per word of a fixed vocabulary: lengths are exact and easy to check."""
+
+    vocab_size = 64
+    all_special_ids = [0]
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [int(w[1:]) if w[:1] == "w" and w[1:].isdigit() else 1 + len(w) % 63 for w in text.split()]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return " ".join(f"w{i}" for i in ids)
+
+
+def _write(path: Path, rows: list[dict]) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def _job(path: str, rate: float | None = None, **workload: object) -> JobConfig:
+    job = JobConfig(
+        workload=WorkloadConfig(name="trace", path=path, **workload),  # type: ignore[arg-type]
+        load=LoadConfig(request_rate=rate, warmup_requests=1),
+    )
+    return resolve_trace_rate(job)
+
+
+OURS = [
+    {"timestamp": 0.0, "prompt": "def f(x): return x", "category": "code_edit", "output_tokens": 12},
+    {"timestamp": 1.5, "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+     "category": "chat"},
+    {"timestamp": 2.0, "prompt": "Summarise PEP 8.", "category": "summarize"},
+    {"timestamp": 6.0, "prompt": "Add type hints.", "category": "code_edit"},
+]  # fmt: skip
+
+
+def test_our_lines_are_replayed_at_their_own_timestamps_exactly(tmp_path: Path) -> None:
+    job = _job(_write(tmp_path / "t.jsonl", OURS))
+    assert job.load.request_rate == pytest.approx(3 / 6.0)  # the trace's own mean rate, fixed at compose
+    sends = point_requests(job, WordTokenizer())
+    assert sends.offsets == (0.0, 1.5, 2.0, 6.0)  # scale 1: the timestamps themselves
+    assert [r.category for r in sends.requests] == ["code_edit", "chat", "summarize", "code_edit"]
+    assert sends.requests[0].max_tokens == 12 and sends.requests[2].max_tokens == 128  # output_tokens, else the cap
+    assert sends.metrics["trace_requests"] == 4 and sends.metrics["trace_scale"] == 1.0
+    assert sends.metrics["trace_mean_rate"] == pytest.approx(0.5) and sends.metrics["trace_peak_rate"] == 0.4
+    assert sends.warmup[0].prompt == "Add type hints." and sends.warmup[0].max_tokens <= 32  # the slice's last
+    # A messages line is sent as its whole history on the chat endpoint.
+    _, body = request_body(sends.requests[1], ClientOptions(base_url="http://x", model="m"))
+    assert body["messages"] == OURS[1]["messages"]
+    _, plain = request_body(sends.requests[0], ClientOptions(base_url="http://x", model="m"))
+    assert plain["messages"] == [{"role": "user", "content": "def f(x): return x"}]
+    assert point_offsets(job) == sends.offsets  # the plan and the dry run see the same schedule
+
+
+def test_time_scale_and_rate_scaling_keep_the_shape(tmp_path: Path) -> None:
+    path = _write(tmp_path / "t.jsonl", OURS)
+    fast = point_requests(_job(path, time_scale=0.5), WordTokenizer())
+    assert fast.offsets == (0.0, 0.75, 1.0, 3.0)
+    scaled = point_requests(_job(path, rate=2.0), WordTokenizer())  # mean 0.5/s scaled to 2/s
+    assert scaled.offsets == pytest.approx((0.0, 0.375, 0.5, 1.5))
+    assert scaled.metrics["trace_scale"] == pytest.approx(0.25)
+    # The gaps keep their proportions: bursts stay bursts.
+    gaps = [b - a for a, b in zip(scaled.offsets, scaled.offsets[1:], strict=False)]
+    assert gaps == pytest.approx([g / 4 for g in (1.5, 0.5, 4.0)])
+
+
+def test_a_slice_is_cut_on_the_trace_clock_and_starts_at_zero(tmp_path: Path) -> None:
+    job = _job(_write(tmp_path / "t.jsonl", OURS), start_s=1.0, duration_s=2.0)
+    sends = point_requests(job, WordTokenizer())
+    assert sends.offsets == (0.0, 0.5) and [r.category for r in sends.requests] == ["chat", "summarize"]
+
+
+def test_mooncake_lines_are_in_ms_and_their_text_is_built_from_the_hash_ids(tmp_path: Path) -> None:
+    rows = [
+        {"timestamp": 0, "input_length": 600, "output_length": 20, "hash_ids": [7, 8]},
+        {"timestamp": 2500, "input_length": 700, "output_length": 5, "hash_ids": [7, 9]},
+    ]
+    job = _job(_write(tmp_path / "mooncake.jsonl", rows))
+    tok = WordTokenizer()
+    sends = point_requests(job, tok)
+    assert sends.offsets == (0.0, 2.5)  # auto: ms for Mooncake lines
+    first, second = (tok.encode(r.prompt) for r in sends.requests)
+    assert (len(first), len(second)) == (600, 700)  # the stated lengths, by the model's tokenizer
+    assert first[:512] == second[:512] and first[512:600] != second[512:600]  # hash id 7: a shared prefix block
+    assert 0 not in first  # no special token in the text
+    assert [r.max_tokens for r in sends.requests] == [20, 5] and sends.metrics["trace_synthetic"] == 1.0
+    again = point_requests(job, tok)
+    assert [r.prompt for r in again.requests] == [r.prompt for r in sends.requests]  # deterministic
+    assert {r.category for r in sends.requests} == {"synthetic"}
+
+
+def test_ms_timestamps_on_our_lines(tmp_path: Path) -> None:
+    job = _job(_write(tmp_path / "t.jsonl", [{"timestamp": 0, "prompt": "a"}, {"timestamp": 250, "prompt": "b"}]),
+               timestamp_unit="ms")  # fmt: skip
+    assert point_requests(job, WordTokenizer()).offsets == (0.0, 0.25)
+
+
+def test_sort_replays_a_backwards_file_in_time_order_and_counts_the_moves(tmp_path: Path) -> None:
+    rows = [{"timestamp": 5, "prompt": "late"}, {"timestamp": 1, "prompt": "early"}, {"timestamp": 9, "prompt": "x"}]
+    path = _write(tmp_path / "t.jsonl", rows)
+    with pytest.raises(ConfigError, match="request 2 is due at 1 s, before request 1"):
+        _job(path)
+    sends = point_requests(_job(path, sort=True), WordTokenizer())
+    assert [r.prompt for r in sends.requests] == ["early", "late", "x"] and sends.offsets == (0.0, 4.0, 8.0)
+    assert sends.metrics["trace_sorted_lines"] == 2
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ({"prompt": "a"}, "field 'timestamp' is missing"),
+        ({"timestamp": "soon", "prompt": "a"}, "must be a number"),
+        ({"timestamp": -1, "prompt": "a"}, "is negative"),
+        ({"timestamp": 0}, "neither 'prompt', 'messages' nor 'input_length'"),
+        ({"timestamp": 0, "prompt": "  "}, "must be non-empty text"),
+        ({"timestamp": 0, "messages": []}, "non-empty list"),
+        ({"timestamp": 0, "messages": [{"role": "user"}]}, "non-empty list"),
+        ({"timestamp": 0, "input_length": 0, "hash_ids": [1]}, "must be >= 1"),
+        ({"timestamp": 0, "input_length": 5, "hash_ids": ["x"]}, "list of integers"),
+        ({"timestamp": 0, "prompt": "a", "output_tokens": 0}, "output_tokens=0 must be >= 1"),
+    ],
+)
+def test_a_line_that_cannot_be_replayed_is_refused_with_its_number(tmp_path: Path, row: dict, message: str) -> None:
+    path = _write(tmp_path / "t.jsonl", [{"timestamp": 0, "prompt": "ok"}, row])
+    with pytest.raises(ConfigError, match=message) as refused:
+        _job(path)
+    assert f"{path}:2" in str(refused.value)
+
+
+def test_settings_that_contradict_a_trace_are_refused(tmp_path: Path) -> None:
+    path = _write(tmp_path / "t.jsonl", OURS)
+    trace = WorkloadConfig(name="trace", path=path)
+    cases = [
+        (LoadConfig(request_rate=None, burstiness=0.5), trace, "a trace keeps its own"),
+        (LoadConfig(request_rate=None, duration_s=10), trace, "slice it with workload.start_s"),
+        (LoadConfig(request_rate=2.0), dataclasses.replace(trace, time_scale=0.5), "both set the trace's speed"),
+        (LoadConfig(request_rate=None), dataclasses.replace(trace, time_scale=0), "must be a positive number"),
+        (LoadConfig(request_rate=None), dataclasses.replace(trace, start_s=50), "selects no request"),
+        (LoadConfig(request_rate=None), WorkloadConfig(), "it needs workload=trace"),
+    ]
+    for load, workload, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            resolve_trace_rate(JobConfig(load=load, workload=workload))
+
+
+def test_the_bundled_trace_is_bursty_mixes_three_kinds_and_is_the_same_everywhere() -> None:
+    lines = traces.bundled_trace()
+    stamps = [line.timestamp_s for line in lines]
+    assert stamps == sorted(stamps) and 120 <= stamps[-1] <= 180  # 2 to 3 minutes at 1x
+    categories = {line.category for line in lines}
+    assert {"code_edit", "chat", "summarize"} <= categories
+    mean, peak = traces.own_rates(stamps)
+    assert peak > 2 * mean  # bursts between lulls, not a steady stream
+    assert all(line.prompt for line in lines)
+    assert traces.bundled_trace.__wrapped__() == lines  # built again from scratch: the same trace
+    job = _job(traces.BUNDLED_PATH)
+    assert len(point_requests(job, WordTokenizer()).requests) == len(lines)
