@@ -12,9 +12,11 @@ import json
 import signal
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
+from pipeline.compose import resolve_trace_rate
 from pipeline.config import EngineConfig, JobConfig, LoadConfig, SpecConfig, WorkloadConfig
 from pipeline.engines.models import ensure_embedded
 from pipeline.record.tracking import Tracker, resolve_store
@@ -44,17 +46,33 @@ def _runs(project: Path, experiment: str) -> list:
     return client.search_runs([exp.experiment_id])
 
 
-def test_model_as_its_own_draft_accepts_nearly_everything(tmp_path: Path, no_leftover_servers: None) -> None:
-    # Checks the acceptance measurement itself: a draft equal to the target must be accepted.
-    job = dataclasses.replace(
+# A trace of two kinds of text, one line a chat history, replayed at twice its speed.
+TRACE = [
+    {"timestamp": 0.0, "prompt": "Add type hints: def area(w, h): return w * h", "category": "code_edit"},
+    {"timestamp": 0.8, "messages": [{"role": "system", "content": "Answer in one line."},
+                                    {"role": "user", "content": "What is a list comprehension?"}], "category": "chat"},
+    {"timestamp": 1.3, "prompt": "Rename the variables: def f(a, b): return a + b", "category": "code_edit"},
+    {"timestamp": 3.1, "prompt": "Write a haiku about Python.", "category": "chat", "output_tokens": 24},
+]  # fmt: skip
+
+
+def test_model_as_its_own_draft_accepts_nearly_everything_on_a_replayed_trace(
+    tmp_path: Path, no_leftover_servers: None
+) -> None:
+    """The acceptance measurement itself: a draft equal to the target must be accepted, and
+    each request's own acceptance must add up to the window's counters. The load is a trace,
+    replayed on its own (scaled) timestamps."""
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps(line) + "\n" for line in TRACE))
+    job = resolve_trace_rate(dataclasses.replace(
         JobConfig(),
         engine=EngineConfig(dtype="float32", cpu_kvcache_gib=1),  # as TEST_SERVER
         spec=SpecConfig(method="draft", k=3, draft_model="self"),
-        load=LoadConfig(request_rate=float("inf"), num_requests=4, warmup_requests=1),
-        workload=WorkloadConfig(max_tokens=48),
+        load=LoadConfig(request_rate=None, warmup_requests=1),
+        workload=WorkloadConfig(name="trace", path=str(trace), time_scale=0.5, max_tokens=48),
         sweep_name="self-draft",
         output_dir=str(tmp_path / "out"),
-    )
+    ))  # fmt: skip
     speculative = plan_sweep([job]).groups[1]  # run its server group alone, without the baseline
     store = resolve_store(job.tracking, tmp_path)
     tracker = Tracker(store, prepare_store(store, job.sweep_name))
@@ -66,6 +84,21 @@ def test_model_as_its_own_draft_accepts_nearly_everything(tmp_path: Path, no_lef
     assert point.metrics["spec_decode_num_drafts"] > 0
     assert point.metrics["spec_decode_acceptance_rate"] > 90
     assert "spec_decode_acceptance_rate_pos_2" in point.metrics
+    # Per request (vLLM's metrics.speculative_decoding), summed: the counters' differences exactly.
+    metrics = point.metrics
+    assert metrics["spec_requests_counted"] == 4
+    assert metrics["spec_request_steps"] == metrics["spec_decode_num_drafts"]
+    assert metrics["spec_request_accepted_tokens"] == metrics["spec_decode_accepted_tokens"]
+    assert metrics["spec_request_draft_tokens"] == metrics["spec_decode_draft_tokens"]
+    # The trace's own schedule at time_scale 0.5, exactly; its categories; its rates on the run.
+    (path,) = (tmp_path / "out").rglob("requests.csv")
+    rows = pd.read_csv(path).sort_values("index")
+    assert rows["scheduled_s"].tolist() == [line["timestamp"] * 0.5 for line in TRACE]
+    assert rows["category"].tolist() == [line["category"] for line in TRACE]
+    assert (rows["error"].isna()).all() and (rows["acceptance_length"] > 2.5).all()  # k=3: nearly 4 a step
+    assert rows["output_tokens"].iloc[3] <= 24  # the line's own output length
+    assert metrics["trace_requests"] == 4 and metrics["trace_scale"] == 0.5
+    assert metrics["trace_mean_rate"] == pytest.approx(3 / 3.1) and metrics["trace_peak_rate"] == 0.4
 
 
 def test_server_dying_at_start_is_reported_and_marked_failed(tmp_path: Path, no_leftover_servers: None) -> None:
