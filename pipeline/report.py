@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipeline.analysis import iplots, search_report
+from pipeline.analysis import categories, iplots, search_report
 from pipeline.analysis.assemble import analyse, interactive_figures, output_length_tests
 from pipeline.analysis.report import markdown
 from pipeline.analysis.report_html import page
@@ -60,6 +60,9 @@ def build(reader: SweepReader, parent_id: str, out_dir: Path | None = None,
             title, frame, probes, tests, samples, opts, search_report.slo_target(reader.params(parent_id)), predictions
         )
         data = replace(data, run_url=reader.run_url(parent_id))
+        if data.by_type is not None:  # each speculative run gets its categories' ratios and L
+            for run, metrics in categories.run_metrics(data.by_type).items():
+                reader.log_metrics(run, metrics)
         since, trends = _since_reference(reader, parent_id, work)
     interactive = interactive_figures(data)
     figures = {

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
-from pipeline.analysis import advisor, iplots, iplots_search, model, quality, search_report, stats, verdicts
+from pipeline.analysis import advisor, categories, iplots, iplots_search, model, quality, search_report, stats, verdicts
 from pipeline.analysis.report import ReportData, conditions, run_names
 from pipeline.analysis.samples import Sample, StatsOptions
 from pipeline.engines.acceptance import alpha_from_length
@@ -87,10 +87,12 @@ def analyse(title: str, frame: pd.DataFrame, probes: list[dict], length_tests: l
     curves = search_report.capacity(frame, samples, target, opts) if target is not None else []
     sections = search_report.capacity_lines(curves, target, opts) if target is not None else []
     sections += search_report.predict_lines(predictions if predictions is not None else pd.DataFrame())
+    by_type = categories.compare(frame, samples, opts)
+    sections += categories.lines(by_type)
     lead = search_report.capacity_headline(curves, target) if target is not None else ""
     return ReportData(title, frame, points, crossings, fits, advice, schedules, lossless, length_tests, gaps,
                       conditions(frame), comparisons, _window_levels(frame, samples, opts), lead, sections,
-                      curves, predictions)  # fmt: skip
+                      curves, predictions, by_type=by_type)  # fmt: skip
 
 
 def _window_levels(frame: pd.DataFrame, samples: Mapping[str, Sample], opts: StatsOptions) -> pd.DataFrame:

@@ -51,6 +51,7 @@ class ReportData:
     capacity: list = field(default_factory=list)  # search=capacity's curves (search_report.CapacityCurve)
     predictions: pd.DataFrame | None = None  # search=predict's table
     run_url: str = ""  # a run's page in the MLflow UI, "{run}" for its id ("": no links)
+    by_type: pd.DataFrame | None = None  # verdicts per request type (analysis/categories.py)
 
 
 PREFIX_POLICY_TEXT = {
@@ -80,10 +81,29 @@ def conditions(frame: pd.DataFrame) -> list[str]:
         if not rates.empty:
             out.append("prefix-cache hit rate per window: " + ", ".join(
                 f"{row.point} {100 * row.prefix_cache_hit_rate:.0f}%" for row in rates.itertuples()))  # fmt: skip
+    if "trace_requests" in frame and frame["trace_requests"].notna().any():
+        out += _trace_conditions(frame[frame["trace_requests"].notna()])
     if (frame.get("method") == "suffix").any():
         out.append(SUFFIX_NOTE)
     if (frame.get("engine") == "sglang").any():
         out.append(SGLANG_ITL_NOTE)
+    return out
+
+
+SYNTHETIC_NOTE = (
+    "synthetic text: the trace gave lengths only (input_length, hash_ids), so its prompts are random "
+    "tokens; acceptance on them says little about real traffic"
+)
+
+
+def _trace_conditions(rows: pd.DataFrame) -> list[str]:
+    out = []
+    for (mean, peak, count), group in rows.groupby(["trace_mean_rate", "trace_peak_rate", "trace_requests"]):
+        scales = ", ".join(f"{s:g}x" for s in sorted(group["trace_scale"].dropna().unique()))
+        out.append(f"trace replay: {int(count)} requests on the trace's own schedule (its own mean rate {mean:.3g} "
+                   f"req/s, peak {peak:.3g} req/s over 10 s), replayed with its gaps scaled by {scales}")  # fmt: skip
+    if "trace_synthetic" in rows and (rows["trace_synthetic"] == 1).any():
+        out.append(SYNTHETIC_NOTE)
     return out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -69,6 +70,33 @@ class Sample:
     failed_index: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=int))
     # Each successful request's scheduled send time (seconds into the window), where recorded.
     scheduled: np.ndarray = field(default_factory=lambda: np.empty(0))
+    # Each successful request's workload category, and each failed one's, where recorded.
+    category: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))
+    failed_category: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))
+
+    @property
+    def categories(self) -> list[str]:
+        return sorted({str(c) for c in (*self.category, *self.failed_category)})
+
+    def only(self, category: str) -> Sample:
+        """The window's requests of one category: the same window, fewer requests (its duration
+        and schedule stay the window's, so throughput and keeping up are not per category)."""
+        keep = self.category == category
+        rows = np.flatnonzero(keep)
+        failed = self.failed_category == category
+        return dataclasses.replace(
+            self,
+            index=self.index[keep],
+            values={k: v[keep] for k, v in self.values.items()},
+            itl=tuple(self.itl[i] for i in rows),
+            output_tokens=self.output_tokens[keep],
+            chunks=self.chunks[keep],
+            failed=int(failed.sum()),
+            failed_index=self.failed_index[failed] if len(self.failed_index) == len(failed) else self.failed_index,
+            scheduled=self.scheduled[keep] if len(self.scheduled) == len(keep) else self.scheduled,
+            category=self.category[keep],
+            failed_category=self.failed_category[failed],
+        )
 
     @property
     def size(self) -> int:
@@ -98,6 +126,10 @@ class Sample:
             if "error" in frame
             else np.empty(0, dtype=int),
             scheduled=ok["scheduled_s"].to_numpy(dtype=float) if "scheduled_s" in ok else np.empty(0),
+            category=ok["category"].astype(str).to_numpy(dtype=object) if "category" in ok else np.empty(0, object),
+            failed_category=frame.loc[frame["error"].notna(), "category"].astype(str).to_numpy(dtype=object)
+            if "error" in frame and "category" in frame
+            else np.empty(0, dtype=object),
         )
 
 
