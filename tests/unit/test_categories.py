@@ -21,14 +21,19 @@ def _window(tpot: dict[str, float], n: int, seed: int) -> Sample:
                   duration_s=20.0, scheduled=np.linspace(0, 10, len(cat)), category=cat)  # fmt: skip
 
 
-def test_a_category_that_gains_beside_one_that_loses_is_told_apart_and_routed() -> None:
-    frame = pd.DataFrame([
+def _frame() -> pd.DataFrame:
+    """A baseline point and a speculative one paired with it."""
+    return pd.DataFrame([
         {"role": "baseline", "status": "finished", "run_id": "b", "point_hash": "pb", "point_key": "kb",
          "engine": "vllm", "method": "none", "k": 0, "request_rate": 1.0, "point": "baseline-r1"},
         {"role": "speculative", "status": "finished", "run_id": "s", "point_hash": "ps", "point_key": "ks",
          "baseline_hash": "pb", "engine": "vllm", "method": "ngram", "k": 3, "request_rate": 1.0,
          "point": "ngram-k3-r1"},
     ])  # fmt: skip
+
+
+def test_a_category_that_gains_beside_one_that_loses_is_told_apart_and_routed() -> None:
+    frame = _frame()
     base = _window({"code_edit": 0.090, "chat": 0.090}, 40, 1)
     spec = _window({"code_edit": 0.036, "chat": 0.108}, 40, 2)  # truth: 2.5x and 0.83x
     table = categories.compare(frame, {"b": base, "s": spec}, StatsOptions(resamples=1000))
@@ -46,13 +51,7 @@ def test_a_category_that_gains_beside_one_that_loses_is_told_apart_and_routed() 
 
 
 def test_one_category_gets_no_section() -> None:
-    frame = pd.DataFrame([
-        {"role": "baseline", "status": "finished", "run_id": "b", "point_hash": "pb", "point_key": "kb",
-         "engine": "vllm", "method": "none", "k": 0, "request_rate": 1.0, "point": "baseline-r1"},
-        {"role": "speculative", "status": "finished", "run_id": "s", "point_hash": "ps", "point_key": "ks",
-         "baseline_hash": "pb", "engine": "vllm", "method": "ngram", "k": 3, "request_rate": 1.0,
-         "point": "ngram-k3-r1"},
-    ])  # fmt: skip
+    frame = _frame()
     one = {"b": _window({"code_edit": 0.09}, 30, 1), "s": _window({"code_edit": 0.05}, 30, 2)}
     assert categories.compare(frame, one, StatsOptions(resamples=500)).empty
     assert categories.lines(pd.DataFrame()) == []
