@@ -206,13 +206,18 @@ def _read(path: str | None, unit: str, sort: bool, _mtime: int) -> tuple[tuple[T
     return read_trace(WorkloadConfig(name="trace", path=path, timestamp_unit=unit, sort=sort))
 
 
-def synthesize_prompt(line: TraceLine, tokenizer: Tokenizer) -> str:
-    """Deterministic text of about ``input_length`` tokens from the line's hash ids: block i
-    is 512 token ids drawn by a generator seeded with hash id i, so lines that share hash ids
-    share a prefix (and hit the prefix cache) as Mooncake's requests do."""
-    length = line.input_length or 1
+def _vocab(tokenizer: Tokenizer) -> list[int]:
     special = set(getattr(tokenizer, "all_special_ids", []) or [])
-    vocab = [i for i in range(tokenizer.vocab_size) if i not in special]
+    return [i for i in range(tokenizer.vocab_size) if i not in special]
+
+
+def synthesize_prompt(line: TraceLine, tokenizer: Tokenizer, vocab: Sequence[int] | None = None) -> str:
+    """Deterministic text from the line's hash ids: ``input_length`` token ids, decoded; block i
+    is 512 ids drawn by a generator seeded with hash id i, so lines that share hash ids share a
+    prefix (and hit the prefix cache) as Mooncake's requests do. ``vocab``: the tokenizer's ids
+    less its special ones, made once per replay by the caller."""
+    length = line.input_length or 1
+    vocab = vocab if vocab is not None else _vocab(tokenizer)
     ids: list[int] = []
     for block, hash_id in enumerate(line.hash_ids or (length,)):
         rng = random.Random(f"trace-block:{hash_id}:{block}")
@@ -226,11 +231,13 @@ def synthesize_prompt(line: TraceLine, tokenizer: Tokenizer) -> str:
 def items(replayed: Replay, tokenizer: Tokenizer | None) -> list[Item]:
     """The replay's requests as prompt items, text synthesised where the trace gives lengths."""
     out = []
+    vocab: list[int] | None = None
     for line in replayed.lines:
         if line.synthetic:
             if tokenizer is None:
                 raise ConfigError("a trace with input_length lines needs the model's tokenizer to build its prompts")
-            prompt = synthesize_prompt(line, tokenizer)
+            vocab = vocab if vocab is not None else _vocab(tokenizer)  # one scan of the vocabulary per replay
+            prompt = synthesize_prompt(line, tokenizer, vocab)
         else:
             prompt = line.prompt or line.messages[-1]["content"]
         out.append(Item(prompt=prompt, category=line.category, output_tokens=line.output_tokens,
