@@ -112,7 +112,7 @@ test: install-browser install-dev
 	$(PY) -m ruff check pipeline tests benchmarks hydra_plugins
 	$(PY) -m ruff format --check pipeline tests benchmarks hydra_plugins
 	$(PY) -m pytest -m "not integration" $(UNIT_WORKERS) $(PYTEST_ARGS)
-	$(PY) -m pytest -m integration $(PYTEST_ARGS)
+	$(PY) -m pytest -m integration --durations=12 $(PYTEST_ARGS)
 
 # The unit tests on both cores (pytest-xdist); the real-engine tests one at a time, since two
 # servers on 2 cores disturb each other.

@@ -183,6 +183,9 @@ class PredictConfig:
 
     # Each confirmed k costs one server start; candidates beyond the cap are reported, not measured.
     max_confirm: int = 1
+    # true: where every candidate was measured already, confirm the best prediction anyway, so
+    # that the model's error on this engine is measured (one more server at most per method).
+    check_model: bool = False
 
 
 @dataclass(frozen=True)

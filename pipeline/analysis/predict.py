@@ -263,6 +263,7 @@ class Choice:
     rate: float
     best: Estimate  # lowest tpot_s estimate
     candidates: tuple[Estimate, ...]  # the best and every estimate not told apart from it, best first
+    best_predicted: Estimate | None = None  # the lowest-TPOT estimate that was not measured
 
 
 def _not_told_apart(e: Estimate, best: Estimate, ceiling: float, alpha: float) -> bool:
@@ -290,12 +291,17 @@ def choose(rate: float, estimates: Sequence[Estimate], alpha: float = 0.05) -> C
     best = ordered[0]
     ceiling = best.high_s if math.isfinite(best.high_s) else best.tpot_s
     overlap = [e for e in ordered[1:] if _not_told_apart(e, best, ceiling, alpha)]
-    return Choice(rate, best, (best, *overlap))
+    best_predicted = next((e for e in ordered if not e.measured), None)
+    return Choice(rate, best, (best, *overlap), best_predicted)
 
 
-def to_confirm(choices: Sequence[Choice], cap: int) -> tuple[dict[int, tuple[float, ...]], tuple[int, ...]]:
+def to_confirm(
+    choices: Sequence[Choice], cap: int, check_model: bool = False
+) -> tuple[dict[int, tuple[float, ...]], tuple[int, ...]]:
     """Unmeasured candidate k values to measure on fresh servers (one server start each), ranked by
     how often each is the best, then how often a candidate, then mean TPOT, then k; at most ``cap``.
+    With ``check_model``, a rate whose candidates were all measured offers its best prediction
+    instead, so that the model's error is measured even where the choice did not need it.
     Returns ({k: rates where it is an unmeasured candidate}, the candidate ks the cap left out)."""
     if cap < 0:
         raise ValueError(f"cap={cap} must be >= 0")
@@ -303,7 +309,10 @@ def to_confirm(choices: Sequence[Choice], cap: int) -> tuple[dict[int, tuple[flo
     tpots: dict[int, list[float]] = defaultdict(list)
     best = Counter(c.best.k for c in choices if not c.best.measured)
     for choice in choices:
-        for e in choice.candidates:
+        offered = list(choice.candidates)
+        if check_model and choice.best_predicted and all(e.measured for e in offered):
+            offered.append(choice.best_predicted)
+        for e in offered:
             if not e.measured:
                 rates[e.k].append(choice.rate)
                 tpots[e.k].append(e.tpot_s)

@@ -204,6 +204,7 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
                     search_predict.download_samples(reader),
                     functools.partial(search_predict.log_predicted, tracker, parent),
                     stats_options(first.stats, reader), first.predict.max_confirm, resumed,
+                    first.predict.check_model,
                 )  # fmt: skip
                 outcomes = predicted.outcomes
             else:

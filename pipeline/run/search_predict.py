@@ -153,8 +153,9 @@ class Predictor:
     """Builds each curve's inputs from measured points and runs the model on them."""
 
     def __init__(self, plan: SweepPlan, opts: StatsOptions, samples: Callable[[Sequence[PointOutcome]],
-                 list[Sample | None]]) -> None:  # fmt: skip
+                 list[Sample | None]], check_model: bool = False) -> None:  # fmt: skip
         self.plan, self.opts, self.samples = plan, opts, samples
+        self.check_model = check_model  # predict.check_model: see predict.to_confirm
         spread = opts.server_spread
         self.server_sd = spread.for_metric("speedup_median_tpot") if spread else None
         self.server_df = spread.comparisons if spread else 0
@@ -228,7 +229,7 @@ class Predictor:
             estimates += [_estimate(p, False, self.opts) for (k, r), p in predictions.items() if r == rate]
             if estimates:
                 choices[rate] = predict.choose(rate, estimates, self.opts.alpha)
-        confirm, left_out = predict.to_confirm(list(choices.values()), cap)
+        confirm, left_out = predict.to_confirm(list(choices.values()), cap, self.check_model)
         job = points[0].job
         return CurveResult(setting, f"{job.engine.name} {job.spec.method}", dict(first or predictions), predictions,
                            measured, lengths, choices, confirm, left_out, tuple(notes))  # fmt: skip
@@ -272,11 +273,11 @@ class PredictRun:
 
 def run(plan: SweepPlan, executor_run: Callable[[SweepPlan], list[GroupOutcome]],
         samples: Callable[[Sequence[PointOutcome]], list[Sample | None]], log_predicted: Callable[[Point, dict[str, float]], str],
-        opts: StatsOptions, cap: int, done: Mapping[str, PointOutcome]) -> PredictRun:  # fmt: skip
+        opts: StatsOptions, cap: int, done: Mapping[str, PointOutcome], check_model: bool = False) -> PredictRun:  # fmt: skip
     """Measure, predict, confirm; then predict what is left with the confirmations as anchors."""
     outcomes = executor_run(first_phase(plan))
     by_hash = dict(done) | {p.hash: p for o in outcomes for p in o.points}
-    predictor = Predictor(plan, opts, samples)
+    predictor = Predictor(plan, opts, samples, check_model)
     firsts = [predictor.curve(s, pts, by_hash, None, cap) for s, pts in curves(plan).items()]
     confirm = confirmation_plan(plan, firsts)
     for result in firsts:

@@ -1,7 +1,8 @@
 """The two searches on real vLLM servers, through the default Ray launcher and a real MLflow store.
 
 - search=predict over k = 1, 2, 3 at one rate: the baseline and k=3 are measured, k=1 and 2
-  predicted, the predicted best confirmed on a fresh server; at most 3 servers, not the grid's 4.
+  predicted, the predicted best confirmed on a fresh server (predict.check_model: even where k=3
+  won outright, so that the model's accuracy is always checked); at most 3 servers, not the grid's 4.
 - search=capacity on the baseline: bracketing, then bisection, on one server, within the probe cap.
 """
 
@@ -40,7 +41,7 @@ def _runs(project: Path, experiment: str) -> list:
 def test_predict_starts_at_most_three_servers_and_sets_prediction_against_measurement(tmp_path: Path) -> None:
     before = vllm_server_pids()
     proc = multirun(tmp_path, "search=predict", "spec.k=1,2,3", "load.request_rate=2", "predict.max_confirm=1",
-                    "sweep_name=ipredict", *SMALL)  # fmt: skip
+                    "predict.check_model=true", "sweep_name=ipredict", *SMALL)  # fmt: skip
     assert not vllm_server_pids() - before, "server processes outlived the sweep"
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     runs = _runs(tmp_path, "ipredict")

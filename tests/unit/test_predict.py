@@ -183,6 +183,18 @@ def test_to_confirm_ranks_unmeasured_candidates_and_caps_them() -> None:
     assert to_confirm(choices, cap=0) == ({}, (2, 3, 4))
 
 
+def test_check_model_confirms_the_best_prediction_where_a_measured_k_won_outright() -> None:
+    told_apart = [Estimate(3, 0.010, 0.0098, 0.0102, measured=True), Estimate(1, 0.015, 0.0148, 0.0152, False),
+                  Estimate(2, 0.012, 0.0118, 0.0122, False)]  # fmt: skip
+    choice = choose(2.0, told_apart)
+    assert [e.k for e in choice.candidates] == [3] and choice.best_predicted and choice.best_predicted.k == 2
+    assert to_confirm([choice], cap=1) == ({}, ())  # the choice needs no measurement
+    assert to_confirm([choice], cap=1, check_model=True) == ({2: (2.0,)}, ())
+    assert to_confirm([choice], cap=0, check_model=True) == ({}, (2,))  # the cap still holds
+    overlapping = choose(2.0, [*told_apart[:2], Estimate(2, 0.0101, 0.0099, 0.0103, False)])
+    assert to_confirm([overlapping], cap=1, check_model=True) == to_confirm([overlapping], cap=1)
+
+
 def test_rate_inputs_name_their_problem() -> None:
     rng = np.random.default_rng(2)
     base = window(rng, 0, 0.02)
