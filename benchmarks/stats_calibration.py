@@ -28,10 +28,11 @@ import math
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 from scipy import stats as scipy_stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -488,11 +489,73 @@ CONSERVATIVE = {
         "a prompt's output length, the same on both servers, sets most of its E2EL: where the same prompt is slow on "
         "both servers, the bootstrap of a ratio of two medians over-states its spread (the strong-prompt row's case)"
     ),
+    "group: each of 2 categories x 32 requests, one run": Conservative(
+        "32 requests a group: the percentile bootstrap of a median of so few draws is lumpy (it takes few distinct "
+        "values) and errs wide; the family's false alarms and power are in the table below it"
+    ),
     "capacity boundary, 400 requests per probe": Conservative(
         "each probe's percentile is drawn from its order statistics (distribution-free, uniform between neighbours), "
         "and a p99 with no finite upper bound opens the interval"
     ),
 }
+
+
+# ---- verdicts per group: categories, and stretches of a trace (analysis/categories.py, timeline.py) --
+
+GROUP_FRAME = pd.DataFrame([
+    {"role": "baseline", "status": "finished", "run_id": "b", "point_hash": "pb", "point_key": "kb", "engine": "vllm",
+     "method": "none", "k": 0, "request_rate": 1.0, "point": "baseline-r1", "trace_requests": 64.0},
+    {"role": "speculative", "status": "finished", "run_id": "s", "point_hash": "ps", "point_key": "ks",
+     "baseline_hash": "pb", "engine": "vllm", "method": "ngram", "k": 3, "request_rate": 1.0, "point": "ngram-k3-r1",
+     "trace_requests": 64.0},
+])  # fmt: skip
+
+
+def grouped_pair(rng: np.random.Generator, truths: Sequence[float], per_group: int) -> tuple[Sample, Sample]:
+    """One run: ``per_group`` requests per group, group g's true ratio ``truths[g]``; each request
+    scheduled in its group's stretch of a 60 s window (group = category = stretch)."""
+    n = per_group * len(truths)
+    group = np.repeat(np.arange(len(truths)), per_group)
+    prompt = rng.normal(0, 0.1, n)
+    true = np.asarray(truths)[group]
+    scheduled = (group + (np.arange(n) % per_group + 0.5) / per_group) * 60.0 / len(truths)
+    names = np.array([f"g{g}" for g in group], dtype=object)
+    made = []
+    for scale in (np.full(n, 0.04), 0.04 / true):
+        tpot = scale * np.exp(prompt + 0.15 * rng.standard_t(4, n))
+        made.append(Sample(index=np.arange(n), values={"tpot": tpot, "ttft": tpot * 5, "e2el": tpot * 64},
+                           itl=tuple(np.full(2, v) for v in tpot), output_tokens=np.full(n, 65.0),
+                           chunks=np.full(n, 33.0), duration_s=62.0, scheduled=scheduled, category=names))  # fmt: skip
+    return made[0], made[1]
+
+
+def group_table(kind: str, base: Sample, spec: Sample, opts: StatsOptions) -> pd.DataFrame:
+    from pipeline.analysis import categories, timeline
+
+    samples = {"b": base, "s": spec}
+    if kind == "category":
+        return categories.compare(GROUP_FRAME, samples, opts).sort_values("category")
+    return timeline.compare(GROUP_FRAME, samples, opts).sort_values("start_s")
+
+
+def group_coverage(seed: int, trials: int, opts: StatsOptions, kind: str, truths: Sequence[float],
+                   per_group: int) -> tuple[int, int]:  # fmt: skip
+    """Each group's interval against its own truth: hits over groups x trials."""
+    rng = np.random.default_rng(seed)
+    hits = count = 0
+    for _ in range(trials):
+        table = group_table(kind, *grouped_pair(rng, truths, per_group), opts)
+        for truth, low, high in zip(truths, table["speedup_median_tpot_low"], table["speedup_median_tpot_high"],
+                                    strict=True):  # fmt: skip
+            hits += int(low <= truth <= high)
+            count += 1
+    return hits, count
+
+
+def group_calls(seed: int, trials: int, opts: StatsOptions, kind: str, truths: Sequence[float],
+                per_group: int) -> list[list[str]]:  # fmt: skip
+    rng = np.random.default_rng(seed)
+    return [list(group_table(kind, *grouped_pair(rng, truths, per_group), opts)["verdict"]) for _ in range(trials)]
 
 
 def row(name: str, hits: int, trials: int, note: str = "", minimum: int = 0,
@@ -537,6 +600,8 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=None,
                         help="trials per interval, in place of the mode's (a smoke run, or a timing; the hints are "
                         "scaled down with it; --quick still sets the resamples)")  # fmt: skip
+    parser.add_argument("--only", default="", help="only the interval rows whose name contains this text, and the "
+                        "group verdicts (a check of some rows)")  # fmt: skip
     args = parser.parse_args()
     trials = args.trials if args.trials is not None else QUICK_TRIALS if args.quick else FULL_TRIALS
     if trials < 1:
@@ -597,10 +662,21 @@ def main() -> int:
         ("predict: speedup at k=2 from k=0 and k=4", lambda: predict_interval(trials, opts), "model exact"),
         ("capacity boundary, 400 requests per probe", lambda: capacity_interval(trials, opts, 400), "p99"),
         ("crossing rate (where resolved)", lambda: crossing_interval(trials, opts), "truth 9.83 req/s"),
+        (
+            "group: each of 2 categories x 32 requests, one run",
+            lambda: group_coverage(21, trials, opts, "category", (1.5, 0.9), 32),
+            "truths 1.5x and 0.9x; each category's own interval",
+        ),
+        (
+            "group: each of 4 stretches of a trace x 12 requests, one run",
+            lambda: group_coverage(22, trials, opts, "time", (1.5, 1.5, 0.9, 1.5), 12),
+            "truths 1.5, 1.5, 0.9, 1.5x",
+        ),
     ]
     print("| interval (nominal 95 %) | covered [exact 95 % CI] | setting | status | s |")
     print("|---|---|---|---|---|")
     failures, notes = [], []
+    experiments = [e for e in experiments if args.only in e[0]]
     for name, run, note in experiments:
         began = time.monotonic()
         hits, n, *attempted = run()
@@ -613,6 +689,10 @@ def main() -> int:
         if not ok:
             failures.append(name)
     # A sensitivity band, not a calibrated interval: shown, not gated.
+    if args.only:  # a check of some rows: the sensitivity band and the hints are skipped
+        for why in notes:
+            print(f"- {why}")
+        return _group_verdicts(trials, opts, failures, start)
     began = time.monotonic()
     hits, n = capacity_interval(max(1, trials // 4), opts, 100)
     print(f"| capacity boundary, 100 requests per probe (sensitivity band) | {hits}/{n} = {hits / n:.1%} | p99 "
@@ -629,6 +709,38 @@ def main() -> int:
         print(f"| {hint} | {power:.0%} | {'ok' if ok else 'miss'} | {time.monotonic() - began:.1f} |", flush=True)
         if not ok:
             failures.append(f"hint ({hint})")
+    return _group_verdicts(trials, opts, failures, start)
+
+
+def _group_verdicts(trials: int, opts: StatsOptions, failures: list[str], start: float) -> int:
+    """The per-group families' false alarms and power, then the summary line and the exit code."""
+    print()
+    print("| group verdicts (one Benjamini-Hochberg family per point) | rate [exact 95 % CI] | goal | status | s |")
+    print("|---|---|---|---|---|")
+    for kind, label, per_group, groups in (
+        ("category", "2 categories x 32", 32, 2),
+        ("time", "4 stretches x 12", 12, 4),
+    ):
+        began = time.monotonic()
+        null = group_calls(23, trials, opts, kind, (1.0,) * groups, per_group)
+        alarms = sum(any(v in ("helps", "hurts") for v in calls) for calls in null)
+        # 12 requests a stretch resolve less than 32 a category: the power is asked at 1.5x there.
+        truths = (1.3, 1.0) if groups == 2 else (1.5, 1.0, 1.0, 1.0)
+        found = sum(calls[0] == "helps" for calls in group_calls(24, trials, opts, kind, truths, per_group))
+        for what, hits, goal, ok in (
+            (
+                f"{label}, all truths 1: any group called (false alarm per point)",
+                alarms,
+                "<= 5 %",
+                alarms / trials <= 0.05,
+            ),
+            (f"{label}, one group {truths[0]:g}x: called helps (power)", found, ">= 80 %", found / trials >= 0.80),
+        ):
+            ci = scipy_stats.binomtest(hits, trials).proportion_ci(method="exact")
+            print(f"| {what} | {hits}/{trials} = {hits / trials:.1%} [{ci.low:.1%}, {ci.high:.1%}] | {goal} | "
+                  f"{'ok' if ok else 'miss'} | {time.monotonic() - began:.1f} |", flush=True)  # fmt: skip
+            if not ok:
+                failures.append(what)
     elapsed = time.monotonic() - start
     summary = "all intervals within their coverage goals and all hints at >= 75 % power"
     print(f"stats_calibration: {'FAIL: ' + '; '.join(failures) if failures else 'ok: ' + summary} ({elapsed:.0f} s)")

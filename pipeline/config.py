@@ -121,6 +121,9 @@ class WorkloadConfig:
     start_s: float = 0.0
     duration_s: float | None = None
     sort: bool = False
+    # A trace's conversations: the think time between a turn's answer and the next turn, in
+    # seconds, in place of the trace's own (delay_s or the timestamp gap); null keeps the trace's.
+    think_time_s: float | None = None
 
 
 @dataclass(frozen=True)

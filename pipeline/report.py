@@ -25,6 +25,7 @@ from pipeline.analysis.report import markdown
 from pipeline.analysis.report_html import page
 from pipeline.analysis.samples import Sample, StatsError, StatsOptions
 from pipeline.analysis.search_report import PREDICTIONS_CSV
+from pipeline.analysis.timeline import TIMELINE_FIGURE
 from pipeline.config import TrackingConfig
 from pipeline.record.readers import SweepReader
 from pipeline.record.tracking import TrackingError, resolve_store
@@ -60,9 +61,10 @@ def build(reader: SweepReader, parent_id: str, out_dir: Path | None = None,
             title, frame, probes, tests, samples, opts, search_report.slo_target(reader.params(parent_id)), predictions
         )
         data = replace(data, run_url=reader.run_url(parent_id))
-        if data.by_type is not None:  # each speculative run gets its categories' ratios and L
-            for run, metrics in categories.run_metrics(data.by_type).items():
-                reader.log_metrics(run, metrics)
+        for table, grouping in ((data.by_type, categories.BY_CATEGORY), (data.by_turn, categories.BY_TURN)):
+            if table is not None:  # each speculative run gets its groups' ratios and L
+                for run, metrics in categories.run_metrics(table, grouping.prefix).items():
+                    reader.log_metrics(run, metrics)
         since, trends = _since_reference(reader, parent_id, work)
     interactive = interactive_figures(data)
     figures = {
@@ -76,6 +78,7 @@ def build(reader: SweepReader, parent_id: str, out_dir: Path | None = None,
             ("Median-TPOT speedup over k x request rate", plots.speedup_heatmap(data.points)),
             ("Capacity under the SLO", plots.capacity_curve(data.capacity)),
             ("Median TPOT against k: measured and predicted", plots.k_curve(data.predictions)),
+            (TIMELINE_FIGURE, plots.trace_timeline(data.over_time)),
         )
         if png is not None
     } | trends

@@ -132,3 +132,42 @@ def k_schedule(comparisons: Comparisons, baseline_e2el_s: dict[float, float], me
             start = end + 1
     return {"method": method, "num_speculative_tokens": max(k for _, _, k in schedule) or 1,
             "num_speculative_tokens_per_batch_size": schedule}  # fmt: skip
+
+
+def _alpha_text(row: pd.Series) -> str:
+    alpha, lo, hi = row.get("acceptance_alpha"), row.get("acceptance_alpha_low"), row.get("acceptance_alpha_high")
+    if _finite(alpha) and _finite(lo) and _finite(hi):
+        return f"α {alpha:.2f} [{lo:.2f}, {hi:.2f}]"
+    return "α not resolved"
+
+
+def by_request_type(table: pd.DataFrame) -> list[Advice]:
+    """The tuning guide's task-type rules ("code: high acceptance, n-gram"; "creative: low
+    acceptance, consider disabling speculation"), fired per measured category from its own
+    intervals (analysis/categories.py): off where its speedup is resolved below 1; on where it is
+    resolved above; route where one point has both."""
+    out: list[Advice] = []
+    if table is None or table.empty:
+        return out
+    for (config, rate), group in table.groupby(["config", "request_rate"], sort=True):
+        helps = group[group["verdict"] == "helps"]
+        hurts = group[group["verdict"] == "hurts"]
+        for row in (r for _, r in hurts.iterrows()):
+            low_alpha = _finite(row.get("acceptance_alpha_high")) and row["acceptance_alpha_high"] < LOW_ALPHA
+            why = " (its drafts are rarely accepted)" if low_alpha else ""
+            out.append(Advice("request type: speculation hurts", f"{config}: turn speculation off for "
+                              f"{row['category']} requests{why}", f"median-TPOT speedup {row['text']} at {rate:g} "
+                              f"req/s, {_alpha_text(row)}, {int(row['requests'])} requests"))  # fmt: skip
+        for row in (r for _, r in helps.iterrows()):
+            high_alpha = _finite(row.get("acceptance_alpha_low")) and row["acceptance_alpha_low"] > HIGH_ALPHA
+            if high_alpha:
+                out.append(Advice("request type: high acceptance", f"{config}: {row['category']} requests accept "
+                                  "nearly every draft; a larger k (or n-gram, which needs no draft) has room",
+                                  f"{_alpha_text(row)}, median-TPOT speedup {row['text']} at {rate:g} req/s"))  # fmt: skip
+        if not helps.empty and not hurts.empty:
+            on = ", ".join(f"{r.category} {r.text}" for r in helps.itertuples(index=False))
+            off = ", ".join(f"{r.category} {r.text}" for r in hurts.itertuples(index=False))
+            out.append(Advice("route by request type", f"{config} at {rate:g} req/s: speculation on for "
+                              f"{', '.join(helps['category'])}, off for {', '.join(hurts['category'])}",
+                              f"on: {on}; off: {off} (median-TPOT speedups, one family)"))  # fmt: skip
+    return out

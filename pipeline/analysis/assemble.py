@@ -12,9 +12,21 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
-from pipeline.analysis import advisor, categories, iplots, iplots_search, model, quality, search_report, stats, verdicts
+from pipeline.analysis import (
+    advisor,
+    categories,
+    iplots,
+    iplots_search,
+    model,
+    quality,
+    search_report,
+    stats,
+    timeline,
+    verdicts,
+)
 from pipeline.analysis.report import ReportData, conditions, run_names
 from pipeline.analysis.samples import Sample, StatsOptions
+from pipeline.analysis.timeline import TIMELINE_FIGURE
 from pipeline.engines.acceptance import alpha_from_length
 
 
@@ -88,11 +100,17 @@ def analyse(title: str, frame: pd.DataFrame, probes: list[dict], length_tests: l
     sections = search_report.capacity_lines(curves, target, opts) if target is not None else []
     sections += search_report.predict_lines(predictions if predictions is not None else pd.DataFrame())
     by_type = categories.compare(frame, samples, opts)
+    advice += advisor.by_request_type(by_type)
     sections += categories.lines(by_type)
+    by_turn = categories.compare(frame, samples, opts, categories.BY_TURN)
+    sections += categories.turn_lines(by_turn)
+    over_time = timeline.compare(frame, samples, opts)
+    sections += timeline.lines(over_time, schedules)
     lead = search_report.capacity_headline(curves, target) if target is not None else ""
     return ReportData(title, frame, points, crossings, fits, advice, schedules, lossless, length_tests, gaps,
                       conditions(frame), comparisons, _window_levels(frame, samples, opts), lead, sections,
-                      curves, predictions, by_type=by_type)  # fmt: skip
+                      curves, predictions, by_type=by_type, by_turn=by_turn,
+                      over_time=over_time)  # fmt: skip
 
 
 def _window_levels(frame: pd.DataFrame, samples: Mapping[str, Sample], opts: StatsOptions) -> pd.DataFrame:
@@ -161,6 +179,7 @@ def interactive_figures(data: ReportData) -> dict:
         "Median TPOT against k: measured and predicted": iplots_search.k_curve(
             data.predictions, data.frame, names, url
         ),
+        TIMELINE_FIGURE: iplots.trace_timeline(data.over_time),
     }
     return {name: fig for name, fig in made.items() if fig is not None}
 

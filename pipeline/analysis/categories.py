@@ -1,5 +1,5 @@
-"""Verdicts per request type: a window's requests of one workload category against the same
-requests on the baseline, through the one statistics core (docs/traces.md).
+"""Verdicts per request type (and per conversation turn): a window's requests of one group
+against the same requests on the baseline, through the one statistics core (docs/traces.md).
 
 Acceptance depends on the kind of text far more than on load: code editing copies its prompt
 and n-gram drafting accepts it, creative chat does not. A point's overall ratio can hide a
@@ -11,7 +11,8 @@ Pure: frames and samples in, a table and Markdown lines out.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -23,6 +24,52 @@ from pipeline.analysis.stats import Ratio
 from pipeline.engines.acceptance import alpha_from_length
 
 METRIC = verdicts.TPOT  # the per-category verdict's ratio: median TPOT, baseline / speculative
+FIRST_TURN, LATER_TURNS = "first turn", "later turns"
+
+
+class Grouping:
+    """How a window's requests split into the groups compared, each against the same requests
+    on the baseline: each request of a speculative window gets a label, and its baseline twin
+    (the same prompt index) is cut by the same prompts."""
+
+    prefix = "category"  # of the run metrics: <prefix>.<group>.*
+
+    def labels(self, sample: Sample) -> tuple[Sequence[object], Sequence[object]]:
+        """Each successful request's group, and each failed one's (None: in no group)."""
+        return sample.category, sample.failed_category
+
+    def split(self, sample: Sample) -> dict[str, np.ndarray]:
+        ok, failed = self.labels(sample)
+        failed_index = sample.failed_index if len(sample.failed_index) == len(failed) else ()
+        out: dict[str, list[int]] = {}
+        pairs = [*zip(ok, sample.index, strict=False), *zip(failed, failed_index, strict=False)]
+        for label, prompt in pairs:
+            if label is not None:
+                out.setdefault(str(label), []).append(int(prompt))
+        return {name: np.array(out[name]) for name in sorted(out)}
+
+    def describe(self, name: str, base: Sequence[Sample], spec: Sequence[Sample]) -> dict[str, float]:
+        """Columns of the group's own beyond the shared ones."""
+        return {}
+
+
+class ByTurn(Grouping):
+    """A conversation's first turn (requests of their own with it) against its later turns,
+    whose history the server's prefix cache may hold: that shows in TTFT far more than in TPOT."""
+
+    prefix = "turn"
+
+    def labels(self, sample: Sample) -> tuple[Sequence[object], Sequence[object]]:
+        turn = sample.turn if len(sample.turn) == sample.size else np.zeros(sample.size, int)
+        failed = sample.failed_turn if len(sample.failed_turn) == sample.failed else np.zeros(sample.failed, int)
+        if not (turn > 1).any() and not (failed > 1).any():
+            return (), ()  # no conversation: nothing to split
+        return ([LATER_TURNS if t > 1 else FIRST_TURN for t in turn],
+                [LATER_TURNS if t > 1 else FIRST_TURN for t in failed])  # fmt: skip
+
+
+BY_CATEGORY = Grouping()
+BY_TURN = ByTurn()
 
 
 def _length(spec: list[Sample], k: int, opts: StatsOptions, rng: np.random.Generator) -> Ratio | None:
@@ -30,9 +77,17 @@ def _length(spec: list[Sample], k: int, opts: StatsOptions, rng: np.random.Gener
     return verdicts._within_bounds(length, k) if length.estimate is not None else None
 
 
-def compare(frame: pd.DataFrame, samples: Mapping[str, Sample], opts: StatsOptions) -> pd.DataFrame:
-    """One row per (speculative point, category) where a point's windows hold two or more
-    categories: the median-TPOT ratio with its interval and verdict, and L and alpha with theirs."""
+def _median_ms(samples: Sequence[Sample], metric: str) -> float:
+    values = np.concatenate([s.values[metric] for s in samples]) if samples else np.empty(0)
+    finite = values[np.isfinite(values)]
+    return float(np.median(finite)) * 1e3 if len(finite) else math.nan
+
+
+def compare(frame: pd.DataFrame, samples: Mapping[str, Sample], opts: StatsOptions,
+            by: Grouping = BY_CATEGORY) -> pd.DataFrame:  # fmt: skip
+    """One row per (speculative point, group) where a point's windows hold two or more groups
+    (categories, or first and later turns): the median-TPOT ratio with its interval and
+    verdict, L and alpha with theirs, and each side's median TTFT."""
     spec_rows, base_rows = verdicts.measured(frame, "speculative"), verdicts.measured(frame, "baseline")
     if spec_rows.empty:
         return pd.DataFrame()
@@ -43,15 +98,17 @@ def compare(frame: pd.DataFrame, samples: Mapping[str, Sample], opts: StatsOptio
         spec = [samples.get(str(s["run_id"])) for _, s in pairs]
         if not pairs or any(x is None for x in base + spec):
             continue
-        names = sorted({c for s in spec for c in s.categories})  # type: ignore[union-attr]
+        splits = [by.split(x) for x in spec]  # type: ignore[arg-type]
+        names = list(dict.fromkeys(name for split in splits for name in split))
         if len(names) < 2:
             continue  # one kind of text: the point's own verdict is the category's
         first = pairs[0][1]
         restarted = "server" in group and len(pairs) >= 2 and group["server"].nunique() == len(pairs)
         k = int(first["k"])
         for j, name in enumerate(names):
-            base_c = [b.only(name) for b in base]  # type: ignore[union-attr]
-            spec_c = [s.only(name) for s in spec]  # type: ignore[union-attr]
+            chosen = [split.get(name, np.zeros(0, int)) for split in splits]
+            base_c = [b.with_index(c) for b, c in zip(base, chosen, strict=True)]  # type: ignore[union-attr]
+            spec_c = [s.with_index(c) for s, c in zip(spec, chosen, strict=True)]  # type: ignore[union-attr]
             rng = np.random.default_rng([opts.seed, 31, i, j])
             ratio = stats.paired_ratio(METRIC, base_c, spec_c, opts, rng, shared_servers=not restarted)
             length = _length(spec_c, k, opts, rng)
@@ -65,7 +122,9 @@ def compare(frame: pd.DataFrame, samples: Mapping[str, Sample], opts: StatsOptio
                 "acceptance_length": length.estimate if length else None,
                 "acceptance_length_low": length.low if length else None,
                 "acceptance_length_high": length.high if length else None,
-            }
+                "base_median_ttft_ms": _median_ms(base_c, "ttft"),
+                "spec_median_ttft_ms": _median_ms(spec_c, "ttft"),
+            } | by.describe(name, base_c, spec_c)
             row["acceptance_alpha"] = alpha_from_length(row["acceptance_length"], k) if length else None
             row["acceptance_alpha_low"] = alpha_from_length(length.low, k) if length and length.resolved else None
             row["acceptance_alpha_high"] = alpha_from_length(length.high, k) if length and length.resolved else None
@@ -80,20 +139,23 @@ def compare(frame: pd.DataFrame, samples: Mapping[str, Sample], opts: StatsOptio
     return pd.DataFrame(rows)
 
 
-def run_metrics(table: pd.DataFrame) -> dict[str, dict[str, float]]:
-    """``category.<name>.*`` metrics for each speculative run: its category's ratio and L."""
+def run_metrics(table: pd.DataFrame, prefix: str = BY_CATEGORY.prefix) -> dict[str, dict[str, float]]:
+    """``<prefix>.<group>.*`` metrics for each speculative run: its group's ratio and L
+    (``category.code_edit.*``, ``turn.later_turns.*``)."""
     out: dict[str, dict[str, float]] = {}
     for row in table.itertuples(index=False):
+        name = f"{prefix}.{re.sub(r'[^A-Za-z0-9_.-]+', '_', str(row.category))}"
         values = {
-            f"category.{row.category}.{METRIC}": getattr(row, METRIC),
-            f"category.{row.category}.{METRIC}_low": getattr(row, f"{METRIC}_low"),
-            f"category.{row.category}.{METRIC}_high": getattr(row, f"{METRIC}_high"),
-            f"category.{row.category}.acceptance_length": row.acceptance_length,
-            f"category.{row.category}.acceptance_length_low": row.acceptance_length_low,
-            f"category.{row.category}.acceptance_length_high": row.acceptance_length_high,
-            f"category.{row.category}.acceptance_alpha": row.acceptance_alpha,
-            f"category.{row.category}.acceptance_alpha_low": row.acceptance_alpha_low,
-            f"category.{row.category}.acceptance_alpha_high": row.acceptance_alpha_high,
+            f"{name}.{METRIC}": getattr(row, METRIC),
+            f"{name}.{METRIC}_low": getattr(row, f"{METRIC}_low"),
+            f"{name}.{METRIC}_high": getattr(row, f"{METRIC}_high"),
+            f"{name}.acceptance_length": row.acceptance_length,
+            f"{name}.acceptance_length_low": row.acceptance_length_low,
+            f"{name}.acceptance_length_high": row.acceptance_length_high,
+            f"{name}.acceptance_alpha": row.acceptance_alpha,
+            f"{name}.acceptance_alpha_low": row.acceptance_alpha_low,
+            f"{name}.acceptance_alpha_high": row.acceptance_alpha_high,
+            f"{name}.median_ttft_ms": row.spec_median_ttft_ms,
         }
         kept = {k: float(v) for k, v in values.items() if v is not None and math.isfinite(float(v))}
         for run in str(row.spec_run_ids).split():
@@ -128,4 +190,22 @@ def lines(table: pd.DataFrame) -> list[str]:
             on = ", ".join(f"{r.category} {r.text}" for r in helps.itertuples(index=False))
             off = ", ".join(f"{r.category} {r.text}" for r in hurts.itertuples(index=False))
             out.append(f"  - **route by request type**: speculation on for {on}; off for {off}")
+    return [*out, ""]
+
+
+def turn_lines(table: pd.DataFrame) -> list[str]:
+    """The report's "By conversation turn" section: first turns against later ones, each paired
+    with the same turns on the baseline, with each side's median TTFT."""
+    if table.empty:
+        return []
+    out = ["## By conversation turn", "",
+           "A conversation's first turn (with the requests of their own) against its later turns, whose history "
+           "is the earlier turns and the server's own answers (and may sit in the prefix cache): median TPOT, "
+           "baseline / speculation, paired by request, decided as one family (Benjamini-Hochberg); TTFT is each "
+           "group's median on the baseline -> with speculation.", ""]  # fmt: skip
+    for (config, rate), group in table.groupby(["config", "request_rate"], sort=True):
+        parts = [f"{r.category} {r.text} {r.verdict} (TTFT {r.base_median_ttft_ms:.0f} -> {r.spec_median_ttft_ms:.0f} ms, "
+                 f"{_length_text(pd.Series(r._asdict()))}, {r.requests} requests)"
+                 for r in group.itertuples(index=False)]  # fmt: skip
+        out.append(f"- {config} at {rate:g} req/s: " + "; ".join(parts))
     return [*out, ""]

@@ -209,3 +209,30 @@ def html(figures: dict[str, go.Figure]) -> str:
         div = fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"figure-{i}", config={"displaylogo": False})
         parts.append(f'<h3>{escape(name)}</h3><div class="figure">{div}</div>')
     return "".join(parts)
+
+
+def trace_timeline(table: pd.DataFrame | None) -> go.Figure | None:
+    """The twin of plots.trace_timeline: offered load above, each stretch's speedup below."""
+    from plotly.subplots import make_subplots
+
+    if table is None or table.empty:
+        return None
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.33, 0.67], vertical_spacing=0.06)
+    for (config, rate), group in table.groupby(["config", "request_rate"], sort=True):
+        group = group.sort_values("start_s")
+        middle = (group["start_s"] + group["end_s"]) / 2
+        name = f"{config} @ {rate:g}/s"
+        estimate = group["speedup_median_tpot"].astype(float)
+        hover = [f"<b>{name}</b><br>{r.bucket}: {r.offered_rate:.2f} req/s offered, {r.in_flight:.1f} in flight"
+                 f"<br>median-TPOT speedup {r.text}: {r.verdict}" for r in group.itertuples(index=False)]  # fmt: skip
+        fig.add_trace(go.Scatter(x=middle, y=group["offered_rate"], mode="lines+markers", name=f"{name} load",
+                                 line={"shape": "hvh"}, hovertext=hover, hoverinfo="text"), row=1, col=1)  # fmt: skip
+        error = error_bars(estimate, group["speedup_median_tpot_low"].astype(float),
+                           group["speedup_median_tpot_high"].astype(float), fill=0)  # fmt: skip
+        fig.add_trace(go.Scatter(x=middle, y=estimate, mode="markers", name=name, error_y=error, hovertext=hover,
+                                 hoverinfo="text"), row=2, col=1)  # fmt: skip
+    fig.add_hline(y=1.0, line={"color": "black", "width": 1}, row=2, col=1)
+    layout(fig, "Speedup over the trace, stretch by stretch, with its interval", "", "offered (req/s)")
+    fig.update_xaxes(title_text="seconds into the replay", row=2, col=1)
+    fig.update_yaxes(title_text="median-TPOT speedup (> 1: faster)", row=2, col=1)
+    return fig

@@ -203,3 +203,27 @@ def k_curve(table: pd.DataFrame | None) -> bytes | None:
                                                 guess[f"{column}_high"] - guess[column]],
                         label=f"{curve} @ {rate:g}/s predicted")  # fmt: skip
     return _chart(fig, ax, "k (draft tokens per step)", "median TPOT (ms)", "Median TPOT against k (hollow: predicted)")
+
+
+def trace_timeline(table: pd.DataFrame | None) -> bytes | None:
+    """A trace replay over its own time: the offered load per stretch (above) and each
+    stretch's median-TPOT speedup with its interval (below), per speculative point."""
+    if table is None or table.empty:
+        return None
+    fig, (load, speed) = plt.subplots(2, 1, figsize=(7, 5.5), sharex=True, height_ratios=[1, 2])
+    for (config, rate), group in table.groupby(["config", "request_rate"], sort=True):
+        group = group.sort_values("start_s")
+        middle = (group["start_s"] + group["end_s"]) / 2
+        width = float((group["end_s"] - group["start_s"]).iloc[0])
+        label = f"{config} @ {rate:g}/s"
+        load.step(group["start_s"], group["offered_rate"], where="post", label=label)
+        estimate = group["speedup_median_tpot"].astype(float)
+        low = (estimate - group["speedup_median_tpot_low"].astype(float)).fillna(0)
+        high = (group["speedup_median_tpot_high"].astype(float) - estimate).fillna(0)
+        speed.errorbar(middle, estimate, yerr=[low, high], xerr=width / 2, marker="o", capsize=3, linestyle="none",
+                       label=label)  # fmt: skip
+    load.set_ylabel("offered (req/s)")
+    load.grid(alpha=0.3)
+    speed.axhline(1.0, color="black", linewidth=1)
+    return _chart(fig, speed, "seconds into the replay", "median-TPOT speedup (> 1: faster)",
+                  "Speedup over the trace, stretch by stretch, with its interval")  # fmt: skip

@@ -52,6 +52,8 @@ class ReportData:
     predictions: pd.DataFrame | None = None  # search=predict's table
     run_url: str = ""  # a run's page in the MLflow UI, "{run}" for its id ("": no links)
     by_type: pd.DataFrame | None = None  # verdicts per request type (analysis/categories.py)
+    by_turn: pd.DataFrame | None = None  # first against later conversation turns (the same module)
+    over_time: pd.DataFrame | None = None  # a trace replay's speedup per stretch of time (analysis/timeline.py)
 
 
 PREFIX_POLICY_TEXT = {
@@ -102,6 +104,11 @@ def _trace_conditions(rows: pd.DataFrame) -> list[str]:
         scales = ", ".join(f"{s:g}x" for s in sorted(group["trace_scale"].dropna().unique()))
         out.append(f"trace replay: {int(count)} requests on the trace's own schedule (its own mean rate {mean:.3g} "
                    f"req/s, peak {peak:.3g} req/s over 10 s), replayed with its gaps scaled by {scales}")  # fmt: skip
+    if "trace_conversations" in rows and (rows["trace_conversations"] > 0).any():
+        count = int(rows["trace_conversations"].max())
+        out.append(f"conversations: {count} replayed turn by turn; each later turn is sent once the previous turn's "
+                   "answer has finished, after its think time, with that answer in its history (so its send time "
+                   "follows the server, not the trace)")  # fmt: skip
     if "trace_synthetic" in rows and (rows["trace_synthetic"] == 1).any():
         out.append(SYNTHETIC_NOTE)
     return out

@@ -73,17 +73,32 @@ class Sample:
     # Each successful request's workload category, and each failed one's, where recorded.
     category: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))
     failed_category: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))
+    # Each request's turn in a trace's conversation (0: a request of its own), where recorded.
+    turn: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=int))
+    failed_turn: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=int))
 
     @property
     def categories(self) -> list[str]:
         return sorted({str(c) for c in (*self.category, *self.failed_category)})
 
+    @property
+    def has_later_turns(self) -> bool:
+        return bool(len(self.turn) and (self.turn > 1).any()) or bool(
+            len(self.failed_turn) and (self.failed_turn > 1).any()
+        )
+
     def only(self, category: str) -> Sample:
         """The window's requests of one category: the same window, fewer requests (its duration
         and schedule stay the window's, so throughput and keeping up are not per category)."""
-        keep = self.category == category
+        return self._keep(self.category == category, self.failed_category == category)
+
+    def with_index(self, prompts: np.ndarray) -> Sample:
+        """The window's requests of these prompt indices, failed ones included (as :meth:`only`)."""
+        failed = np.isin(self.failed_index, prompts) if len(self.failed_index) == self.failed else np.zeros(0, bool)
+        return self._keep(np.isin(self.index, prompts), failed)
+
+    def _keep(self, keep: np.ndarray, failed: np.ndarray) -> Sample:
         rows = np.flatnonzero(keep)
-        failed = self.failed_category == category
         return dataclasses.replace(
             self,
             index=self.index[keep],
@@ -94,8 +109,12 @@ class Sample:
             failed=int(failed.sum()),
             failed_index=self.failed_index[failed] if len(self.failed_index) == len(failed) else self.failed_index,
             scheduled=self.scheduled[keep] if len(self.scheduled) == len(keep) else self.scheduled,
-            category=self.category[keep],
-            failed_category=self.failed_category[failed],
+            category=self.category[keep] if len(self.category) == len(keep) else self.category,
+            failed_category=self.failed_category[failed]
+            if len(self.failed_category) == len(failed)
+            else self.failed_category,
+            turn=self.turn[keep] if len(self.turn) == len(keep) else self.turn,
+            failed_turn=self.failed_turn[failed] if len(self.failed_turn) == len(failed) else self.failed_turn,
         )
 
     @property
@@ -130,6 +149,10 @@ class Sample:
             failed_category=frame.loc[frame["error"].notna(), "category"].astype(str).to_numpy(dtype=object)
             if "error" in frame and "category" in frame
             else np.empty(0, dtype=object),
+            turn=ok["turn"].fillna(0).to_numpy(dtype=int) if "turn" in ok else np.empty(0, dtype=int),
+            failed_turn=frame.loc[frame["error"].notna(), "turn"].fillna(0).to_numpy(dtype=int)
+            if "error" in frame and "turn" in frame
+            else np.empty(0, dtype=int),
         )
 
 

@@ -44,6 +44,8 @@ class RequestRecord:
     spec_steps: int | None = None
     spec_accepted_tokens: int | None = None
     spec_draft_tokens: int | None = None
+    conversation: str = ""  # a trace's conversation id, and this request's turn in it
+    turn: int = 0
 
     @property
     def ok(self) -> bool:
@@ -53,6 +55,11 @@ class RequestRecord:
     def lateness_s(self) -> float:
         """How late the client sent it, deliberate queueing excluded: the client's own health."""
         return self.sent_s - self.scheduled_s - self.queued_s
+
+    @property
+    def end_s(self) -> float:
+        """When its answer was complete (its last token's chunk), or when it was sent."""
+        return self.chunk_s[-1] if self.chunk_s else self.sent_s
 
     @property
     def ttft_s(self) -> float | None:
@@ -105,6 +112,8 @@ class RequestRecord:
             "spec_accepted_tokens": self.spec_accepted_tokens,
             "spec_draft_tokens": self.spec_draft_tokens,
             "acceptance_length": self.acceptance_length,
+            "conversation_id": self.conversation,
+            "turn": self.turn,
             "text": self.text,
             "chunk_s": json.dumps([round(t, 6) for t in self.chunk_s]),
         }
@@ -272,6 +281,8 @@ async def send(
         spec_steps=stream.spec.num_spec_steps if stream.spec else None,
         spec_accepted_tokens=stream.spec.num_accepted_draft_tokens if stream.spec else None,
         spec_draft_tokens=stream.spec.num_draft_tokens if stream.spec else None,
+        conversation=req.conversation,
+        turn=req.turn,
     )
 
 

@@ -16,6 +16,11 @@ class Item:
     output_tokens: int | None = None  # a dataset's reference output length, where it has one
     # A chat history to send as it is (a trace's messages); the prompt is then its last turn.
     messages: tuple[dict[str, str], ...] = ()
+    # A turn of a trace's conversation: its id, its number, and the think time after the
+    # previous turn's answer (None: the first turn, sent at its own time).
+    conversation: str = ""
+    turn: int = 0
+    delay_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -26,6 +31,12 @@ class Request:
     max_tokens: int
     prompt_tokens: int | None = None  # by the model's own tokenizer
     messages: tuple[dict[str, str], ...] = ()  # sent instead of the prompt alone on the chat endpoint
+    conversation: str = ""  # a trace's conversation id ("" for a request of its own)
+    turn: int = 0
+    # A later turn: the index of the previous turn, which must finish first (its answer joins
+    # this turn's history), and the think time after it.
+    after: int | None = None
+    delay_s: float = 0.0
 
 
 class Tokenizer(Protocol):

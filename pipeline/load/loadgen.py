@@ -1,7 +1,9 @@
 """Open-loop load: arrival times fixed up front from a seeded generator, then kept to.
 
 A request is sent at its scheduled time whether or not earlier ones have finished, so a
-slow server queues work instead of slowing the client down. ``max_concurrency`` caps the
+slow server queues work instead of slowing the client down. The one exception is a later turn
+of a trace's conversation: it waits for the previous turn's answer, which joins its history,
+then for its think time (as a user does). ``max_concurrency`` caps the
 requests in flight (closed loop when the rate is infinite), and where one process cannot
 keep up, ``workers`` processes share the schedule and one monotonic clock (uncapped only:
 a cap split between processes would not be one global cap).
@@ -14,7 +16,7 @@ import math
 import multiprocessing as mp
 import queue
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import aiohttp
 import numpy as np
@@ -104,7 +106,19 @@ class StopRule:
 
 def _unfinished(req: Request, due: float, reason: str) -> RequestRecord:
     return RequestRecord(index=req.index, category=req.category, scheduled_s=due, sent_s=due,
-                         error=f"not finished: the window stopped ({reason})")  # fmt: skip
+                         error=f"not finished: the window stopped ({reason})", conversation=req.conversation,
+                         turn=req.turn)  # fmt: skip
+
+
+def next_turn(req: Request, sent: Sequence[dict[str, str]], answer: RequestRecord) -> Request:
+    """A later turn as it is sent: the previous turn's messages, the server's actual answer to
+    them, then this turn's user text."""
+    history = (*sent, {"role": "assistant", "content": answer.text}, {"role": "user", "content": req.prompt})
+    return replace(req, messages=history)
+
+
+def _as_sent(req: Request) -> tuple[dict[str, str], ...]:
+    return req.messages or ({"role": "user", "content": req.prompt},)
 
 
 async def _run(
@@ -130,6 +144,18 @@ async def _run(
         start = start_at()
 
         async def one(req: Request, due: float) -> RequestRecord:
+            if req.after is not None:  # a later turn: due once the previous turn has answered
+                answer = await by_index[req.after]
+                due = answer.end_s + req.delay_s
+                if not answer.ok:
+                    record = RequestRecord(index=req.index, category=req.category, scheduled_s=due, sent_s=due,
+                                           error=f"not sent: turn {answer.turn} of conversation "
+                                                 f"{req.conversation!r} failed", conversation=req.conversation,
+                                           turn=req.turn)  # fmt: skip
+                    return _finished(record)
+                req = next_turn(req, sent[req.after], answer)
+            if req.conversation:
+                sent[req.index] = _as_sent(req)
             # Event-loop timers have ~1 ms resolution and may fire early; sleeping again for
             # less than that would overshoot by more than it corrects.
             while (delay := due - (clock() - start)) > TIMER_SLACK_S:
@@ -140,6 +166,9 @@ async def _run(
                 queued_from = clock()
                 async with slots:
                     record = await send(client, req, opts, due, start, queued_s=clock() - queued_from)
+            return _finished(record)
+
+        def _finished(record: RequestRecord) -> RequestRecord:
             on_done(record)
             counts[0] += 1
             counts[1] += 0 if record.ok else 1
@@ -148,7 +177,10 @@ async def _run(
                 stopped.set()
             return record
 
+        sent: dict[int, tuple[dict[str, str], ...]] = {}  # a conversation turn's messages, as sent
         tasks = [asyncio.ensure_future(one(r, d)) for r, d in zip(requests, offsets, strict=True)]
+        # Filled before the loop runs any task: a later turn finds its predecessor's task here.
+        by_index = {r.index: t for r, t in zip(requests, tasks, strict=True)}
         everything = asyncio.ensure_future(asyncio.wait(tasks))
         halt = asyncio.ensure_future(stopped.wait())
         await asyncio.wait([everything, halt], timeout=stop.deadline_s, return_when=asyncio.FIRST_COMPLETED)
@@ -228,6 +260,9 @@ def run_window(
     if max_concurrency is not None:
         # Per-worker caps are not one global cap (config validation says so to users).
         raise ValueError("max_concurrency needs a single client worker")
+    if any(r.after is not None for r in requests):
+        # A turn waits for its predecessor's answer, which another process would not see.
+        raise ValueError("a trace's conversations need a single client worker")
     ctx = mp.get_context("spawn")  # no fork: the parent holds threads (MLflow, progress)
     ready, go, out = ctx.Queue(), ctx.Queue(), ctx.Queue()
     procs = [

@@ -10,6 +10,11 @@ A trace is JSONL, one request a line, in either of two shapes:
   hash ids with the model's tokenizer (a shared hash id is a shared 512-token prefix block,
   as in Mooncake), so acceptance on them says little about real traffic.
 
+Lines with a ``conversation_id`` are the turns of one conversation (ordered by ``turn``, or
+by time): the first is due at its timestamp, each later one a think time after the previous
+turn's answer has finished (``delay_s``, else the timestamp gap), with the server's actual
+answer in its history. The load generator sends them so (loadgen.py).
+
 Reading is strict: a line that cannot be replayed as written is refused with its number and
 the fix, before any server starts. Slicing and scaling are pure functions of the parsed lines.
 """
@@ -19,7 +24,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 
@@ -49,6 +54,9 @@ class TraceLine:
     output_tokens: int | None = None
     input_length: int | None = None  # Mooncake lines: the prompt's length in tokens
     hash_ids: tuple[int, ...] = ()
+    conversation: str = ""  # conversation_id; "" for a request of its own
+    turn: int = 0  # its turn in the conversation, from 1 (read_trace numbers them)
+    delay_s: float | None = None  # think time after the previous turn's answer, as the trace says
 
     @property
     def synthetic(self) -> bool:
@@ -65,6 +73,13 @@ class Replay:
     own_peak_rate: float  # its busiest RATE_BUCKET_S bucket, per second, before scaling
     scale: float  # offsets = (timestamp - first) * scale
     sorted_lines: int = 0  # lines moved by workload.sort
+    # Per line: the think time before it (seconds after the previous turn's answer), None for
+    # a conversation's first turn or a request of its own, whose offset is its due time.
+    delays: tuple[float | None, ...] = ()
+
+    @property
+    def conversations(self) -> int:
+        return len({line.conversation for line in self.lines if line.conversation})
 
     @property
     def synthetic(self) -> bool:
@@ -72,6 +87,28 @@ class Replay:
 
 
 def _line(where: str, record: object, unit: str) -> TraceLine:
+    line = _request(where, record, unit)
+    assert isinstance(record, dict)  # _request refused anything else
+    if "conversation_id" not in record:
+        for name in ("turn", "delay_s"):
+            if name in record:
+                raise TraceError(f"{where}: field '{name}' belongs to a conversation's turn; add its 'conversation_id'")
+        return line
+    conversation = record["conversation_id"]
+    if isinstance(conversation, bool) or not isinstance(conversation, (str, int)) or str(conversation) == "":
+        raise TraceError(f"{where}: field 'conversation_id' must be a non-empty string or an integer")
+    turn = _field(record, "turn", int, where, required=False)
+    if turn is not None and turn < 1:
+        raise TraceError(f"{where}: turn={turn} must be >= 1 (the first turn is 1)")
+    delay = record.get("delay_s")
+    if delay is not None and (isinstance(delay, bool) or not isinstance(delay, (int, float)) or not delay >= 0
+                              or math.isinf(delay)):  # fmt: skip
+        raise TraceError(f"{where}: field 'delay_s' must be a number of seconds >= 0, found {delay!r}")
+    return replace(line, conversation=str(conversation), turn=turn or 0,
+                   delay_s=None if delay is None else float(delay))  # fmt: skip
+
+
+def _request(where: str, record: object, unit: str) -> TraceLine:
     if not isinstance(record, dict):
         raise TraceError(f"{where}: expected a JSON object, found {type(record).__name__}")
     mooncake = "input_length" in record or "hash_ids" in record
@@ -142,7 +179,33 @@ def read_trace(workload: WorkloadConfig) -> tuple[tuple[TraceLine, ...], int]:
         ordered = sorted(lines, key=lambda line: line.timestamp_s)  # stable: ties keep file order
         moved = sum(a is not b for a, b in zip(lines, ordered, strict=True))
         lines = ordered
-    return tuple(lines), moved
+    return _number_turns(lines, path), moved
+
+
+def _number_turns(lines: Sequence[TraceLine], path: Path) -> tuple[TraceLine, ...]:
+    """Each conversation's turns numbered 1, 2, ... in time order, where the trace did not
+    number them; a numbering that contradicts the timestamps, or repeats, is refused."""
+    seen: dict[str, list[int]] = {}
+    out = []
+    for line in lines:
+        if not line.conversation:
+            out.append(line)
+            continue
+        turns = seen.setdefault(line.conversation, [])
+        turn = line.turn or (turns[-1] + 1 if turns else 1)
+        if turns and turn <= turns[-1]:
+            raise TraceError(
+                f"{path}: conversation {line.conversation!r}: turn {turn} is due at {line.timestamp_s:g} s, after "
+                f"turn {turns[-1]}; a conversation's turns must be numbered once each, in time order"
+            )
+        if turns and line.messages:
+            raise TraceError(
+                f"{path}: conversation {line.conversation!r}: turn {turn} gives 'messages'; a later turn gives "
+                f"only its new user text as 'prompt' (its history is the earlier turns and the server's answers)"
+            )
+        turns.append(turn)
+        out.append(replace(line, turn=turn))
+    return tuple(out)
 
 
 def own_rates(stamps: Sequence[float]) -> tuple[float, float]:
@@ -160,7 +223,12 @@ def own_rates(stamps: Sequence[float]) -> tuple[float, float]:
 def slice_lines(lines: Sequence[TraceLine], workload: WorkloadConfig) -> tuple[TraceLine, ...]:
     """The lines due in [start_s, start_s + duration_s) of the trace's own clock."""
     end = math.inf if workload.duration_s is None else workload.start_s + workload.duration_s
-    kept = tuple(line for line in lines if workload.start_s <= line.timestamp_s < end)
+    # A conversation is kept or left whole, by its first turn: a later turn needs its history.
+    starts: dict[str, float] = {}
+    for line in lines:
+        starts.setdefault(line.conversation, line.timestamp_s)
+    kept = tuple(line for line in lines
+                 if workload.start_s <= (starts[line.conversation] if line.conversation else line.timestamp_s) < end)  # fmt: skip
     if not kept:
         span = f"{lines[0].timestamp_s:g}-{lines[-1].timestamp_s:g} s" if lines else "empty"
         raise TraceError(
@@ -185,7 +253,25 @@ def replay(lines: Sequence[TraceLine], workload: WorkloadConfig, rate: float | N
     else:
         scale = mean / rate
     offsets = tuple((t - stamps[0]) * scale for t in stamps)
-    return Replay(kept, offsets, mean, peak, scale, moved)
+    return Replay(kept, offsets, mean, peak, scale, moved, _delays(kept, workload, scale))
+
+
+def _delays(lines: Sequence[TraceLine], workload: WorkloadConfig, scale: float) -> tuple[float | None, ...]:
+    """Each later turn's think time: workload.think_time_s where set, else the line's delay_s,
+    else the gap to the previous turn's timestamp; a trace's own figures scale with the replay."""
+    previous: dict[str, float] = {}
+    out: list[float | None] = []
+    for line in lines:
+        if not line.conversation or line.conversation not in previous:
+            out.append(None)
+        elif workload.think_time_s is not None:
+            out.append(workload.think_time_s)
+        else:
+            gap = line.delay_s if line.delay_s is not None else line.timestamp_s - previous[line.conversation]
+            out.append(gap * scale)
+        if line.conversation:
+            previous[line.conversation] = line.timestamp_s
+    return tuple(out)
 
 
 def load_replay(workload: WorkloadConfig, rate: float | None) -> Replay:
@@ -232,7 +318,7 @@ def items(replayed: Replay, tokenizer: Tokenizer | None) -> list[Item]:
     """The replay's requests as prompt items, text synthesised where the trace gives lengths."""
     out = []
     vocab: list[int] | None = None
-    for line in replayed.lines:
+    for line, delay in zip(replayed.lines, replayed.delays or [None] * len(replayed.lines), strict=True):
         if line.synthetic:
             if tokenizer is None:
                 raise ConfigError("a trace with input_length lines needs the model's tokenizer to build its prompts")
@@ -241,7 +327,8 @@ def items(replayed: Replay, tokenizer: Tokenizer | None) -> list[Item]:
         else:
             prompt = line.prompt or line.messages[-1]["content"]
         out.append(Item(prompt=prompt, category=line.category, output_tokens=line.output_tokens,
-                        messages=line.messages))  # fmt: skip
+                        messages=line.messages, conversation=line.conversation, turn=line.turn,
+                        delay_s=delay))  # fmt: skip
     return out
 
 
@@ -249,6 +336,29 @@ def items(replayed: Replay, tokenizer: Tokenizer | None) -> list[Item]:
 # editing accepts n-gram drafts well, chat poorly), from Python's own text and source.
 _BUNDLED_PHASES = ((30.0, 0.3), (20.0, 1.2), (40.0, 0.2), (20.0, 1.0), (40.0, 0.35))  # (seconds, req/s)
 _BUNDLED_KINDS = (("code_edit", bundled.code_edit), ("chat", bundled.chat), ("summarize", bundled.summarize))
+
+
+# Its conversations: (start s, kind, think time s), three turns each. A code conversation asks
+# for edits of the function just written (n-gram drafts copy it); a chat one, for more words.
+_BUNDLED_CONVERSATIONS = ((8.0, "code_edit", 4.0), (36.0, "chat", 6.0), (94.0, "code_edit", 3.0),
+                          (118.0, "chat", 5.0))  # fmt: skip
+_FOLLOW_UPS = {
+    "code_edit": ("Now add a short docstring to the function you wrote. Reply with the full function only.",
+                  "Finally, give the function a clearer name. Reply with the full function only."),
+    "chat": ("Tell me more about that, in a few sentences.", "Now sum it all up in one sentence."),
+}  # fmt: skip
+
+
+def _bundled_conversations() -> list[TraceLine]:
+    lines = []
+    for n, (start, kind, think) in enumerate(_BUNDLED_CONVERSATIONS):
+        first = dict(_BUNDLED_KINDS)[kind](random.Random(f"bundled-conversation:{n}"), 1)[0]
+        turns = (first.prompt, *_FOLLOW_UPS[kind])
+        for turn, prompt in enumerate(turns, start=1):
+            lines.append(TraceLine(start + (turn - 1) * think, first.category, prompt=prompt,
+                                   output_tokens=first.output_tokens, conversation=f"bundled-{n + 1}", turn=turn,
+                                   delay_s=think if turn > 1 else None))  # fmt: skip
+    return lines
 
 
 @cache
@@ -268,7 +378,7 @@ def bundled_trace() -> tuple[TraceLine, ...]:
         name = _BUNDLED_KINDS[rng.randrange(len(_BUNDLED_KINDS))][0]
         item = pools[name][i]
         lines.append(TraceLine(t, item.category, prompt=item.prompt, output_tokens=item.output_tokens))
-    return tuple(lines)
+    return tuple(sorted([*lines, *_bundled_conversations()], key=lambda line: line.timestamp_s))
 
 
 def with_rate(workload: WorkloadConfig, rate: float | None) -> float:

@@ -43,6 +43,7 @@ def load_items(workload: WorkloadConfig, count: int, seed: int, tokenizer: Token
 
 def to_requests(items: Sequence[Item], workload: WorkloadConfig, tokenizer: Tokenizer | None) -> list[Request]:
     requests = []
+    last_turn: dict[str, int] = {}  # conversation -> index of its latest turn so far
     for i, item in enumerate(items):
         # A dataset's reference length is honoured, but never above the configured cap.
         cap = min(item.output_tokens, workload.max_tokens) if item.output_tokens else workload.max_tokens
@@ -55,8 +56,14 @@ def to_requests(items: Sequence[Item], workload: WorkloadConfig, tokenizer: Toke
                 max_tokens=max(cap, 1),
                 prompt_tokens=length,
                 messages=item.messages,
+                conversation=item.conversation,
+                turn=item.turn,
+                after=last_turn.get(item.conversation) if item.delay_s is not None else None,
+                delay_s=item.delay_s or 0.0,
             )  # fmt: skip
         )
+        if item.conversation:
+            last_turn[item.conversation] = i
     return requests
 
 

@@ -83,7 +83,9 @@ def _trace_requests(job: JobConfig, tokenizer: Tokenizer | None) -> PointRequest
     slice's last prompts; under the default cold policy the cache is reset after it."""
     replayed = traces.load_replay(job.workload, job.load.request_rate)
     requests = to_requests(traces.items(replayed, tokenizer), job.workload, tokenizer)
-    warmup = [replace(r, index=i, max_tokens=min(r.max_tokens, WARMUP_MAX_TOKENS))
+    # A warm-up request stands alone: a conversation's turn is sent as its user text only.
+    warmup = [replace(r, index=i, max_tokens=min(r.max_tokens, WARMUP_MAX_TOKENS), conversation="", turn=0,
+                      after=None, delay_s=0.0)
               for i, r in enumerate(requests[::-1][: job.load.warmup_requests])]  # fmt: skip
     metrics = {
         "trace_requests": float(len(requests)),
@@ -92,6 +94,7 @@ def _trace_requests(job: JobConfig, tokenizer: Tokenizer | None) -> PointRequest
         "trace_scale": replayed.scale,  # offsets = trace seconds x this
         "trace_synthetic": float(replayed.synthetic),
         "trace_sorted_lines": float(replayed.sorted_lines),
+        "trace_conversations": float(replayed.conversations),
     }
     return PointRequests(tuple(warmup), tuple(requests), replayed.offsets, metrics)
 

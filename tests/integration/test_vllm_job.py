@@ -46,14 +46,22 @@ def _runs(project: Path, experiment: str) -> list:
     return client.search_runs([exp.experiment_id])
 
 
-# A trace of two kinds of text, one line a chat history, replayed at twice its speed.
+# A trace of two kinds of text, one line a chat history, and one 3-turn conversation,
+# replayed at twice its speed.
 TRACE = [
     {"timestamp": 0.0, "prompt": "Add type hints: def area(w, h): return w * h", "category": "code_edit"},
     {"timestamp": 0.8, "messages": [{"role": "system", "content": "Answer in one line."},
                                     {"role": "user", "content": "What is a list comprehension?"}], "category": "chat"},
+    {"timestamp": 1.0, "conversation_id": "c", "prompt": "Write a function that doubles a number.",
+     "category": "code_edit", "output_tokens": 24},
     {"timestamp": 1.3, "prompt": "Rename the variables: def f(a, b): return a + b", "category": "code_edit"},
+    {"timestamp": 1.6, "conversation_id": "c", "prompt": "Now add a docstring to it.", "delay_s": 0.4,
+     "category": "code_edit", "output_tokens": 24},
+    {"timestamp": 2.2, "conversation_id": "c", "prompt": "Now rename it to twice.", "category": "code_edit",
+     "output_tokens": 24},
     {"timestamp": 3.1, "prompt": "Write a haiku about Python.", "category": "chat", "output_tokens": 24},
 ]  # fmt: skip
+LATER_TURNS = (4, 5)  # rows of the conversation's turns 2 and 3
 
 
 def test_model_as_its_own_draft_accepts_nearly_everything_on_a_replayed_trace(
@@ -86,19 +94,31 @@ def test_model_as_its_own_draft_accepts_nearly_everything_on_a_replayed_trace(
     assert "spec_decode_acceptance_rate_pos_2" in point.metrics
     # Per request (vLLM's metrics.speculative_decoding), summed: the counters' differences exactly.
     metrics = point.metrics
-    assert metrics["spec_requests_counted"] == 4
+    assert metrics["spec_requests_counted"] == len(TRACE)
     assert metrics["spec_request_steps"] == metrics["spec_decode_num_drafts"]
     assert metrics["spec_request_accepted_tokens"] == metrics["spec_decode_accepted_tokens"]
     assert metrics["spec_request_draft_tokens"] == metrics["spec_decode_draft_tokens"]
     # The trace's own schedule at time_scale 0.5, exactly; its categories; its rates on the run.
     (path,) = (tmp_path / "out").rglob("requests.csv")
-    rows = pd.read_csv(path).sort_values("index")
-    assert rows["scheduled_s"].tolist() == [line["timestamp"] * 0.5 for line in TRACE]
+    rows = pd.read_csv(path).sort_values("index").reset_index(drop=True)
+    own = [i for i in range(len(TRACE)) if i not in LATER_TURNS]
+    assert rows["scheduled_s"][own].tolist() == [TRACE[i]["timestamp"] * 0.5 for i in own]
     assert rows["category"].tolist() == [line["category"] for line in TRACE]
     assert (rows["error"].isna()).all() and (rows["acceptance_length"] > 2.5).all()  # k=3: nearly 4 a step
-    assert rows["output_tokens"].iloc[3] <= 24  # the line's own output length
-    assert metrics["trace_requests"] == 4 and metrics["trace_scale"] == 0.5
-    assert metrics["trace_mean_rate"] == pytest.approx(3 / 3.1) and metrics["trace_peak_rate"] == 0.4
+    assert rows["output_tokens"].iloc[-1] <= 24  # the line's own output length
+    # The conversation: each later turn was due its think time (delay_s, else the timestamp gap,
+    # both halved) after the previous turn's last token, and was sent with that answer in its
+    # history: its prompt holds the previous prompt and answer.
+    assert rows["turn"][[2, *LATER_TURNS]].tolist() == [1, 2, 3]
+    assert (rows["conversation_id"][[2, *LATER_TURNS]] == "c").all()
+    for previous, later, think in ((2, 4, 0.4 * 0.5), (4, 5, (2.2 - 1.6) * 0.5)):
+        end = json.loads(rows["chunk_s"][previous])[-1]
+        assert rows["scheduled_s"][later] == pytest.approx(end + think, abs=1e-5)
+        assert rows["sent_s"][later] >= end + think - 0.002
+        assert rows["prompt_tokens"][later] > rows["prompt_tokens"][previous] + rows["output_tokens"][previous]
+    assert metrics["trace_requests"] == len(TRACE) and metrics["trace_scale"] == 0.5
+    assert metrics["trace_conversations"] == 1
+    assert metrics["trace_mean_rate"] == pytest.approx(6 / 3.1) and metrics["trace_peak_rate"] == 0.7
 
 
 def test_server_dying_at_start_is_reported_and_marked_failed(tmp_path: Path, no_leftover_servers: None) -> None:

@@ -109,6 +109,19 @@ CASES: list[tuple[str, bool, list[str], str]] = [
         "choose one of: auto, s, ms",
     ),  # fmt: skip
     ("rate-null-without-trace", False, ["load.request_rate=null"], "it needs workload=trace"),
+    (
+        "conversation-on-completions",
+        False,
+        ["workload=trace", "workload.path=bundled", "workload.endpoint=completions"],
+        "use workload.endpoint=chat",
+    ),
+    (
+        "conversation-two-clients",
+        False,
+        ["workload=trace", "workload.path=bundled", "load.client_workers=2"],
+        "use load.client_workers=1",
+    ),
+    ("think-time-without-trace", False, ["workload.think_time_s=2"], "needs workload=trace"),
     # decisions
     ("confidence", False, ["stats.confidence=1.5"], "stats.confidence=1.5 must lie in (0.5, 1)"),
     ("repeats", False, ["repeats.count=0"], "repeats.count=0 must be >= 1"),

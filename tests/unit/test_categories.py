@@ -55,3 +55,49 @@ def test_one_category_gets_no_section() -> None:
     one = {"b": _window({"code_edit": 0.09}, 30, 1), "s": _window({"code_edit": 0.05}, 30, 2)}
     assert categories.compare(frame, one, StatsOptions(resamples=500)).empty
     assert categories.lines(pd.DataFrame()) == []
+
+
+def test_later_turns_are_compared_with_the_first_turns_on_their_own() -> None:
+    """Truth: the later turns (half the requests) gain 2x, the first turns nothing; the later
+    turns' TTFT is a third of the first turns' on both servers (their history is cached)."""
+    import dataclasses
+
+    def turned(sample: Sample, later_tpot: float) -> Sample:
+        turn = np.array([1 + (i % 2) for i in range(sample.size)])
+        values = dict(sample.values)
+        values["tpot"] = np.where(turn > 1, values["tpot"] * later_tpot, values["tpot"])
+        values["ttft"] = np.where(turn > 1, values["ttft"] / 3, values["ttft"])
+        return dataclasses.replace(sample, values=values, turn=turn)
+
+    base = turned(_window({"chat": 0.09}, 60, 1), 1.0)
+    spec = turned(_window({"chat": 0.09}, 60, 2), 0.5)
+    table = categories.compare(_frame(), {"b": base, "s": spec}, StatsOptions(resamples=1000), categories.BY_TURN)
+    by = table.set_index("category")
+    first, later = by.loc[categories.FIRST_TURN], by.loc[categories.LATER_TURNS]
+    assert later["speedup_median_tpot_low"] < 2.0 < later["speedup_median_tpot_high"] and later["verdict"] == "helps"
+    assert first["speedup_median_tpot_low"] < 1.0 < first["speedup_median_tpot_high"]
+    assert later["spec_median_ttft_ms"] < first["spec_median_ttft_ms"] / 2
+    assert "## By conversation turn" in "\n".join(categories.turn_lines(table))
+    assert "turn.later_turns.speedup_median_tpot" in categories.run_metrics(table, categories.BY_TURN.prefix)["s"]
+    # No conversation, no section.
+    plain = {"b": _window({"chat": 0.09}, 30, 1), "s": _window({"chat": 0.05}, 30, 2)}
+    assert categories.compare(_frame(), plain, StatsOptions(resamples=200), categories.BY_TURN).empty
+
+
+def test_the_task_type_rules_fire_from_the_category_intervals() -> None:
+    from pipeline.analysis import advisor
+
+    base = _window({"code_edit": 0.090, "chat": 0.090}, 40, 1)
+    spec = _window({"code_edit": 0.036, "chat": 0.108}, 40, 2)  # truth: 2.5x and 0.83x
+    table = categories.compare(_frame(), {"b": base, "s": spec}, StatsOptions(resamples=1000))
+    advice = {a.rule: a for a in advisor.by_request_type(table)}
+    assert "turn speculation off for chat requests" in advice["request type: speculation hurts"].advice
+    assert "median-TPOT speedup 0.8" in advice["request type: speculation hurts"].evidence
+    routed = advice["route by request type"]
+    assert "on for code_edit, off for chat" in routed.advice and "on: code_edit 2." in routed.evidence
+    # Within the noise, no rule fires.
+    even = {
+        "b": _window({"code_edit": 0.09, "chat": 0.09}, 40, 1),
+        "s": _window({"code_edit": 0.09, "chat": 0.09}, 40, 2),
+    }
+    assert advisor.by_request_type(categories.compare(_frame(), even, StatsOptions(resamples=1000))) == []

@@ -139,3 +139,47 @@ def test_a_hung_server_ends_the_window_at_its_deadline(workers: int) -> None:
                             stop=StopRule(deadline_s=1.0))  # fmt: skip
     assert window.stopped is not None and "deadline of 1 s" in window.stopped
     assert [r.index for r in window.records] == [0, 1, 2, 3] and not any(r.ok for r in window.records)
+
+
+def test_a_later_turn_waits_for_its_predecessors_answer_and_carries_it() -> None:
+    bodies: list[dict] = []
+
+    def script(body: dict) -> Script:
+        bodies.append(body)
+        turn = len(body["messages"]) // 2 + 1
+        return chat_script([f"answer{turn} ", "done"], 2, gap_s=0.3)  # each answer takes 0.3 s
+
+    requests = [
+        Request(0, "first", "chat", 8, conversation="c", turn=1),
+        Request(1, "alone", "code", 8),
+        Request(2, "second", "chat", 8, conversation="c", turn=2, after=0, delay_s=0.2),
+        Request(3, "third", "chat", 8, conversation="c", turn=3, after=2, delay_s=0.1),
+    ]
+    with FakeServer(script) as url:
+        # The later turns' own offsets (0) are not their due times: their predecessors' ends are.
+        window = run_window(requests, [0.0, 0.0, 0.0, 0.0], ClientOptions(base_url=url, model="m"))
+    first, alone, second, third = sorted(window.records, key=lambda r: r.index)
+    assert all(r.ok for r in window.records)
+    assert alone.sent_s < 0.1  # a request of its own keeps its schedule
+    assert second.scheduled_s == pytest.approx(first.end_s + 0.2)  # the think time after the answer
+    assert third.scheduled_s == pytest.approx(second.end_s + 0.1)
+    assert second.sent_s >= first.end_s + 0.2 - TIMER_SLACK_S
+    assert (second.conversation, second.turn) == ("c", 2)
+    last = next(b for b in bodies if b["messages"][-1]["content"] == "third")["messages"]
+    assert [m["content"] for m in last] == ["first", first.text, "second", second.text, "third"]
+    assert [m["role"] for m in last] == ["user", "assistant", "user", "assistant", "user"]
+
+
+def test_a_turn_whose_predecessor_failed_is_not_sent() -> None:
+    def script(body: dict) -> Script:
+        return Script(status=500) if len(body["messages"]) == 1 else chat_script(["x"], 1)
+
+    requests = [Request(0, "first", "chat", 8, conversation="c", turn=1),
+                Request(1, "second", "chat", 8, conversation="c", turn=2, after=0)]  # fmt: skip
+    with FakeServer(script) as url:
+        window = run_window(requests, [0.0, 0.0], ClientOptions(base_url=url, model="m"))
+    failed, skipped = sorted(window.records, key=lambda r: r.index)
+    assert failed.error and "HTTP 500" in failed.error
+    assert skipped.error == "not sent: turn 1 of conversation 'c' failed" and skipped.turn == 2
+    with pytest.raises(ValueError, match="single client worker"):
+        run_window(requests, [0.0, 0.0], ClientOptions(base_url="http://127.0.0.1:9", model="m"), workers=2)

@@ -173,3 +173,93 @@ def test_the_bundled_trace_is_bursty_mixes_three_kinds_and_is_the_same_everywher
     assert traces.bundled_trace.__wrapped__() == lines  # built again from scratch: the same trace
     job = _job(traces.BUNDLED_PATH)
     assert len(point_requests(job, WordTokenizer()).requests) == len(lines)
+
+
+# ---- conversations ----------------------------------------------------------------------
+
+CONVERSATION = [
+    {"timestamp": 0.0, "prompt": "def f(x): return x", "category": "code_edit"},
+    {"timestamp": 1.0, "conversation_id": "c1", "prompt": "Write a haiku.", "category": "creative"},
+    {"timestamp": 2.0, "prompt": "Summarise PEP 8.", "category": "summarize"},
+    {"timestamp": 4.0, "conversation_id": "c1", "prompt": "Another, about rain."},
+    {"timestamp": 9.0, "conversation_id": "c1", "turn": 3, "delay_s": 0.5, "prompt": "Now one line."},
+]  # fmt: skip
+
+
+def test_a_conversation_is_numbered_and_paced_by_its_gaps_or_its_delays(tmp_path: Path) -> None:
+    job = _job(_write(tmp_path / "t.jsonl", CONVERSATION), time_scale=0.5)
+    sends = point_requests(job, WordTokenizer())
+    turns = [(r.conversation, r.turn, r.after, r.delay_s) for r in sends.requests]
+    assert turns == [("", 0, None, 0.0), ("c1", 1, None, 0.0), ("", 0, None, 0.0),
+                     ("c1", 2, 1, 1.5),  # the timestamp gap (3 s), scaled by 0.5
+                     ("c1", 3, 3, 0.25)]  # its own delay_s, scaled  # fmt: skip
+    assert sends.metrics["trace_conversations"] == 1.0
+    thought = point_requests(_job(_write(tmp_path / "t.jsonl", CONVERSATION), think_time_s=2.0), None)
+    assert [r.delay_s for r in thought.requests if r.after is not None] == [2.0, 2.0]  # the setting wins, unscaled
+
+
+def test_a_slice_keeps_or_drops_a_conversation_whole(tmp_path: Path) -> None:
+    path = _write(tmp_path / "t.jsonl", CONVERSATION)
+    late = point_requests(_job(path, start_s=1.5), None).requests  # c1 began before the slice
+    assert [r.prompt for r in late] == ["Summarise PEP 8."]
+    early = point_requests(_job(path, duration_s=1.5), None).requests  # c1's later turns come along
+    assert [r.turn for r in early if r.conversation] == [1, 2, 3]
+
+
+def test_a_later_turn_is_sent_with_the_earlier_turns_and_the_servers_answers() -> None:
+    from pipeline.load.client import RequestRecord
+    from pipeline.load.items import Request
+    from pipeline.load.loadgen import next_turn
+
+    first = Request(0, "Write a haiku.", "creative", 16, conversation="c", turn=1)
+    second = Request(1, "Another.", "creative", 16, conversation="c", turn=2, after=0)
+    answer = RequestRecord(0, "creative", 0.0, 0.0, text="Old pond, a frog.")
+    sent = next_turn(second, ({"role": "user", "content": first.prompt},), answer)
+    assert sent.messages == ({"role": "user", "content": "Write a haiku."},
+                             {"role": "assistant", "content": "Old pond, a frog."},
+                             {"role": "user", "content": "Another."})  # fmt: skip
+    _, body = request_body(sent, ClientOptions(base_url="http://x", model="m"))
+    assert body["messages"] == list(sent.messages)
+
+
+@pytest.mark.parametrize(
+    ("rows", "match"),
+    [
+        ([{"timestamp": 0, "prompt": "a", "turn": 2}], "add its 'conversation_id'"),
+        ([{"timestamp": 0, "prompt": "a", "conversation_id": ""}], "conversation_id' must be a non-empty"),
+        ([{"timestamp": 0, "prompt": "a", "conversation_id": "c", "turn": 0}], "turn=0 must be >= 1"),
+        ([{"timestamp": 0, "prompt": "a", "conversation_id": "c", "delay_s": -1}], "'delay_s' must be a number"),
+        ([{"timestamp": 0, "prompt": "a", "conversation_id": "c", "turn": 2},
+          {"timestamp": 1, "prompt": "b", "conversation_id": "c", "turn": 2}], "numbered once each, in time order"),
+        ([{"timestamp": 0, "prompt": "a", "conversation_id": "c"},
+          {"timestamp": 1, "messages": [{"role": "user", "content": "b"}], "conversation_id": "c"}],
+         "gives only its new user text"),
+    ],
+)  # fmt: skip
+def test_bad_conversations_are_refused_with_their_fix(tmp_path: Path, rows: list[dict], match: str) -> None:
+    with pytest.raises((traces.TraceError, ConfigError), match=match):
+        _job(_write(tmp_path / f"bad{abs(hash(match))}.jsonl", rows))
+
+
+def test_conversations_need_the_chat_endpoint_and_one_client(tmp_path: Path) -> None:
+    path = _write(tmp_path / "t.jsonl", CONVERSATION)
+    with pytest.raises(ConfigError, match="use workload.endpoint=chat"):
+        _job(path, endpoint="completions")
+    with pytest.raises(ConfigError, match="use load.client_workers=1"):
+        resolve_trace_rate(JobConfig(workload=WorkloadConfig(name="trace", path=path),
+                                     load=LoadConfig(request_rate=None, client_workers=2)))  # fmt: skip
+    with pytest.raises(ConfigError, match="needs workload=trace"):
+        resolve_trace_rate(JobConfig(workload=WorkloadConfig(think_time_s=1.0)))
+    with pytest.raises(ConfigError, match="think_time_s=-1"):
+        _job(path, think_time_s=-1.0)
+
+
+def test_the_bundled_trace_holds_three_turn_conversations() -> None:
+    replayed = traces.load_replay(WorkloadConfig(name="trace", path=traces.BUNDLED_PATH), None)
+    assert replayed.conversations >= 3
+    by_conversation: dict[str, list[int]] = {}
+    for line in replayed.lines:
+        if line.conversation:
+            by_conversation.setdefault(line.conversation, []).append(line.turn)
+    assert all(turns == [1, 2, 3] for turns in by_conversation.values())
+    assert len({line.category for line in replayed.lines}) >= 3

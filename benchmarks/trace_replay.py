@@ -1,0 +1,248 @@
+"""How well does a trace replay keep the trace's schedule, agree with `vllm bench serve`, and
+what does the bundled trace say?
+
+    .venv/bin/python benchmarks/trace_replay.py [--part lateness|agreement|speedups|all]
+        [--rounds 3] [--requests 24] [--out results.json]
+
+Three parts, one after another (never two servers at once on 2 cores):
+
+- **lateness**: the bundled trace's schedule (its conversations included) sent by the load
+  generator to benchmarks/fake_openai_server.py, which answers instantly, at time scales
+  1, 0.25, 0.1, 0.05, 0.02, 0.01 and 0.005: the send lateness against the trace's due times
+  (p50, p99), and the fastest scale at which the client still keeps the schedule (p99 at most
+  KEEPS_MS). The fake server isolates the client: a real engine on the same cores competes for
+  them (the agreement part gives the lateness next to a real server at 1x).
+- **agreement**: one baseline vLLM server (embedded SmolLM2, prefix caching off, so neither
+  tool warms the other's cache), a lengths-only trace in vLLM's timed_trace / Mooncake shape
+  (--requests lines, Poisson arrivals at 1 req/s, 64-448 input tokens, 48 output tokens,
+  timestamps in ms), replayed alternately by specsweep (workload=trace on the completions
+  endpoint with ignore_eos) and by `vllm bench serve --dataset-name timed_trace`, --rounds
+  times, the first tool alternating. Both send the same lengths on the same schedule; the
+  token ids differ (vLLM draws 16-token blocks, specsweep 512-token blocks decoded to text),
+  so prefill work is equal only to within re-tokenisation. The figure per metric is the
+  median of the per-round ratios specsweep / vLLM, against the spread between rounds.
+- **speedups**: `python -m pipeline.sweep -m +sweep=trace` (baseline and ngram k=3 on the
+  bundled trace at time_scale 1 and 0.5) in a temporary project; the report's overall
+  verdicts and its "By request type", "By conversation turn" and "Over the trace" sections.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from pipeline.config import EngineConfig, SloConfig, SpecConfig, WorkloadConfig  # noqa: E402
+from pipeline.engines import vllm  # noqa: E402
+from pipeline.engines.base import EngineServer, ServerSpec  # noqa: E402
+from pipeline.engines.models import cache_root, ensure_embedded, load_tokenizer  # noqa: E402
+from pipeline.engines.process import free_port  # noqa: E402
+from pipeline.load import traces  # noqa: E402
+from pipeline.load.client import ClientOptions  # noqa: E402
+from pipeline.load.loadgen import run_window  # noqa: E402
+from pipeline.load.metrics import summarize  # noqa: E402
+from pipeline.load.workloads import to_requests  # noqa: E402
+
+SERVED = "smollm2"
+SCALES = (1.0, 0.25, 0.1, 0.05, 0.02, 0.01, 0.005)
+KEEPS_MS = 10.0  # p99 send lateness at most this: the schedule is kept
+KEYS = ("median_tpot_ms", "median_ttft_ms", "output_throughput")
+SECTIONS = ("## By request type", "## By conversation turn", "## Over the trace")
+
+
+def _wait_port(port: int, deadline_s: float = 30.0) -> None:
+    import socket
+
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"the fake server did not listen on port {port} within {deadline_s:g} s")
+
+
+def lateness() -> dict:
+    port = free_port()
+    fake = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "fake_openai_server.py"), "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    rows = {}
+    try:
+        _wait_port(port)
+        opts = ClientOptions(base_url=f"http://127.0.0.1:{port}", model="m")
+        for scale in SCALES:
+            workload = WorkloadConfig(name="trace", path=traces.BUNDLED_PATH, time_scale=scale, max_tokens=16)
+            replayed = traces.load_replay(workload, None)
+            requests = to_requests(traces.items(replayed, None), workload, None)
+            window = run_window(requests, list(replayed.offsets), opts)
+            late = np.array([r.lateness_s for r in window.records if r.ok]) * 1e3
+            rows[scale] = {"requests": len(requests), "ok": int(sum(r.ok for r in window.records)),
+                           "p50_ms": float(np.percentile(late, 50)), "p99_ms": float(np.percentile(late, 99)),
+                           "span_s": float(max(replayed.offsets))}  # fmt: skip
+            print(f"  scale {scale:<6g} span {rows[scale]['span_s']:7.1f} s  {rows[scale]['ok']}/{len(requests)} ok  "
+                  f"lateness p50 {rows[scale]['p50_ms']:6.2f} ms  p99 {rows[scale]['p99_ms']:6.2f} ms")  # fmt: skip
+    finally:
+        fake.terminate()
+        fake.wait(timeout=10)
+    kept = [s for s, r in rows.items() if r["p99_ms"] <= KEEPS_MS and r["ok"] == r["requests"]]
+    fastest = min(kept) if kept else None
+    print(f"  fastest scale that keeps the schedule (p99 <= {KEEPS_MS:g} ms): {fastest}")
+    return {"scales": rows, "fastest_kept": fastest}
+
+
+def write_lengths_trace(path: Path, count: int, seed: int) -> Path:
+    rng = random.Random(seed)
+    t, block = 0.0, 16
+    with path.open("w") as fh:
+        for i in range(count):
+            length = rng.randrange(64, 449)
+            hashes = [i * 1000 + j for j in range((length + block - 1) // block)]  # no shared prefix
+            fh.write(json.dumps({"timestamp": round(t * 1000), "input_length": length, "output_length": 48,
+                                 "hash_ids": hashes}) + "\n")  # fmt: skip
+            t += rng.expovariate(1.0)
+    return path
+
+
+def _metadata_shim(folder: Path, version: str) -> Path:
+    # vLLM's CLI looks its version up under the name "vllm", and tells its CPU build by "+cpu".
+    dist = folder / f"vllm-{version}.dist-info"
+    dist.mkdir(parents=True, exist_ok=True)
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
+    return folder
+
+
+def run_ours(url: str, trace: Path, tokenizer: object) -> dict:
+    workload = WorkloadConfig(name="trace", path=str(trace), endpoint="completions", ignore_eos=True, max_tokens=4096)
+    replayed = traces.load_replay(workload, None)
+    requests = to_requests(traces.items(replayed, tokenizer), workload, tokenizer)  # type: ignore[arg-type]
+    opts = ClientOptions(base_url=url, model=SERVED, endpoint="completions", ignore_eos=True)
+    window = run_window(requests, list(replayed.offsets), opts)
+    result = summarize(window.records, window.duration_s, SloConfig(), replayed.own_mean_rate)
+    late = np.array([r.lateness_s for r in window.records if r.ok]) * 1e3
+    return result | {
+        "lateness_p50_ms": float(np.percentile(late, 50)),
+        "lateness_p99_ms": float(np.percentile(late, 99)),
+    }
+
+
+def run_vllm_bench(url: str, trace: Path, count: int, model_dir: str, shim: Path, out: Path) -> dict:
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve",
+        "--backend", "vllm", "--base-url", url, "--endpoint", "/v1/completions",
+        "--model", SERVED, "--tokenizer", model_dir, "--dataset-name", "timed_trace", "--dataset-path", str(trace),
+        "--timed-trace-sec-multiplier", "0.001", "--num-prompts", str(count), "--temperature", "0",
+        "--percentile-metrics", "ttft,tpot,itl,e2el", "--ready-check-timeout-sec", "0",
+        "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name, "--disable-tqdm",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(shim), "VLLM_TARGET_DEVICE": "cpu"}
+    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+    return json.loads(out.read_text())
+
+
+def agreement(rounds: int, count: int, seed: int, work: Path) -> dict:
+    model_dir = str(ensure_embedded("smollm2-135m"))
+    tokenizer = load_tokenizer(model_dir)
+    install = vllm.detect_install()
+    trace = write_lengths_trace(work / "lengths.jsonl", count, seed)
+    shim = _metadata_shim(work / "shim", f"{install.version}+cpu")
+    port = free_port()
+    launch = vllm.build_launch(
+        install=install, engine=EngineConfig(prefix_cache="off"), spec=SpecConfig(method="none", k=0),
+        model_path=model_dir, draft_path=None, served_name=SERVED, port=port, on_gpu=False, seed=seed,
+        cache_dir=cache_root(),
+    )  # fmt: skip
+    spec = ServerSpec(engine="vllm", engine_version=str(install.version), command=tuple(launch.command),
+                      host="127.0.0.1", port=port, log_path=work / "server.log", startup_timeout_s=600,
+                      env=launch.env)  # fmt: skip
+    ratios: dict[str, list[float]] = {k: [] for k in KEYS}
+    late: list[tuple[float, float]] = []
+    print(f"  {'round':<6} {'tool':<10} " + " ".join(f"{k:>18}" for k in KEYS))
+    with EngineServer(spec) as server:
+        run_ours(server.base_url, trace, tokenizer)  # a warm-up replay, unmeasured (first-request costs)
+        for r in range(rounds):
+            results: dict[str, dict] = {}
+            order = ("specsweep", "vllm") if r % 2 == 0 else ("vllm", "specsweep")
+            for tool in order:
+                if tool == "specsweep":
+                    results[tool] = run_ours(server.base_url, trace, tokenizer)
+                else:
+                    results[tool] = run_vllm_bench(server.base_url, trace, count, model_dir, shim,
+                                                   work / f"vllm-{r}.json")  # fmt: skip
+            for tool in ("specsweep", "vllm"):
+                print(f"  {r:<6} {tool:<10} " + " ".join(f"{results[tool][k]:18.2f}" for k in KEYS))
+            for k in KEYS:
+                ratios[k].append(results["specsweep"][k] / results["vllm"][k])
+            late.append((results["specsweep"]["lateness_p50_ms"], results["specsweep"]["lateness_p99_ms"]))
+            print(f"  {r:<6} {'ratio':<10} " + " ".join(f"{ratios[k][-1]:18.3f}" for k in KEYS))
+    summary = {}
+    for k in KEYS:
+        values = ratios[k]
+        summary[k] = {"median_ratio": statistics.median(values), "min": min(values), "max": max(values)}
+        print(f"  {k:<20} median ratio {summary[k]['median_ratio']:.3f} (rounds {min(values):.3f}-{max(values):.3f})")
+    p50, p99 = statistics.median(x for x, _ in late), statistics.median(y for _, y in late)
+    print(
+        f"  specsweep's send lateness at 1x next to the real server: p50 {p50:.2f} ms, p99 {p99:.2f} ms (median of rounds)"
+    )
+    return {"ratios": ratios, "summary": summary, "lateness_p50_ms": p50, "lateness_p99_ms": p99}
+
+
+def speedups(work: Path) -> dict:
+    sweep_dir = work / "sweep"
+    cmd = [sys.executable, "-m", "pipeline.sweep", "-m", "+sweep=trace", "force=true", "sweep_name=trace-bench",
+           f"hydra.sweep.dir={sweep_dir}"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    started = time.monotonic()
+    with (work / "sweep.log").open("w") as log:
+        subprocess.run(cmd, cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT, check=True, timeout=3600)
+    report = next(sweep_dir.rglob("report.md"), None)
+    if report is None:
+        raise RuntimeError(f"the sweep wrote no report.md under {sweep_dir}; see {work / 'sweep.log'}")
+    text = report.read_text()
+    kept = [line for line in text.splitlines() if "speedup" in line.lower() and "ngram" in line and "|" in line][:4]
+    for section in SECTIONS:
+        if section in text:
+            body = text.split(section, 1)[1].split("\n## ", 1)[0]
+            kept += [section, *[line for line in body.splitlines() if line.startswith(("-", "  -"))]]
+    print("\n".join(f"  {line}" for line in kept))
+    print(f"  (sweep wall time {time.monotonic() - started:.0f} s; report {report})")
+    return {"report": str(report), "lines": kept, "wall_s": time.monotonic() - started}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--part", choices=("lateness", "agreement", "speedups", "all"), default="all")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=24)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="trace-replay-"))
+    record: dict = {}
+    if args.part in ("lateness", "all"):
+        print("lateness: the bundled trace against an instant fake server")
+        record["lateness"] = lateness()
+    if args.part in ("agreement", "all"):
+        print("agreement: a lengths-only trace, specsweep against vllm bench serve --dataset-name timed_trace")
+        record["agreement"] = agreement(args.rounds, args.requests, args.seed, work)
+    if args.part in ("speedups", "all"):
+        print("speedups: +sweep=trace (baseline and ngram k=3 on the bundled trace, time_scale 1 and 0.5)")
+        record["speedups"] = speedups(work)
+    if args.out:
+        args.out.write_text(json.dumps(record, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

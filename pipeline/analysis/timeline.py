@@ -1,0 +1,121 @@
+"""A trace replay's verdict over its own time: the load it offered, bucket by bucket, and the
+paired speedup in each bucket with its interval (docs/traces.md).
+
+A trace's load is not steady: "it pays in the lulls and stops paying at the peak" is what a
+user wants to read off. Each bucket's requests are paired with the same requests on the
+baseline through the one statistics core (the grouping machinery of
+:mod:`pipeline.analysis.categories`), the buckets of every point are one Benjamini-Hochberg
+family, and each bucket carries the batch size the baseline ran at (mean requests in flight),
+set against the k schedule's band for that batch. Pure: frames and samples in, a table and
+Markdown lines out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from pipeline.analysis import categories, decisions
+from pipeline.analysis.samples import Sample, StatsOptions
+
+TIMELINE_FIGURE = "Speedup over the trace"  # the figure's name in the report, PNG and Plotly alike
+MIN_PER_BUCKET = 12  # requests a bucket needs for a paired median with a usable interval
+MAX_BUCKETS = 8
+
+
+class ByTime(categories.Grouping):
+    """Equal stretches of the window's schedule, as many as hold MIN_PER_BUCKET requests each
+    (at least 2, at most MAX_BUCKETS). A failed request has no recorded send time in a sample
+    and so falls in no bucket: the point's own verdict counts it, the buckets do not."""
+
+    prefix = "time"
+
+    def __init__(self) -> None:
+        self.spans: dict[str, tuple[float, float]] = {}  # label -> (start s, end s)
+
+    def labels(self, sample: Sample) -> tuple[Sequence[object], Sequence[object]]:
+        count = min(MAX_BUCKETS, sample.size // MIN_PER_BUCKET)
+        if count < 2 or len(sample.scheduled) != sample.size:
+            return (), ()
+        end = float(np.max(sample.scheduled)) * (1 + 1e-9) + 1e-9
+        edges = np.linspace(0.0, end, count + 1)
+        names = []
+        for lo, hi in zip(edges, edges[1:], strict=False):
+            name = f"{lo:.0f}-{hi:.0f} s"
+            self.spans[name] = (float(lo), float(hi))
+            names.append(name)
+        where = np.clip(np.searchsorted(edges, sample.scheduled, side="right") - 1, 0, count - 1)
+        return [names[i] for i in where], [None] * sample.failed
+
+    def split(self, sample: Sample) -> dict[str, np.ndarray]:
+        found = super().split(sample)
+        return dict(sorted(found.items(), key=lambda item: self.spans[item[0]][0]))  # in time order
+
+    def describe(self, name: str, base: Sequence[Sample], spec: Sequence[Sample]) -> dict[str, float]:
+        lo, hi = self.spans[name]
+        width = hi - lo
+        offered = np.mean([s.size + s.failed for s in base]) / width if width > 0 else math.nan
+        return {"start_s": lo, "end_s": hi, "offered_rate": float(offered),
+                "in_flight": float(np.mean([in_flight(b, lo, hi) for b in base]))}  # fmt: skip
+
+
+def in_flight(sample: Sample, lo: float, hi: float) -> float:
+    """Mean requests in flight over [lo, hi): each request counted from its scheduled send for
+    its end-to-end latency (the batch the server ran, by the same Little's law as the k schedule)."""
+    if hi <= lo or len(sample.scheduled) != sample.size:
+        return math.nan
+    start = sample.scheduled
+    end = start + np.nan_to_num(sample.values["e2el"], nan=0.0)
+    overlap = np.clip(np.minimum(end, hi) - np.maximum(start, lo), 0.0, None)
+    return float(overlap.sum() / (hi - lo))
+
+
+def compare(frame: pd.DataFrame, samples: Mapping[str, Sample], opts: StatsOptions) -> pd.DataFrame:
+    """One row per (speculative trace point, time bucket); empty where no point replayed a trace."""
+    if "trace_requests" not in frame or frame["trace_requests"].isna().all():
+        return pd.DataFrame()
+    traced = frame[frame["trace_requests"].notna()]
+    table = categories.compare(traced, samples, opts, ByTime())
+    return table.rename(columns={"category": "bucket"}) if not table.empty else table
+
+
+def schedule_k(schedules: Sequence[dict], method: str, batch: float) -> int | None:
+    """The k the sweep's k schedule gives this method at this batch size (None: no schedule)."""
+    for schedule in schedules:
+        if schedule.get("method") != method or not math.isfinite(batch):
+            continue
+        for start, end, k in schedule["num_speculative_tokens_per_batch_size"]:
+            if start <= max(1, math.ceil(batch)) <= end:
+                return int(k)
+    return None
+
+
+def lines(table: pd.DataFrame, schedules: Sequence[dict] = ()) -> list[str]:
+    """The report's "Over the trace" section: per point, each bucket's load and verdict, and
+    where speculation stopped paying."""
+    if table.empty:
+        return []
+    out = ["## Over the trace", "",
+           "The replay cut into equal stretches of its schedule: each stretch's offered load, the batch the "
+           "baseline ran at (mean requests in flight), and its requests' median-TPOT speedup against the same "
+           "requests on the baseline, paired by request and decided with every other stretch "
+           "(Benjamini-Hochberg).", ""]  # fmt: skip
+    for (config, rate), group in table.groupby(["config", "request_rate"], sort=True):
+        group = group.sort_values("start_s")
+        method = config.split()[1] if len(config.split()) > 1 else ""
+        out.append(f"- {config} at {rate:g} req/s:")
+        for r in group.itertuples(index=False):
+            k = schedule_k(schedules, method, r.in_flight)
+            band = f"; the k schedule gives k={k} at this batch" if k is not None else ""
+            out.append(f"  - {r.bucket}: {r.offered_rate:.2f} req/s offered, {r.in_flight:.1f} in flight{band}: "
+                       f"{r.text} {r.verdict}")  # fmt: skip
+        helps = group[group["verdict"] == decisions.HELPS]
+        others = group[group["verdict"] != decisions.HELPS]
+        if not helps.empty and not others.empty:
+            busiest = group.loc[group["offered_rate"].idxmax()]
+            out.append(f"  - speculation paid in {len(helps)} of {len(group)} stretches; at the busiest "
+                       f"({busiest['bucket']}, {busiest['offered_rate']:.2f} req/s) it was {busiest['verdict']}")  # fmt: skip
+    return [*out, ""]
