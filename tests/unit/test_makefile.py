@@ -1,0 +1,66 @@
+"""The Makefile never changes a venv's engine behind the user's back (`make -n` per target and device)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+NO_ENGINE = ("tracking-server", "tracking-server-auth", "ray-head", "nightly")
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    for name in ("Makefile", "pyproject.toml"):
+        shutil.copy(REPO / name, tmp_path / name)
+    return tmp_path
+
+
+def make(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["make", "--no-print-directory", *args], cwd=project, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+
+
+def stamp(project: Path, device: str) -> None:
+    (project / ".venv").mkdir(exist_ok=True)
+    (project / ".venv" / f".installed-{device}").touch()  # after the Makefile was copied: up to date
+
+
+@pytest.mark.parametrize("device", ["cpu", "gpu"])
+@pytest.mark.parametrize("target", NO_ENGINE)
+def test_a_target_that_runs_no_engine_uses_the_venvs_own_install(project: Path, target: str, device: str) -> None:
+    other = "gpu" if device == "cpu" else "cpu"
+    stamp(project, other)
+    planned = make(project, "-n", target, f"DEVICE={device}")
+    assert planned.returncode == 0, planned.stderr
+    assert "pip install" not in planned.stdout  # the other device's engine stays the venv's only one
+
+
+@pytest.mark.parametrize("device", ["cpu", "gpu"])
+def test_a_fresh_venv_gets_its_devices_engine_and_only_a_cpu_install_drops_the_cuda_extras(
+    project: Path, device: str
+) -> None:
+    planned = make(project, "-n", "install", f"DEVICE={device}")
+    assert planned.returncode == 0, planned.stderr
+    assert f"-e '.[{device}]'" in planned.stdout
+    assert f'if [ "{device}" = cpu ]; then .venv/bin/python -m pip uninstall -y torchvision' in planned.stdout
+
+
+@pytest.mark.parametrize(("installed", "asked"), [("cpu", "gpu"), ("gpu", "cpu")])
+def test_a_second_devices_install_into_one_venv_is_refused_naming_the_fix(
+    project: Path, installed: str, asked: str
+) -> None:
+    stamp(project, installed)
+    refused = make(project, "install", f"DEVICE={asked}")  # for real: the refusal runs before any pip
+    assert refused.returncode == 2
+    assert f".venv holds the {installed} engine build" in refused.stderr
+    assert f"Use DEVICE={installed}, or another venv (VENV=.venv-{asked}), or make clean first" in refused.stderr
+    assert sorted(p.name for p in (project / ".venv").iterdir()) == [f".installed-{installed}"]  # nothing installed
+
+
+def test_an_unknown_device_is_refused(project: Path) -> None:
+    refused = make(project, "-n", "install", "DEVICE=tpu")
+    assert refused.returncode != 0 and "DEVICE=tpu is not a device: use DEVICE=cpu or DEVICE=gpu" in refused.stderr
