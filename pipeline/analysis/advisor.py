@@ -23,6 +23,24 @@ DRAFT_MEMORY_RATIO = 1.3  # a separate draft whose server uses 30 % more memory 
 ALPHA_SCALE = "α: per-token acceptance implied by L at the effective k"
 
 
+KV_LOSS = 0.10  # a speculative server whose KV cache holds 10 % fewer tokens than the baseline's
+
+
+@dataclass(frozen=True)
+class KvCapacity:
+    """A configuration's KV cache against the baseline's (vLLM's vllm:cache_config_info): a
+    figure of the server's configuration, the same in every window, so it carries no spread."""
+
+    base_tokens: float
+    tokens: float
+    base_concurrency: float
+    concurrency: float
+
+    @property
+    def ratio(self) -> float:
+        return self.tokens / self.base_tokens
+
+
 @dataclass(frozen=True)
 class Advice:
     rule: str
@@ -41,10 +59,11 @@ def _curves(table: pd.DataFrame):  # type: ignore[no-untyped-def]
         yield f"{first['engine']} {first['method']} k={first['k']}", group.sort_values("request_rate")
 
 
-def advise(comparisons: Comparisons, crossings: list[Crossover],
-           memory: dict[str, tuple[float, float, float]]) -> list[Advice]:  # fmt: skip
-    """``memory``: configuration -> (lowest, median, highest) server-memory ratio to the baseline."""
-    out: list[Advice] = []
+def advise(comparisons: Comparisons, crossings: list[Crossover], memory: dict[str, tuple[float, float, float]],
+           kv: dict[str, KvCapacity] | None = None) -> list[Advice]:  # fmt: skip
+    """``memory``: configuration -> (lowest, median, highest) host-memory ratio to the baseline,
+    the CPU fallback; ``kv``: configuration -> its KV capacity against the baseline's."""
+    out: list[Advice] = list(_kv_advice(comparisons, kv or {}))
     table = comparisons.table
     if table.empty:
         return out
@@ -132,6 +151,31 @@ def k_schedule(comparisons: Comparisons, baseline_e2el_s: dict[float, float], me
             start = end + 1
     return {"method": method, "num_speculative_tokens": max(k for _, _, k in schedule) or 1,
             "num_speculative_tokens_per_batch_size": schedule}  # fmt: skip
+
+
+def _kv_advice(comparisons: Comparisons, kv: dict[str, KvCapacity]) -> list[Advice]:
+    """The tutorial's "memory pressure from the draft", from the KV capacity the draft leaves:
+    at high load the batch the KV cache holds is what caps throughput. Beside it, the speedup
+    the configuration bought, at the highest rate measured."""
+    out = []
+    table = comparisons.table
+    for name, cap in kv.items():
+        if cap.ratio > 1 - KV_LOSS:
+            continue
+        speed = ""
+        if not table.empty:
+            names = table["engine"] + " " + table["method"] + " k=" + table["k"].astype(int).astype(str)
+            rows = table[names == name].sort_values("request_rate")
+            if not rows.empty:
+                top = rows.iloc[-1]
+                speed = f"; median-TPOT speedup {top[f'{TPOT}_text']} at {top['request_rate']:g} req/s"
+        concurrency = (f", max concurrency {cap.base_concurrency:.1f} -> {cap.concurrency:.1f}"
+                       if math.isfinite(cap.concurrency) and math.isfinite(cap.base_concurrency) else "")  # fmt: skip
+        out.append(Advice("KV capacity lost to the draft", f"{name}: the draft takes {1 - cap.ratio:.1%} of the KV "
+                          "cache; at high load that caps the batch: EAGLE heads or a smaller draft cost less",
+                          f"KV cache {cap.base_tokens:,.0f} -> {cap.tokens:,.0f} tokens{concurrency} (vLLM's "
+                          f"cache_config_info, the same in every window){speed}"))  # fmt: skip
+    return out
 
 
 def _alpha_text(row: pd.Series) -> str:

@@ -91,8 +91,10 @@ def analyse(title: str, frame: pd.DataFrame, probes: list[dict], length_tests: l
         gaps.append("k schedule: needs vLLM speculative points and baseline latencies")
     if not points.empty and (points["engine"] == "sglang").any():
         gaps.append("k schedule for SGLang: its adaptive-speculation tiers are not emitted (format not verified here)")
-    memory = _memory_ratios(frame)
-    advice = advisor.advise(comparisons, crossings, memory)
+    kv = _kv_capacity(frame)
+    # Host RSS cannot see device memory: the KV capacity decides where vLLM reports it.
+    memory = _memory_ratios(frame) if not kv else {}
+    advice = advisor.advise(comparisons, crossings, memory, kv)
     lossless = _lossless(probes)
     if not probes:
         gaps.append("losslessness: no probe outputs in this sweep run (lossless.prompts=0, or all points resumed)")
@@ -131,6 +133,29 @@ def _window_levels(frame: pd.DataFrame, samples: Mapping[str, Sample], opts: Sta
                 row["median_tpot_ms_low"], row["median_tpot_ms_high"] = 1000 * level.low, 1000 * level.high  # type: ignore[operator]
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _kv_capacity(frame: pd.DataFrame) -> dict[str, advisor.KvCapacity]:
+    """Each speculative configuration's KV cache against the baseline's, from vLLM's own
+    vllm:cache_config_info (a draft model's layers take their share of the same memory)."""
+    if "kv_cache_size_tokens" not in frame:
+        return {}
+    rows = frame[frame["status"] == "finished"] if "status" in frame else frame
+    base = rows[rows["role"] == "baseline"]
+    out = {}
+    for (engine, method, k), group in rows[rows["role"] == "speculative"].groupby(["engine", "method", "k"]):
+        mine = base[base["engine"] == engine]
+        tokens, base_tokens = group["kv_cache_size_tokens"].dropna(), mine["kv_cache_size_tokens"].dropna()
+        if tokens.empty or base_tokens.empty or base_tokens.median() <= 0:
+            continue
+        concurrency = group.get("kv_cache_max_concurrency", pd.Series(dtype=float)).dropna()
+        base_concurrency = mine.get("kv_cache_max_concurrency", pd.Series(dtype=float)).dropna()
+        out[f"{engine} {method} k={k}"] = advisor.KvCapacity(
+            float(base_tokens.median()), float(tokens.median()),
+            float(base_concurrency.median()) if not base_concurrency.empty else math.nan,
+            float(concurrency.median()) if not concurrency.empty else math.nan,
+        )  # fmt: skip
+    return out
 
 
 def _memory_ratios(frame: pd.DataFrame) -> dict[str, tuple[float, float, float]]:

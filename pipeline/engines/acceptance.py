@@ -44,9 +44,34 @@ class Scrape:
 
     values: dict[str, float] = field(default_factory=dict)
     per_position: dict[str, dict[int, float]] = field(default_factory=dict)
+    # From vLLM's vllm:cache_config_info labels: the KV cache's size in tokens (summed over
+    # engines) and the concurrency it allows at the model's full context (their mean).
+    kv_capacity: dict[str, float] = field(default_factory=dict)
 
     def get(self, name: str) -> float | None:
         return self.values.get(name)
+
+
+KV_CAPACITY = ("kv_cache_size_tokens", "kv_cache_max_concurrency")
+
+
+def _kv_capacity(label_sets: Sequence[dict[str, str]]) -> dict[str, float]:
+    """An info gauge carries its figures as labels (strings); a missing or "None" one is left out."""
+    found: dict[str, list[float]] = {name: [] for name in KV_CAPACITY}
+    for labels in label_sets:
+        for name in KV_CAPACITY:
+            try:
+                found[name].append(float(labels[name]))
+            except (KeyError, ValueError):
+                continue
+    out = {}
+    if found["kv_cache_size_tokens"]:
+        out["kv_cache_size_tokens"] = sum(found["kv_cache_size_tokens"])
+    if found["kv_cache_max_concurrency"]:
+        out["kv_cache_max_concurrency"] = sum(found["kv_cache_max_concurrency"]) / len(
+            found["kv_cache_max_concurrency"]
+        )
+    return out
 
 
 def parse_scrape(text: str) -> Scrape:
@@ -55,6 +80,7 @@ def parse_scrape(text: str) -> Scrape:
     counts: dict[str, int] = defaultdict(int)
     gauges: set[str] = set()
     per_position: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    cache_info: list[dict[str, str]] = []
     try:
         families = list(text_string_to_metric_families(text))
     except ValueError as exc:  # the parser's error for malformed lines
@@ -67,8 +93,11 @@ def parse_scrape(text: str) -> Scrape:
                 gauges.add(sample.name)
             if "position" in sample.labels:
                 per_position[sample.name][int(sample.labels["position"])] += sample.value
+            if sample.name.startswith("vllm:cache_config"):  # the _info suffix, as the parser keeps it or not
+                cache_info.append(sample.labels)
     values = {name: total / counts[name] if name in gauges else total for name, total in totals.items()}
-    return Scrape(values=values, per_position={k: dict(v) for k, v in per_position.items()})
+    return Scrape(values=values, per_position={k: dict(v) for k, v in per_position.items()},
+                  kv_capacity=_kv_capacity(cache_info))  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import httpx
 
@@ -48,6 +48,7 @@ class Measurement:
     prefix_cache: PrefixCacheWindow
     summary: dict[str, float]
     sglang: SglangAcceptance | None = None  # SGLang servers only
+    kv_capacity: dict[str, float] = field(default_factory=dict)  # vLLM's KV cache size (Scrape.kv_capacity)
 
 
 def scrape(base_url: str) -> Scrape:
@@ -157,4 +158,5 @@ def measure(
         prefix_cache=prefix_cache_between(before, after),
         summary=summarize(window.records, window.duration_s, job.slo, job.load.request_rate),
         sglang=sglang,
+        kv_capacity=after.kv_capacity,
     )

@@ -51,6 +51,7 @@ def point_metrics(measurement: Measurement, k: int, startup_s: float | None) -> 
         **(sglang.as_metrics() if sglang else {}),
         **normalized(length, k_eff),
         **measurement.prefix_cache.as_metrics(),
+        **measurement.kv_capacity,
         **({"server_startup_s": startup_s} if startup_s is not None else {}),
     }
 

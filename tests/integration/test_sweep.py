@@ -136,6 +136,11 @@ def test_every_point_carries_its_counters_artifacts_and_lossless_outputs(
         assert metrics["spec_request_steps"] == metrics["spec_decode_num_drafts"]
         assert metrics["spec_request_accepted_tokens"] == metrics["spec_decode_accepted_tokens"]
         assert metrics["spec_request_draft_tokens"] == metrics["spec_decode_draft_tokens"]
+    # vLLM's own KV capacity (vllm:cache_config_info) on every run; n-gram drafting has no
+    # weights, so its servers hold as many tokens as the baseline's.
+    capacity = {run.data.metrics["kv_cache_size_tokens"] for run in children}
+    assert len(capacity) == 1 and capacity.pop() > 0
+    assert all(run.data.metrics["kv_cache_max_concurrency"] > 1 for run in children)
     spec = next(r for r in children if r.info.run_name == "ngram-k3-r2")
     artifacts = {a.path for a in client.list_artifacts(spec.info.run_id)}
     assert {"server.log", "server_command.txt", "requests.csv", "summary.json"} <= artifacts

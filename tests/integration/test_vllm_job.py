@@ -116,6 +116,13 @@ def test_model_as_its_own_draft_accepts_nearly_everything_on_a_replayed_trace(
         assert rows["scheduled_s"][later] == pytest.approx(end + think, abs=1e-5)
         assert rows["sent_s"][later] >= end + think - 0.002
         assert rows["prompt_tokens"][later] > rows["prompt_tokens"][previous] + rows["output_tokens"][previous]
+    # The draft's memory cost, as vLLM reports it: the draft's layers share the 1 GiB KV cache,
+    # so a draft equal to the target leaves half the tokens the target alone would hold
+    # (30 layers x K and V x 3 KV heads x 64 dims x 4 bytes, float32, per token).
+    config = json.loads((ensure_embedded("smollm2-135m") / "config.json").read_text())
+    head_dim = config["hidden_size"] // config["num_attention_heads"]
+    per_token = config["num_hidden_layers"] * 2 * config["num_key_value_heads"] * head_dim * 4
+    assert metrics["kv_cache_size_tokens"] == pytest.approx(2**30 / per_token / 2, rel=0.03)
     assert metrics["trace_requests"] == len(TRACE) and metrics["trace_scale"] == 0.5
     assert metrics["trace_conversations"] == 1
     assert metrics["trace_mean_rate"] == pytest.approx(6 / 3.1) and metrics["trace_peak_rate"] == 0.7

@@ -134,3 +134,17 @@ def test_gauges_are_averaged_over_label_sets_counters_summed() -> None:
 def test_effective_k_is_draft_tokens_per_draft() -> None:
     acc = acceptance_between(Scrape(), parse_scrape(v1_text(100, 250, 150, [60, 50, 40])))
     assert acc.effective_k == pytest.approx(2.5)
+
+
+def test_the_kv_capacity_comes_from_the_cache_config_info_labels() -> None:
+    text = (
+        "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+        "# TYPE vllm:cache_config_info gauge\n"
+        'vllm:cache_config_info{block_size="16",engine="0",kv_cache_max_concurrency="45.5",'
+        'kv_cache_size_tokens="93184",model_name="m"} 1.0\n'
+        'vllm:cache_config_info{block_size="16",engine="1",kv_cache_max_concurrency="44.5",'
+        'kv_cache_size_tokens="91136",model_name="m"} 1.0\n'
+    )
+    assert parse_scrape(text).kv_capacity == {"kv_cache_size_tokens": 93184 + 91136, "kv_cache_max_concurrency": 45.0}
+    older = 'vllm:cache_config_info{block_size="16",kv_cache_size_tokens="None"} 1.0\n'  # not set: left out
+    assert parse_scrape(older).kv_capacity == {}

@@ -362,3 +362,20 @@ def test_the_losslessness_line_names_where_outputs_first_differ_not_a_python_lis
     text = markdown(with_(_analyse(frame, samples), lossless=[lossless]))
     line = next(x for x in text.splitlines() if x.startswith("- ngram vs baseline"))
     assert "3/4 identical; first divergence: prompt 1 at token 57;" in line and "[None" not in line
+
+
+def test_the_kv_capacity_rule_fires_from_vllms_own_figures_beside_the_speedup() -> None:
+    frame, samples = _sweep({(3, 1.0): 2.0})
+    data = _analyse(frame, samples)
+    name = f"{frame[frame['role'] == 'speculative'].iloc[0]['engine']} ngram k=3"
+    lost = {name: advisor.KvCapacity(93184, 82176, 45.5, 40.1)}  # the 4-layer draft on this CPU
+    rule = {a.rule: a for a in advisor.advise(data.comparisons, data.crossings, {}, lost)}[
+        "KV capacity lost to the draft"
+    ]
+    assert "takes 11.8% of the KV cache" in rule.advice
+    assert "93,184 -> 82,176 tokens, max concurrency 45.5 -> 40.1" in rule.evidence
+    assert "median-TPOT speedup 2." in rule.evidence  # the speedup it bought, beside it
+    kept = {name: advisor.KvCapacity(93184, 93184, 45.5, 45.5)}  # ngram: no draft weights
+    assert all(
+        a.rule != "KV capacity lost to the draft" for a in advisor.advise(data.comparisons, data.crossings, {}, kept)
+    )
