@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 
@@ -37,6 +37,11 @@ class Request:
     # this turn's history), and the think time after it.
     after: int | None = None
     delay_s: float = 0.0
+
+    def alone(self) -> Request:
+        """This request as one of its own, outside its window: a conversation's later turn is
+        then sent as its user text only (a warm-up, a cache primer, the losslessness probe)."""
+        return replace(self, conversation="", turn=0, after=None, delay_s=0.0)
 
 
 class Tokenizer(Protocol):

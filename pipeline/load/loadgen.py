@@ -131,6 +131,11 @@ async def _run(
     stop: StopRule | None = None,
 ) -> Window:
     """``start_at`` returns the window's time origin once the client is ready to send."""
+    indices = {r.index for r in requests}
+    orphan = next((r for r in requests if r.after is not None and r.after not in indices), None)
+    if orphan is not None:  # a caller's bug, said as such: send such a request with Request.alone()
+        raise ValueError(f"request {orphan.index} is turn {orphan.turn} of conversation {orphan.conversation!r}, "
+                         f"but its previous turn (request {orphan.after}) is not in this window")  # fmt: skip
     stop = stop or StopRule()
     counts = [0, 0]  # finished, errors
     stopped = asyncio.Event()

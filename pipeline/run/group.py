@@ -220,7 +220,7 @@ def lossless_probe(base_url: str, job: JobConfig, tokenizer: Any) -> tuple[Probe
     if job.lossless.prompts <= 0:
         return ()
     prompts = point_requests(replace(job, repeat=0), tokenizer).requests[: job.lossless.prompts]
-    prompts = tuple(replace(r, max_tokens=min(r.max_tokens, job.lossless.max_tokens)) for r in prompts)
+    prompts = tuple(replace(r.alone(), max_tokens=min(r.max_tokens, job.lossless.max_tokens)) for r in prompts)
     opts = ClientOptions(
         base_url=base_url, model=job.model.id, endpoint=job.workload.endpoint, temperature=0.0,
         ignore_eos=job.workload.ignore_eos, timeout_s=job.load.request_timeout_s,

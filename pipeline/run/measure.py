@@ -88,7 +88,7 @@ def resets_cache(job: JobConfig) -> bool:
 def fill_prefix_cache(requests: Sequence[Request], opts: ClientOptions) -> None:
     """Send the window's prompts once, unmeasured. One output token each is enough: a
     later request reuses the cached blocks of its prompt, never of an earlier answer."""
-    primers = [replace(r, max_tokens=1) for r in requests]
+    primers = [replace(r.alone(), max_tokens=1) for r in requests]  # a later turn's history is the window's own
     window = run_window(primers, [0.0] * len(primers), replace(opts, ignore_eos=False))
     failed = [r for r in window.records if not r.ok]
     if failed:

@@ -183,3 +183,13 @@ def test_a_turn_whose_predecessor_failed_is_not_sent() -> None:
     assert skipped.error == "not sent: turn 1 of conversation 'c' failed" and skipped.turn == 2
     with pytest.raises(ValueError, match="single client worker"):
         run_window(requests, [0.0, 0.0], ClientOptions(base_url="http://127.0.0.1:9", model="m"), workers=2)
+
+
+def test_a_later_turn_without_its_predecessor_is_a_clear_error_and_alone_sends_it_by_itself() -> None:
+    turn = Request(3, "second", "chat", 8, conversation="c", turn=2, after=1, delay_s=0.5)
+    with pytest.raises(ValueError, match="request 3 is turn 2 of conversation 'c', but its previous turn"):
+        run_window([turn], [0.0], ClientOptions(base_url="http://127.0.0.1:9", model="m"))
+    alone = turn.alone()  # as a warm-up, a cache primer or the losslessness probe sends it
+    assert (alone.after, alone.conversation, alone.turn, alone.delay_s, alone.prompt) == (None, "", 0, 0.0, "second")
+    with FakeServer(lambda body: chat_script(["x"], 1)) as url:
+        assert run_window([alone], [0.0], ClientOptions(base_url=url, model="m")).records[0].ok
