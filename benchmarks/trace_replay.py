@@ -210,7 +210,9 @@ def speedups(work: Path) -> dict:
     if report is None:
         raise RuntimeError(f"the sweep wrote no report.md under {sweep_dir}; see {work / 'sweep.log'}")
     text = report.read_text()
-    kept = [line for line in text.splitlines() if "speedup" in line.lower() and "ngram" in line and "|" in line][:4]
+    lines = text.splitlines()
+    kept = [line for line in lines if line.startswith("**Best:")]
+    kept += [line for line in lines if line.startswith("| ") and "ngram" in line and "| median TPOT" in line]
     for section in SECTIONS:
         if section in text:
             body = text.split(section, 1)[1].split("\n## ", 1)[0]

@@ -112,10 +112,13 @@ def lines(table: pd.DataFrame, schedules: Sequence[dict] = ()) -> list[str]:
             band = f"; the k schedule gives k={k} at this batch" if k is not None else ""
             out.append(f"  - {r.bucket}: {r.offered_rate:.2f} req/s offered, {r.in_flight:.1f} in flight{band}: "
                        f"{r.text} {r.verdict}")  # fmt: skip
-        helps = group[group["verdict"] == decisions.HELPS]
-        others = group[group["verdict"] != decisions.HELPS]
-        if not helps.empty and not others.empty:
+        # Only decided stretches count: one with too few requests neither paid nor failed to.
+        decided = group[group["verdict"].isin([decisions.HELPS, decisions.HURTS, decisions.INCONCLUSIVE])]
+        helps = decided[decided["verdict"] == decisions.HELPS]
+        if not decided.empty:
             busiest = group.loc[group["offered_rate"].idxmax()]
-            out.append(f"  - speculation paid in {len(helps)} of {len(group)} stretches; at the busiest "
-                       f"({busiest['bucket']}, {busiest['offered_rate']:.2f} req/s) it was {busiest['verdict']}")  # fmt: skip
+            unresolved = len(group) - len(decided)
+            left = f" ({unresolved} with too few requests to say)" if unresolved else ""
+            out.append(f"  - speculation paid in {len(helps)} of the {len(decided)} stretches decided{left}; at the "
+                       f"busiest ({busiest['bucket']}, {busiest['offered_rate']:.2f} req/s) it was {busiest['verdict']}")  # fmt: skip
     return [*out, ""]

@@ -46,7 +46,7 @@ def test_each_stretch_gets_its_own_paired_speedup_and_load() -> None:
     text = "\n".join(timeline.lines(table, schedules))
     assert "## Over the trace" in text and "59-88 s: 0.41 req/s offered, 0.8 in flight" in text
     assert "the k schedule gives k=3 at this batch" in text
-    assert "speculation paid in 3 of 4 stretches" in text
+    assert "speculation paid in 3 of the 4 stretches decided; at the busiest" in text
 
 
 def test_no_trace_or_too_few_requests_gets_no_section() -> None:
