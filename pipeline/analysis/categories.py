@@ -163,6 +163,11 @@ def run_metrics(table: pd.DataFrame, prefix: str = BY_CATEGORY.prefix) -> dict[s
     return out
 
 
+def section(title: str, intro: str) -> list[str]:
+    """A report section's head: its title and the one paragraph that says how it was measured."""
+    return [f"## {title}", "", intro, ""]
+
+
 def _length_text(row: pd.Series) -> str:
     if row["acceptance_length"] is None or pd.isna(row["acceptance_length"]):
         return "L not measured"
@@ -176,10 +181,10 @@ def lines(table: pd.DataFrame) -> list[str]:
     point disagree (one category helps while another hurts)."""
     if table.empty:
         return []
-    out = ["## By request type", "",
-           "Each category's requests against the same requests on the baseline (median TPOT, baseline / "
-           "speculation, paired by prompt), its verdict decided with every other category's "
-           "(Benjamini-Hochberg); L is the category's acceptance length from its tokens per streamed step.", ""]  # fmt: skip
+    out = section("By request type",
+                  "Each category's requests against the same requests on the baseline (median TPOT, baseline / "
+                  "speculation, paired by prompt), its verdict decided with every other category's "
+                  "(Benjamini-Hochberg); L is the category's acceptance length from its tokens per streamed step.")  # fmt: skip
     for (config, rate), group in table.groupby(["config", "request_rate"], sort=True):
         parts = [f"{r.category} {r.text} {r.verdict} ({_length_text(pd.Series(r._asdict()))}, {r.requests} requests)"
                  for r in group.itertuples(index=False)]  # fmt: skip
@@ -198,11 +203,11 @@ def turn_lines(table: pd.DataFrame) -> list[str]:
     with the same turns on the baseline, with each side's median TTFT."""
     if table.empty:
         return []
-    out = ["## By conversation turn", "",
-           "A conversation's first turn (with the requests of their own) against its later turns, whose history "
-           "is the earlier turns and the server's own answers (and may sit in the prefix cache): median TPOT, "
-           "baseline / speculation, paired by request, decided as one family (Benjamini-Hochberg); TTFT is each "
-           "group's median on the baseline -> with speculation.", ""]  # fmt: skip
+    out = section("By conversation turn",
+                  "A conversation's first turn (with the requests of their own) against its later turns, whose "
+                  "history is the earlier turns and the server's own answers (and may sit in the prefix cache): "
+                  "median TPOT, baseline / speculation, paired by request, decided as one family "
+                  "(Benjamini-Hochberg); TTFT is each group's median on the baseline -> with speculation.")  # fmt: skip
     for (config, rate), group in table.groupby(["config", "request_rate"], sort=True):
         parts = [f"{r.category} {r.text} {r.verdict} (TTFT {r.base_median_ttft_ms:.0f} -> {r.spec_median_ttft_ms:.0f} ms, "
                  f"{_length_text(pd.Series(r._asdict()))}, {r.requests} requests)"

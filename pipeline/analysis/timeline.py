@@ -98,11 +98,12 @@ def lines(table: pd.DataFrame, schedules: Sequence[dict] = ()) -> list[str]:
     where speculation stopped paying."""
     if table.empty:
         return []
-    out = ["## Over the trace", "",
-           "The replay cut into equal stretches of its schedule: each stretch's offered load, the batch the "
-           "baseline ran at (mean requests in flight), and its requests' median-TPOT speedup against the same "
-           "requests on the baseline, paired by request and decided with every other stretch "
-           "(Benjamini-Hochberg).", ""]  # fmt: skip
+    out = categories.section(
+        "Over the trace",
+        "The replay cut into equal stretches of its schedule: each stretch's offered load, the batch the baseline "
+        "ran at (mean requests in flight), and its requests' median-TPOT speedup against the same requests on the "
+        "baseline, paired by request and decided with every other stretch (Benjamini-Hochberg).",
+    )
     for (config, rate), group in table.groupby(["config", "request_rate"], sort=True):
         group = group.sort_values("start_s")
         method = config.split()[1] if len(config.split()) > 1 else ""
