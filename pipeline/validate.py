@@ -119,6 +119,14 @@ def validate(job: JobConfig) -> None:
     for name, amount in job.ray.resources_per_group.items():
         if not isinstance(amount, (int, float)) or not amount > 0:
             raise ConfigError(f"ray.resources_per_group.{name}={amount!r} must be a positive number, e.g. 1")
+    asked_gpus = job.ray.resources_per_group.get("GPU")
+    tp = job.engine.tensor_parallel_size
+    if asked_gpus is not None and job.engine.device != "cpu" and asked_gpus < tp:
+        raise ConfigError(
+            f"ray.resources_per_group.GPU={asked_gpus:g} is fewer than the {tp} GPUs a server with "
+            f"engine.tensor_parallel_size={tp} takes; leave GPU out (each group then asks for its server's GPUs) "
+            f"or set ray.resources_per_group.GPU={tp}"
+        )
     gate = job.gate
     if gate.history < 1:
         raise ConfigError(f"gate.history={gate.history} must be >= 1 (the number of past runs in the reference)")

@@ -61,12 +61,14 @@ def _job_in_worker(
 
 def _request(config: RayConfig, gpus: int) -> dict[str, Any]:
     """A group's Ray resource request: ray.resources_per_group where set (CPU and GPU are
-    Ray's own arguments, the rest custom resources), else one CPU and the server's GPUs."""
+    Ray's own arguments, the rest custom resources), else one CPU and the server's GPUs. A
+    request that names no GPU still asks for the server's GPUs: Ray hides every GPU from a
+    task that asked for none, and the server would start without one."""
     if not config.resources_per_group:
         return {"num_cpus": 1, "num_gpus": gpus}
     custom = {k: v for k, v in config.resources_per_group.items() if k not in ("CPU", "GPU")}
     request: dict[str, Any] = {"num_cpus": config.resources_per_group.get("CPU", 0)}
-    request["num_gpus"] = config.resources_per_group.get("GPU", 0)
+    request["num_gpus"] = config.resources_per_group.get("GPU", gpus)
     return {**request, **({"resources": custom} if custom else {})}
 
 

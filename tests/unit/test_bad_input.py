@@ -131,6 +131,12 @@ CASES: list[tuple[str, bool, list[str], str]] = [
     ("ray-on-a-single-run", False, ["ray.address=127.0.0.1:6379"], "add -m to run it through the Ray launcher"),
     ("ray-timeout", False, ["ray.connect_timeout_s=0"], "ray.connect_timeout_s=0.0 must be > 0"),
     ("ray-resources", False, ["+ray.resources_per_group.GPU=-1"], "must be a positive number"),
+    (
+        "ray-gpus-below-tp",
+        False,
+        ["engine.device=gpu", "engine.tensor_parallel_size=4", "+ray.resources_per_group.GPU=1", "dry_run=true"],
+        "fewer than the 4 GPUs a server with engine.tensor_parallel_size=4 takes",
+    ),
     ("file-store", False, ["tracking.uri=file:///tmp/specsweep-file-store"], "give a sqlite:///path/to/mlflow.db"),
     ("vllm-result-mode", False, ["tracking.vllm_result=full"], "tracking.vllm_result='full' is not valid"),
     ("progress-interval", False, ["progress_every_s=0"], "progress_every_s=0.0 must be > 0"),

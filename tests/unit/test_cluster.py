@@ -78,6 +78,10 @@ def test_group_request_maps_cpu_and_gpu_to_rays_own_arguments() -> None:
     assert _request(slot, 0) == {"num_cpus": 0, "num_gpus": 0, "resources": {"specsweep_slot": 1.0}}
     gpu = RayConfig(resources_per_group={"GPU": 1.0, "CPU": 4.0})
     assert _request(gpu, 1) == {"num_cpus": 4.0, "num_gpus": 1.0}
+    # A custom resource alone on GPU servers: each group still asks for its server's GPUs
+    # (tensor_parallel_size of them), or Ray would hide every GPU from it.
+    labelled = RayConfig(resources_per_group={"a100_node": 1.0})
+    assert _request(labelled, 4) == {"num_cpus": 0, "num_gpus": 4, "resources": {"a100_node": 1.0}}
 
 
 def test_a_job_driver_joins_the_cluster_of_ray_address(monkeypatch: pytest.MonkeyPatch) -> None:
