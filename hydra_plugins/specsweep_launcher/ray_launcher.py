@@ -59,19 +59,6 @@ def _job_in_worker(
         os.unlink(fh.name)
 
 
-def _request(config: RayConfig, gpus: int) -> dict[str, Any]:
-    """A group's Ray resource request: ray.resources_per_group where set (CPU and GPU are
-    Ray's own arguments, the rest custom resources), else one CPU and the server's GPUs. A
-    request that names no GPU still asks for the server's GPUs: Ray hides every GPU from a
-    task that asked for none, and the server would start without one."""
-    if not config.resources_per_group:
-        return {"num_cpus": 1, "num_gpus": gpus}
-    custom = {k: v for k, v in config.resources_per_group.items() if k not in ("CPU", "GPU")}
-    request: dict[str, Any] = {"num_cpus": config.resources_per_group.get("CPU", 0)}
-    request["num_gpus"] = config.resources_per_group.get("GPU", gpus)
-    return {**request, **({"resources": custom} if custom else {})}
-
-
 class SpecsweepRayLauncher(Launcher):
     def __init__(self) -> None:
         self.config: DictConfig | None = None
@@ -125,7 +112,7 @@ class SpecsweepRayLauncher(Launcher):
         state = Singleton.get_state()
         from pipeline.run.outcomes import GroupTask
 
-        requests = [_request(ray_config, GroupTask.load_bytes(t).gpus if t else 0) for t in tasks]
+        requests = [cluster.group_request(ray_config, GroupTask.load_bytes(t).gpus if t else 0) for t in tasks]
         channels = {c for t in tasks if t and (c := GroupTask.load_bytes(t).progress)}
         forwarding = [progress_hub.forward(channel) for channel in channels]
         refs = []

@@ -10,6 +10,7 @@ import os
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pipeline.config import RayConfig
 from pipeline.run import signals
@@ -129,3 +130,23 @@ def node_resources() -> list[dict[str, float]]:
 
 def node_gpus() -> list[float]:
     return [n.get("GPU", 0.0) for n in node_resources()]
+
+
+def group_request(config: RayConfig, gpus: int) -> dict[str, Any]:
+    """A group's Ray resource request: ray.resources_per_group where set (CPU and GPU are
+    Ray's own arguments, the rest custom resources), else one CPU and the server's GPUs. A
+    request that names no GPU still asks for the server's GPUs: Ray hides every GPU from a
+    task that asked for none, and the server would start without one."""
+    if not config.resources_per_group:
+        return {"num_cpus": 1, "num_gpus": gpus}
+    custom = {k: v for k, v in config.resources_per_group.items() if k not in ("CPU", "GPU")}
+    request: dict[str, Any] = {"num_cpus": config.resources_per_group.get("CPU", 0)}
+    request["num_gpus"] = config.resources_per_group.get("GPU", gpus)
+    return {**request, **({"resources": custom} if custom else {})}
+
+
+def request_text(request: dict[str, Any]) -> str:
+    """A group request as the dry run prints it: ``1 CPU, 2 GPU, a100_node=1``."""
+    parts = [f"{request['num_cpus']:g} CPU", f"{request['num_gpus']:g} GPU"]
+    parts += [f"{name}={amount:g}" for name, amount in sorted(request.get("resources", {}).items())]
+    return ", ".join(parts)

@@ -25,7 +25,7 @@ from pipeline.engines.vllm import EngineNotInstalled
 from pipeline.load.workloads import load_items
 from pipeline.record.journal import JOURNAL_NAME, JournaledTracker
 from pipeline.record.redact import redact_args, redact_mapping
-from pipeline.run import diskfull, predict_plan, progress_display, quiet, search_capacity, search_predict
+from pipeline.run import cluster, diskfull, predict_plan, progress_display, quiet, search_capacity, search_predict
 from pipeline.run.errors import LaunchError, Unreachable
 from pipeline.run.group import run_group
 from pipeline.run.job import Target, resolve_target, server_spec
@@ -79,7 +79,8 @@ def _server_line(target: Target, job: JobConfig) -> ServerLine:
         version += f" ({where}: flags as recorded for SGLang {RECORDED_VERSION})"
     label = "SGLang" if job.engine.name == "sglang" else "vLLM"
     inherited = {name: "<from the environment>" for name in spec.env_from}
-    return ServerLine(label, version, tuple(args), redact_mapping(spec.env) | inherited)
+    ray = cluster.request_text(cluster.group_request(job.ray, target.engine_gpus(job)))
+    return ServerLine(label, version, tuple(args), redact_mapping(spec.env) | inherited, ray)
 
 
 def _error(message: str) -> int:
@@ -115,7 +116,7 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
                 load_items(workload, 1, 0, None)
         # Every refusal first, nothing built: a bad draft path, store or cluster is not found
         # after a model build of half a minute. The embedded models are built once all answer.
-        targets = {g.index: resolve_target(g.server_job, build=False) for g in plan.groups}
+        targets = {g.index: resolve_target(g.server_job, build=False, plan_only=first.dry_run) for g in plan.groups}
     except (ConfigError, EngineNotInstalled, ModelError) as exc:
         return _error(str(exc))
     quiet.apply(first.verbose)  # before Ray starts: its workers inherit the environment

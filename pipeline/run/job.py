@@ -12,7 +12,7 @@ from pathlib import Path
 from pipeline.config import JobConfig
 from pipeline.engines import sglang, vllm
 from pipeline.engines.base import ServerSpec
-from pipeline.engines.hardware import resolve_device
+from pipeline.engines.hardware import gpu_names, resolve_device
 from pipeline.engines.models import cache_root, resolve_model
 from pipeline.engines.process import free_port
 from pipeline.load import traces
@@ -36,10 +36,13 @@ class Target:
         return job.engine.tensor_parallel_size if self.on_gpu else 0
 
 
-def resolve_target(job: JobConfig, *, build: bool = True) -> Target:
-    """Check the engine, device and models. ``build=False`` (a dry run) names embedded models
-    unbuilt, and plans an SGLang server even where SGLang cannot run."""
-    on_gpu = resolve_device(job.engine.device)
+def resolve_target(job: JobConfig, *, build: bool = True, plan_only: bool = False) -> Target:
+    """Check the engine, device and models. ``build=False`` names embedded models unbuilt, and
+    plans an SGLang server even where SGLang cannot run. ``plan_only`` (a dry run) plans
+    engine.device=gpu servers from a machine without a GPU, as for a cluster's GPU nodes: the
+    device and the engine build are then not checked here."""
+    planned_gpu = plan_only and job.engine.device == "gpu" and not gpu_names()
+    on_gpu = True if planned_gpu else resolve_device(job.engine.device)
     install: vllm.VllmInstall | sglang.SglangInstall
     if job.engine.name == "sglang":
         install = sglang.detect_install(job.engine.python, required=build)
@@ -48,7 +51,8 @@ def resolve_target(job: JobConfig, *, build: bool = True) -> Target:
         sglang.validate_spec(job.spec, install)
     else:
         install = vllm.detect_install(job.engine.python)
-        vllm.validate_engine(job.engine, install, on_gpu)
+        if not planned_gpu:  # this machine's build is not the GPU nodes'
+            vllm.validate_engine(job.engine, install, on_gpu)
         vllm.validate_spec(job.spec, install.version)
     model_path = resolve_model(job.model.id, build=build)
     draft = job.spec.draft_model

@@ -220,6 +220,7 @@ class ServerLine:
     version: str
     args: tuple[str, ...]
     env: dict[str, str]
+    ray: str = ""  # what its server group asks Ray for, under the default launcher
 
 
 def describe(plan: SweepPlan, servers: Sequence[ServerLine], on_gpu: bool) -> str:
@@ -236,6 +237,8 @@ def describe(plan: SweepPlan, servers: Sequence[ServerLine], on_gpu: bool) -> st
         lines.append(f"server {group.index}/{n} {role} ({what}), {server.engine} {server.version}:")
         lines.append("  " + shell_line(server.args).replace("'<free port>'", "<free port>"))
         lines.append("  environment: " + " ".join(f"{k}={v}" for k, v in sorted(server.env.items())))
+        if server.ray:
+            lines.append(f"  Ray request (the default launcher): {server.ray}")
         for point in group.points:
             load = point.job.load
             rate = "all at once" if math.isinf(load.request_rate) else f"{load.request_rate:g} req/s"

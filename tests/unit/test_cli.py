@@ -94,3 +94,15 @@ def test_dry_run_across_engines_prints_both_engines_commands(tmp_path: Path) -> 
     assert "--speculative-algorithm NGRAM --speculative-num-steps 5 --speculative-eagle-topk 1" in out
     assert "--speculative-num-draft-tokens 6" in out and "--enable-metrics" in out
     assert '"method":"eagle3"' in out and "not installed here: flags as recorded for SGLang 0.5.23" in out
+
+
+def test_a_gpu_sweeps_dry_run_works_from_a_machine_without_a_gpu(tmp_path: Path) -> None:
+    """As a user plans their cluster's sweep from a laptop: the GPU commands and Ray requests."""
+    proc = _multirun(tmp_path, "engine.device=gpu", "engine.tensor_parallel_size=2", "spec.k=3",
+                     "+ray.resources_per_group.gpu_node=1", "dry_run=true")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "--tensor-parallel-size 2" in out and "--enforce-eager" not in out  # compiled, as on GPUs
+    assert out.count("Ray request (the default launcher): 0 CPU, 2 GPU, gpu_node=1") == 2
+    real = _multirun(tmp_path, "engine.device=gpu", "spec.k=3", "sweep_name=real")  # not a dry run: refused here
+    assert real.returncode == 2 and "nvidia-smi finds no GPU here" in real.stderr

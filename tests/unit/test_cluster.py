@@ -70,8 +70,8 @@ def test_resources_no_node_offers_are_refused_naming_what_the_nodes_have() -> No
 
 
 def test_group_request_maps_cpu_and_gpu_to_rays_own_arguments() -> None:
-    from hydra_plugins.specsweep_launcher.ray_launcher import _request
     from pipeline.config import RayConfig
+    from pipeline.run.cluster import group_request as _request
 
     assert _request(RayConfig(), 2) == {"num_cpus": 1, "num_gpus": 2}
     slot = RayConfig(resources_per_group={"specsweep_slot": 1.0})
