@@ -7,6 +7,8 @@
 #   SPECSWEEP_DIR        the project checkout (the job's working dir), default: this script's repo
 #   RAY_DASHBOARD        the head's dashboard, default http://127.0.0.1:8265
 #   MLFLOW_TRACKING_URI  the shared tracking server, default http://127.0.0.1:5000
+#   SPECSWEEP_MODEL      the model the nights measure (model.id), default: the embedded toy model
+#   SPECSWEEP_EXPERIMENT the MLflow experiment on a shared server (tracking.experiment), default: nightly
 #   SPECSWEEP_ARGS       extra overrides, e.g. "+ray.resources_per_group.GPU=1"
 # Exit code: the sweep's own (0 pass, 1 regression, 3 insufficient data or a failed
 # point, 4 infrastructure), read from the job's driver_exit_code.
@@ -23,9 +25,14 @@ if "$ray" job status --address "$dashboard" "$id" >/dev/null 2>&1; then
   echo "job $id was already submitted; following it"
   "$ray" job logs --address "$dashboard" --follow "$id" || true
 else
+  # The job's driver runs on the head, which does not see this shell's environment: the
+  # model and the experiment travel as overrides.
+  named=()
+  [ -z "${SPECSWEEP_MODEL:-}" ] || named+=("model.id=$SPECSWEEP_MODEL")
+  [ -z "${SPECSWEEP_EXPERIMENT:-}" ] || named+=("tracking.experiment=$SPECSWEEP_EXPERIMENT")
   # shellcheck disable=SC2086  # SPECSWEEP_ARGS is a list of overrides
   "$ray" job submit --address "$dashboard" --submission-id "$id" --working-dir "$project" -- \
-    python -m pipeline.sweep +sweep=nightly "tracking.uri=$tracking" ${SPECSWEEP_ARGS:-} || true
+    python -m pipeline.sweep +sweep=nightly "tracking.uri=$tracking" "${named[@]}" ${SPECSWEEP_ARGS:-} || true
 fi
 # `ray job submit` says only 0 or 1; the sweep's own code says why.
 # No answer from the dashboard, or a job that never started its driver: 4 (infrastructure).

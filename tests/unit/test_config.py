@@ -192,3 +192,14 @@ def test_new_settings_at_their_defaults_leave_every_point_hash_as_it_was() -> No
     from pipeline.run.plan import point_hash
 
     assert point_hash(JobConfig()) == "04402450571add93"
+
+
+def test_the_nightly_measures_the_operators_model_in_its_own_experiment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SPECSWEEP_MODEL", raising=False)
+    monkeypatch.delenv("SPECSWEEP_EXPERIMENT", raising=False)
+    toy = _compose(["+sweep=nightly"])
+    assert toy.model.id == "embedded:smollm2-135m" and toy.tracking.experiment is None  # as before: its history
+    monkeypatch.setenv("SPECSWEEP_MODEL", "meta-llama/Llama-3.1-70B-Instruct")
+    monkeypatch.setenv("SPECSWEEP_EXPERIMENT", "team-a-nightly")
+    theirs = _compose(["+sweep=nightly"])
+    assert theirs.model.id == "meta-llama/Llama-3.1-70B-Instruct" and theirs.tracking.experiment == "team-a-nightly"

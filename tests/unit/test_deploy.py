@@ -69,3 +69,21 @@ def test_submit_script_exits_4_when_the_dashboard_does_not_answer() -> None:
     done = subprocess.run([str(DEPLOY / "submit-nightly.sh")], capture_output=True, text=True, timeout=180, env=env)
     assert done.returncode == 4, done.stdout + done.stderr
     assert "http://127.0.0.1:9 does not answer" in done.stderr
+
+
+def test_submit_script_passes_the_operators_model_and_experiment_as_overrides(tmp_path: Path) -> None:
+    """The job's driver runs on the head, which does not see the submitter's environment."""
+    import os
+
+    seen = tmp_path / "args"
+    fake_ray = tmp_path / "ray"  # records `job submit`; `job status` says no such job yet
+    fake_ray.write_text(f'#!/usr/bin/env bash\n[ "$2" = submit ] && printf "%s\\n" "$@" > {seen}\n'
+                        '[ "$2" = submit ] || exit 1\n')  # fmt: skip
+    fake_ray.chmod(0o755)
+    env = {**os.environ, "RAY_BIN": str(fake_ray), "RAY_DASHBOARD": "http://127.0.0.1:9",
+           "SPECSWEEP_MODEL": "meta-llama/Llama-3.1-70B-Instruct", "SPECSWEEP_EXPERIMENT": "team-a"}  # fmt: skip
+    done = subprocess.run([str(DEPLOY / "submit-nightly.sh")], capture_output=True, text=True, timeout=180, env=env)
+    assert done.returncode == 4  # the fake dashboard never answers for the job's exit code
+    args = seen.read_text().splitlines()
+    assert "model.id=meta-llama/Llama-3.1-70B-Instruct" in args and "tracking.experiment=team-a" in args
+    assert args[args.index("--") + 1 :][:4] == ["python", "-m", "pipeline.sweep", "+sweep=nightly"]
