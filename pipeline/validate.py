@@ -62,7 +62,11 @@ def validate(job: JobConfig) -> None:
         )
         raise ConfigError(f"spec.method={spec.method} needs spec.draft_model ({hint}); e.g. {example}")
     if spec.method in ("none", "ngram", "suffix", "mtp") and spec.draft_model:
-        raise ConfigError(f"spec.method={spec.method} takes no spec.draft_model; remove it or use spec.method=draft")
+        raise ConfigError(
+            f"spec.method={spec.method} takes no spec.draft_model; remove it or use spec.method=draft. To sweep "
+            f"{spec.method} beside a method with a draft, put the draft in that method's own group "
+            f"(conf/spec/<name>.yaml with draft_model: ..., docs/methods.md), not on the command line"
+        )
     if not (load.request_rate > 0):
         raise ConfigError(f"load.request_rate={load.request_rate} must be > 0 (use inf to send all at once)")
     if not (load.burstiness > 0) or math.isinf(load.burstiness):

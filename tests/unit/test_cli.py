@@ -106,3 +106,15 @@ def test_a_gpu_sweeps_dry_run_works_from_a_machine_without_a_gpu(tmp_path: Path)
     assert out.count("Ray request (the default launcher): 0 CPU, 2 GPU, gpu_node=1") == 2
     real = _multirun(tmp_path, "engine.device=gpu", "spec.k=3", "sweep_name=real")  # not a dry run: refused here
     assert real.returncode == 2 and "nvidia-smi finds no GPU here" in real.stderr
+
+
+def test_your_own_method_group_sweeps_beside_ngram_as_docs_methods_says(tmp_path: Path) -> None:
+    own = tmp_path / "my_conf" / "spec"
+    own.mkdir(parents=True)
+    (own / "eagle3_70b.yaml").write_text("method: eagle3\nk: 3\ndraft_model: yuhuili/EAGLE3-LLaMA3.3-Instruct-70B\n")
+    proc = _multirun(tmp_path, f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]", "engine.device=gpu",
+                     "model.id=meta-llama/Llama-3.3-70B-Instruct", "spec=ngram,eagle3_70b", "dry_run=true")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "3 server start(s)" in proc.stdout and '"model":"yuhuili/EAGLE3-LLaMA3.3-Instruct-70B"' in proc.stdout
+    wrong = _multirun(tmp_path, "spec=ngram,eagle3", "spec.draft_model=/heads/x", "dry_run=true")
+    assert wrong.returncode == 2 and "put the draft in that method's own group" in wrong.stderr
