@@ -163,3 +163,40 @@ def test_a_signal_mid_job_stops_every_server_process(tmp_path: Path, no_leftover
     assert experiment is not None
     runs = client.search_runs([experiment.experiment_id])
     assert runs and {r.info.status for r in runs} == {"KILLED"}, [(r.info.run_name, r.info.status) for r in runs]
+
+
+def test_a_trace_sweep_with_a_conversation_gets_its_verdicts_per_request_type_and_turn(
+    tmp_path: Path, no_leftover_servers: None
+) -> None:
+    """The real entry point on a trace of two kinds of text and one 3-turn conversation: the
+    baseline and ngram k=3 servers, the losslessness probe (its 7th prompt a later turn, sent alone), the
+    report's 'By request type' and 'By conversation turn', and their metrics on the run."""
+    code = "Add type hints to this function: def f{i}(a, b): return a * b + {i}"
+    chat = "In one sentence, what is your favourite thing about the number {i}?"
+    lines = [{"timestamp": 0.4 * i, "prompt": (code if i % 2 else chat).format(i=i),
+              "category": "code_edit" if i % 2 else "chat"} for i in range(10)]  # fmt: skip
+    lines += [
+        {"timestamp": 1.0, "conversation_id": "c", "prompt": "Write a function that doubles a number.",
+         "category": "code_edit"},
+        {"timestamp": 2.0, "conversation_id": "c", "prompt": "Now add a docstring to it.", "delay_s": 0.2,
+         "category": "code_edit"},
+        {"timestamp": 3.0, "conversation_id": "c", "prompt": "Now rename it to twice.", "delay_s": 0.2,
+         "category": "code_edit"},
+    ]  # fmt: skip
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps(line) + "\n" for line in sorted(lines, key=lambda x: x["timestamp"])))
+    proc = run_sweep(tmp_path, "sweep_name=traced", "workload=trace", f"workload.path={trace}", "workload.max_tokens=48",
+                     "load.warmup_requests=1", "lossless.prompts=7", *TEST_SERVER)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = next((tmp_path / "out").rglob("report.md")).read_text()
+    by_type = report.split("## By request type", 1)[1].split("\n## ", 1)[0]
+    assert "chat " in by_type and "code_edit " in by_type
+    by_turn = report.split("## By conversation turn", 1)[1].split("\n## ", 1)[0]
+    assert "first turn " in by_turn and "later turns " in by_turn and ", 2 requests)" in by_turn  # turns 2, 3
+    assert "conversations: 1 replayed turn by turn" in report
+    (spec,) = [r for r in _runs(tmp_path, "traced") if r.data.tags.get("role") == "speculative"]
+    keys = set(spec.data.metrics)
+    assert {"category.code_edit.acceptance_length", "category.chat.acceptance_length"} <= keys
+    assert "turn.later_turns.acceptance_length" in keys and spec.data.metrics["trace_conversations"] == 1
+    rows = pd.read_csv(next(p for p in (tmp_path / "out").rglob("requests.csv") if "ngram" in str(p)))
+    assert sorted(rows.loc[rows["conversation_id"] == "c", "turn"]) == [1, 2, 3] and rows["error"].isna().all()
