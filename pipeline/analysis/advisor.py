@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from pipeline.analysis.verdicts import TPOT, Comparisons, Crossover
+from pipeline.analysis.verdicts import TPOT, Comparisons, Crossover, config_label
 
 # Every acceptance rule tests alpha: the per-token acceptance probability implied by the
 # measured acceptance length L at the effective draft length, one scale for vLLM and SGLang
@@ -164,8 +164,7 @@ def _kv_advice(comparisons: Comparisons, kv: dict[str, KvCapacity]) -> list[Advi
             continue
         speed = ""
         if not table.empty:
-            names = table["engine"] + " " + table["method"] + " k=" + table["k"].astype(int).astype(str)
-            rows = table[names == name].sort_values("request_rate")
+            rows = table[table.apply(config_label, axis=1) == name].sort_values("request_rate")
             if not rows.empty:
                 top = rows.iloc[-1]
                 speed = f"; median-TPOT speedup {top[f'{TPOT}_text']} at {top['request_rate']:g} req/s"

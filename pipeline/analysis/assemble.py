@@ -143,14 +143,14 @@ def _kv_capacity(frame: pd.DataFrame) -> dict[str, advisor.KvCapacity]:
     rows = frame[frame["status"] == "finished"] if "status" in frame else frame
     base = rows[rows["role"] == "baseline"]
     out = {}
-    for (engine, method, k), group in rows[rows["role"] == "speculative"].groupby(["engine", "method", "k"]):
+    for (engine, _, _), group in rows[rows["role"] == "speculative"].groupby(["engine", "method", "k"]):
         mine = base[base["engine"] == engine]
         tokens, base_tokens = group["kv_cache_size_tokens"].dropna(), mine["kv_cache_size_tokens"].dropna()
         if tokens.empty or base_tokens.empty or base_tokens.median() <= 0:
             continue
         concurrency = group.get("kv_cache_max_concurrency", pd.Series(dtype=float)).dropna()
         base_concurrency = mine.get("kv_cache_max_concurrency", pd.Series(dtype=float)).dropna()
-        out[f"{engine} {method} k={k}"] = advisor.KvCapacity(
+        out[verdicts.config_label(group.iloc[0])] = advisor.KvCapacity(
             float(base_tokens.median()), float(tokens.median()),
             float(base_concurrency.median()) if not base_concurrency.empty else math.nan,
             float(concurrency.median()) if not concurrency.empty else math.nan,

@@ -81,19 +81,10 @@ class Sample:
     def categories(self) -> list[str]:
         return sorted({str(c) for c in (*self.category, *self.failed_category)})
 
-    @property
-    def has_later_turns(self) -> bool:
-        return bool(len(self.turn) and (self.turn > 1).any()) or bool(
-            len(self.failed_turn) and (self.failed_turn > 1).any()
-        )
-
-    def only(self, category: str) -> Sample:
-        """The window's requests of one category: the same window, fewer requests (its duration
-        and schedule stay the window's, so throughput and keeping up are not per category)."""
-        return self._keep(self.category == category, self.failed_category == category)
-
     def with_index(self, prompts: np.ndarray) -> Sample:
-        """The window's requests of these prompt indices, failed ones included (as :meth:`only`)."""
+        """The window's requests of these prompt indices, failed ones included: the same window,
+        fewer requests (its duration and schedule stay the window's, so throughput and keeping up
+        are not per group)."""
         failed = np.isin(self.failed_index, prompts) if len(self.failed_index) == self.failed else np.zeros(0, bool)
         return self._keep(np.isin(self.index, prompts), failed)
 

@@ -104,10 +104,13 @@ class StopRule:
         return None
 
 
+def _not_sent(req: Request, due: float, error: str) -> RequestRecord:
+    return RequestRecord(index=req.index, category=req.category, scheduled_s=due, sent_s=due, error=error,
+                         conversation=req.conversation, turn=req.turn)  # fmt: skip
+
+
 def _unfinished(req: Request, due: float, reason: str) -> RequestRecord:
-    return RequestRecord(index=req.index, category=req.category, scheduled_s=due, sent_s=due,
-                         error=f"not finished: the window stopped ({reason})", conversation=req.conversation,
-                         turn=req.turn)  # fmt: skip
+    return _not_sent(req, due, f"not finished: the window stopped ({reason})")
 
 
 def next_turn(req: Request, sent: Sequence[dict[str, str]], answer: RequestRecord) -> Request:
@@ -153,11 +156,8 @@ async def _run(
                 answer = await by_index[req.after]
                 due = answer.end_s + req.delay_s
                 if not answer.ok:
-                    record = RequestRecord(index=req.index, category=req.category, scheduled_s=due, sent_s=due,
-                                           error=f"not sent: turn {answer.turn} of conversation "
-                                                 f"{req.conversation!r} failed", conversation=req.conversation,
-                                           turn=req.turn)  # fmt: skip
-                    return _finished(record)
+                    why = f"not sent: turn {answer.turn} of conversation {req.conversation!r} failed"
+                    return _finished(_not_sent(req, due, why))
                 req = next_turn(req, sent[req.after], answer)
             if req.conversation:
                 sent[req.index] = _as_sent(req)

@@ -185,25 +185,25 @@ def read_trace(workload: WorkloadConfig) -> tuple[tuple[TraceLine, ...], int]:
 def _number_turns(lines: Sequence[TraceLine], path: Path) -> tuple[TraceLine, ...]:
     """Each conversation's turns numbered 1, 2, ... in time order, where the trace did not
     number them; a numbering that contradicts the timestamps, or repeats, is refused."""
-    seen: dict[str, list[int]] = {}
+    last: dict[str, int] = {}  # conversation -> its latest turn so far
     out = []
     for line in lines:
         if not line.conversation:
             out.append(line)
             continue
-        turns = seen.setdefault(line.conversation, [])
-        turn = line.turn or (turns[-1] + 1 if turns else 1)
-        if turns and turn <= turns[-1]:
+        before = last.get(line.conversation)
+        turn = line.turn or (before + 1 if before else 1)
+        if before and turn <= before:
             raise TraceError(
                 f"{path}: conversation {line.conversation!r}: turn {turn} is due at {line.timestamp_s:g} s, after "
-                f"turn {turns[-1]}; a conversation's turns must be numbered once each, in time order"
+                f"turn {before}; a conversation's turns must be numbered once each, in time order"
             )
-        if turns and line.messages:
+        if before and line.messages:
             raise TraceError(
                 f"{path}: conversation {line.conversation!r}: turn {turn} gives 'messages'; a later turn gives "
                 f"only its new user text as 'prompt' (its history is the earlier turns and the server's answers)"
             )
-        turns.append(turn)
+        last[line.conversation] = turn
         out.append(replace(line, turn=turn))
     return tuple(out)
 
