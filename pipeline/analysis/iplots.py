@@ -85,7 +85,9 @@ def speedup_vs_rate(points: pd.DataFrame, names: dict[str, str], url: RunUrl) ->
     if points.empty or "speedup_median_tpot_low" not in points:
         return None
     fig = go.Figure()
-    finite = points[points["request_rate"].apply(math.isfinite)]
+    # A point whose window was too small for a ratio has no estimate: nothing to draw (as the PNG).
+    estimated = pd.to_numeric(points["speedup_median_tpot"], errors="coerce").notna()
+    finite = points[points["request_rate"].apply(math.isfinite) & estimated]
     for _, group in finite.groupby(["engine", "method", "k"], sort=True):
         group = group.sort_values("request_rate")
         estimate = group["speedup_median_tpot"].astype(float)
@@ -168,8 +170,11 @@ def speedup_heatmap(points: pd.DataFrame, names: dict[str, str], url: RunUrl) ->
     labels = [["" for _ in rates] for _ in configs]
     for _, row in rows.iterrows():
         i, j = configs.index(row["config"]), rates.index(row["request_rate"])
-        value = float(row["speedup_median_tpot"])
         verdict = str(row.get("verdict", ""))
+        if pd.isna(row["speedup_median_tpot"]):  # too few requests for a ratio: an empty cell that says why
+            custom[i][j] = [row["config"], f"{row['request_rate']:g}", f"no ratio: {verdict}", "", ""]
+            continue
+        value = float(row["speedup_median_tpot"])
         z[i][j] = value
         labels[i][j] = f"{value:.2f}x" + ("" if verdict in ("helps", "hurts") else " ?")
         text = "median-TPOT speedup " + interval_text(value, row["speedup_median_tpot_low"],

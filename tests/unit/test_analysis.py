@@ -379,3 +379,16 @@ def test_the_kv_capacity_rule_fires_from_vllms_own_figures_beside_the_speedup() 
     assert all(
         a.rule != "KV capacity lost to the draft" for a in advisor.advise(data.comparisons, data.crossings, {}, kept)
     )
+
+
+def test_a_point_too_small_for_a_ratio_is_left_out_of_the_interactive_figures_not_a_crash() -> None:
+    from pipeline.analysis import iplots
+
+    frame, samples = _sweep({(3, 1.0): 2.0, (3, 4.0): 1.5})
+    points = _analyse(frame, samples).points.copy()
+    points.loc[points.index[0], ["speedup_median_tpot", "speedup_median_tpot_low", "speedup_median_tpot_high"]] = None
+    points.loc[points.index[0], "verdict"] = "not enough requests"
+    curve = iplots.speedup_vs_rate(points, {}, lambda run: run)
+    assert curve is not None and [len(t.x) for t in curve.data] == [1]  # the other rate only
+    heat = iplots.speedup_heatmap(points, {}, lambda run: run)
+    assert heat is not None and "no ratio: not enough requests" in str(heat.data[0].customdata)
