@@ -13,9 +13,11 @@ from typing import Any
 SPEC_METHODS = ("none", "ngram", "draft", "eagle", "eagle3", "medusa", "mtp", "suffix")
 DEVICES = ("auto", "cpu", "gpu")
 ENDPOINTS = ("chat", "completions", "generate")  # generate: SGLang's native streaming endpoint
-ENGINES = ("vllm", "sglang")
+# external: two servers that already run (engine.url, engine.baseline_url); nothing is started.
+ENGINES = ("vllm", "sglang", "external")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
-PREFIX_CACHE_POLICIES = ("cold", "warm", "off")
+# as_is: the cache is left as the server has it (engine=external, which cannot reset it).
+PREFIX_CACHE_POLICIES = ("cold", "warm", "off", "as_is")
 VLLM_RESULT_MODES = ("off", "summary", "detailed")  # pipeline/record/vllm_result.py
 # grid: measure every point; predict: measure the baseline and the largest k, predict the
 # other k and confirm the best; capacity: the highest rate each server sustains under the SLO.
@@ -57,6 +59,10 @@ class EngineConfig:
     # engine.host other than loopback must be asked for: the server then runs without vLLM's
     # dev mode (its endpoints can reset caches and more), so prefix-cache resets are skipped.
     allow_remote: bool = False
+    # engine=external only: the speculative server and the same model without speculation,
+    # both already running (http://host:port); specsweep measures them and starts nothing.
+    url: str | None = None
+    baseline_url: str | None = None
 
 
 @dataclass(frozen=True)

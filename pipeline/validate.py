@@ -47,11 +47,12 @@ def validate(job: JobConfig) -> None:
             f"off ({no_cache_flag}); remove the flag and set engine.prefix_cache=off"
         )
     _validate_exposure(engine)
+    _validate_external(job)
     if workload.endpoint == "generate" and engine.name != "sglang":
         raise ConfigError("workload.endpoint=generate is SGLang's native API; with engine=vllm use chat or completions")
     if spec.method != "none" and spec.k < 1:
         raise ConfigError(f"spec.k={spec.k} is not valid: speculation drafts at least 1 token per step; use spec.k>=1")
-    if spec.method in ("draft", "eagle", "eagle3", "medusa") and not spec.draft_model:
+    if spec.method in ("draft", "eagle", "eagle3", "medusa") and not spec.draft_model and engine.name != "external":
         hint = (
             "embedded:smollm2-135m-l4, self, a folder or a hub id"
             if spec.method == "draft"
@@ -188,6 +189,56 @@ def _validate_exposure(engine: EngineConfig) -> None:
             raise ConfigError(f"engine.env_from entry {name!r} is not a variable name; e.g. engine.env_from=[HF_TOKEN]")
         if name not in os.environ:
             raise ConfigError(f"engine.env_from names {name}, which this environment does not set; export {name}=...")
+
+
+def _validate_external(job: JobConfig) -> None:
+    """engine=external measures two servers that already run: what would start, restart or
+    reconfigure a server is refused, not ignored."""
+    from pipeline.engines.external import url_problem
+
+    engine = job.engine
+    if engine.name != "external":
+        for key in ("url", "baseline_url"):
+            if getattr(engine, key):
+                raise ConfigError(f"engine.{key} is for engine=external (servers that already run); with "
+                                  f"engine={engine.name} specsweep starts its own servers: remove engine.{key}")  # fmt: skip
+        if engine.prefix_cache == "as_is":
+            raise ConfigError(
+                "engine.prefix_cache=as_is is for engine=external; a server specsweep starts is measured cold, "
+                "warm or off (engine.prefix_cache=cold is the default)"
+            )
+        return
+    for key in ("url", "baseline_url"):
+        problem = url_problem(f"engine.{key}", getattr(engine, key))
+        if problem:
+            raise ConfigError(problem)
+    if engine.url.rstrip("/") == engine.baseline_url.rstrip("/"):  # type: ignore[union-attr]
+        raise ConfigError(
+            "engine.url and engine.baseline_url are the same server; the baseline is the same model served "
+            "without speculation, at its own address"
+        )
+    if job.spec.method == "none" or job.aa:
+        raise ConfigError(
+            "engine=external compares the speculative server at engine.url with engine.baseline_url; set spec to "
+            "the method engine.url runs, e.g. spec=eagle3 spec.k=3 (aa=true needs two servers specsweep starts)"
+        )
+    if engine.prefix_cache != "as_is":
+        raise ConfigError(
+            f"engine.prefix_cache={engine.prefix_cache} needs a cache reset or a server flag, which a server that "
+            f"is not ours does not give; engine=external measures the cache as it is: engine.prefix_cache=as_is"
+        )
+    ignored = [name for name in ("extra_args", "env", "env_from") if getattr(engine, name)]
+    if engine.python:
+        ignored.append("python")
+    if ignored:
+        raise ConfigError(
+            f"engine.{ignored[0]} configures a server specsweep starts; engine=external starts none, so it would "
+            f"be ignored: remove it"
+        )
+    if job.repeats.restart:
+        raise ConfigError("repeats.restart=true restarts servers, which engine=external cannot; set it to false")
+    if job.engine.device == "gpu":
+        raise ConfigError("engine.device=gpu picks the device of a server specsweep starts; remove it")
 
 
 def _validate_search(job: JobConfig) -> None:

@@ -78,14 +78,17 @@ class FakeServer:
     def __init__(self, script_for: Callable[[dict[str, Any]], Script], metrics_text: str = "") -> None:
         self.script_for = script_for
         self.metrics_text = metrics_text
+        self.metrics_status = 200  # e.g. 404: a proxy or engine that serves no /metrics
         self.server_info: dict[str, Any] = {}
         self.bodies: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []  # each request's headers, in arrival order
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.bodies.append(body)
+        self.headers.append(dict(request.headers))
         script = self.script_for(body)
         if script.status != 200:
             return web.json_response({"error": "scripted failure"}, status=script.status)
@@ -106,7 +109,10 @@ class FakeServer:
         return web.json_response(self.server_info)
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        return web.Response(text=self.metrics_text, content_type="text/plain")
+        return web.Response(text=self.metrics_text, content_type="text/plain", status=self.metrics_status)
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(text="")
 
     async def _start(self) -> None:
         app = web.Application()
@@ -115,7 +121,7 @@ class FakeServer:
         app.router.add_post("/generate", self._completions)  # SGLang's native API
         app.router.add_get("/get_server_info", self._server_info)
         app.router.add_get("/metrics", self._metrics)
-        app.router.add_get("/health", self._metrics)
+        app.router.add_get("/health", self._health)
         # A short shutdown: scripted hangs must not hold up the end of a test.
         self._runner = web.AppRunner(app, shutdown_timeout=0.5, handler_cancellation=True)
         await self._runner.setup()

@@ -60,7 +60,13 @@ PREFIX_POLICY_TEXT = {
     "cold": "cold (every window starts from an emptied prefix cache)",
     "warm": "warm (emptied, then the window's prompts sent once, unmeasured, before it)",
     "off": "off (the servers ran without prefix caching)",
+    "as_is": "as it is (engine=external: servers specsweep did not start, and cannot reset without vLLM's "
+    "dev mode, keep whatever their earlier traffic cached, so each window's hit rate is its own)",
 }
+EXTERNAL_NOTE = (
+    "external servers: measured as they ran, not started here, so there is no start-up time, server memory "
+    "or server log, and each server's version is what its /version answered"
+)
 SUFFIX_NOTE = (
     "suffix: the method keeps a global suffix tree that survives prefix-cache resets, so its "
     "acceptance can drift with the order in which points ran on one server"
@@ -89,6 +95,8 @@ def conditions(frame: pd.DataFrame) -> list[str]:
         out.append(SUFFIX_NOTE)
     if (frame.get("engine") == "sglang").any():
         out.append(SGLANG_ITL_NOTE)
+    if (frame.get("engine") == "external").any():
+        out.append(EXTERNAL_NOTE)
     return out
 
 

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Protocol
 
 import httpx
 
@@ -69,6 +70,24 @@ class ServerSpec:
     def redacted_command(self) -> str:
         """The command as a shell line, secrets masked, for logs and MLflow."""
         return shell_line(self.command)
+
+
+class Server(Protocol):
+    """What a measurement needs of a server: :class:`EngineServer`, one this process started, or
+    :class:`~pipeline.engines.external.ExternalServer`, one that already ran."""
+
+    spec: ServerSpec
+    startup_s: float | None
+
+    @property
+    def base_url(self) -> str: ...
+    @property
+    def returncode(self) -> int | None: ...
+    def alive(self) -> bool: ...
+    def healthy(self, timeout_s: float = 10.0) -> bool: ...
+    def restart(self) -> None: ...
+    def rss_mib(self) -> float | None: ...
+    def niceness(self) -> int | None: ...
 
 
 def inherited(names: tuple[str, ...]) -> dict[str, str]:

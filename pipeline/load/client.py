@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -119,6 +120,14 @@ class RequestRecord:
         }
 
 
+def auth_headers() -> dict[str, str]:
+    """A bearer token from OPENAI_API_KEY, as ``vllm bench serve`` sends one: how a server
+    started with --api-key (an external deployment, typically) is reached. The key is read
+    from the environment each time and never written anywhere."""
+    key = os.environ.get("OPENAI_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 @dataclass(frozen=True)
 class ClientOptions:
     base_url: str
@@ -127,7 +136,7 @@ class ClientOptions:
     temperature: float = 0.0
     ignore_eos: bool = False
     timeout_s: float = 300.0
-    headers: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=auth_headers, repr=False)
 
 
 def request_body(req: Request, opts: ClientOptions) -> tuple[str, dict[str, Any]]:

@@ -55,7 +55,7 @@ def frame(plan: SweepPlan, outcomes: Mapping[str, PointOutcome], ratios: Mapping
                 "dtype": job.engine.dtype,
                 "temperature": job.workload.temperature,
                 "prefix_cache": job.engine.prefix_cache
-                if resets_cache(job) or job.engine.prefix_cache == "off"
+                if resets_cache(job) or job.engine.prefix_cache in ("off", "as_is")
                 else f"{job.engine.prefix_cache}, not emptied first (engine.allow_remote=true: no dev-mode reset)",
                 "baseline_hash": point.baseline_hash or "",
                 "status": status(outcome),

@@ -71,13 +71,14 @@ def _check_sweep_level(jobs: Sequence[JobConfig]) -> None:
 def _server_line(target: Target, job: JobConfig) -> ServerLine:
     spec = server_spec(target, job, Path("server.log"), port=0)
     args = list(redact_args(spec.command))
-    args[args.index("--port") + 1] = "<free port>"
+    if "--port" in args:  # an external server has an address, not a command with a port
+        args[args.index("--port") + 1] = "<free port>"
     install = target.install
     version = spec.engine_version
     if isinstance(install, SglangInstall) and install.flags_source == "recorded":
         where = "installed, but its parser does not import here" if install.installed else "not installed here"
         version += f" ({where}: flags as recorded for SGLang {RECORDED_VERSION})"
-    label = "SGLang" if job.engine.name == "sglang" else "vLLM"
+    label = {"sglang": "SGLang", "external": "already running:"}.get(job.engine.name, "vLLM")
     inherited = {name: "<from the environment>" for name in spec.env_from}
     ray = cluster.request_text(cluster.group_request(job.ray, target.engine_gpus(job)))
     return ServerLine(label, version, tuple(args), redact_mapping(spec.env) | inherited, ray)

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import JobConfig
-from pipeline.engines.base import EngineServer, ServerError
+from pipeline.engines.base import EngineServer, Server, ServerError
+from pipeline.engines.external import ExternalServer
 from pipeline.engines.models import load_tokenizer
 from pipeline.engines.process import log_tail
 from pipeline.load.client import ClientOptions
@@ -72,15 +73,16 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
         open_run(p)
     probe: tuple[ProbeOutput, ...] = ()
     probe_s = 0.0
-    server: EngineServer | None = None
+    server: EngineServer | ExternalServer | None = None
     interrupted = False
     restarts = 0
     reported: set[str] = set()  # the points the live display was told of as they finished
     try:
         reporter.emit("server_starting")
-        with EngineServer(spec) as server:
+        with ExternalServer(spec) if spec.engine == "external" else EngineServer(spec) as server:
             reporter.emit("server_ready")
-            print(f"[{group.label}] server ready in {server.startup_s:.1f} s at {server.base_url}")
+            started = f"in {server.startup_s:.1f} s " if server.startup_s is not None else "(already running) "
+            print(f"[{group.label}] server ready {started}at {server.base_url}")
             if (server.niceness() or 0) > 0:
                 print(f"[{group.label}] warning: the server runs at niceness {server.niceness()} and yields the "
                       f"CPU to other processes; on a Ray cluster start its nodes with RAY_worker_niceness=0")  # fmt: skip
@@ -163,7 +165,7 @@ def _earlier_attempt(task: GroupTask, tracker: JournaledTracker) -> dict[str, Po
     return kept
 
 
-def _measure_all(group: ServerGroup, server: EngineServer, measure_one: Any, tracker: JournaledTracker,
+def _measure_all(group: ServerGroup, server: Server, measure_one: Any, tracker: JournaledTracker,
                  run_ids: dict[str, str], results: dict[str, PointOutcome]) -> int:  # fmt: skip
     """Each point in turn. A server that dies or hangs during a window fails that point, with
     its log tail; it is then restarted for the rest (engine.restart_on_crash), or the rest fail.
@@ -201,7 +203,7 @@ def _measure_all(group: ServerGroup, server: EngineServer, measure_one: Any, tra
     return restarts
 
 
-def _server_fault(server: EngineServer, outcome: PointOutcome) -> str | None:
+def _server_fault(server: Server, outcome: PointOutcome) -> str | None:
     """What went wrong with the server itself during a point's window, if anything did."""
     if not server.alive():
         return f"the server died during the window (exit code {server.returncode})"

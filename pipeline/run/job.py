@@ -12,6 +12,7 @@ from pathlib import Path
 from pipeline.config import JobConfig
 from pipeline.engines import sglang, vllm
 from pipeline.engines.base import ServerSpec
+from pipeline.engines.external import ROLE_KEYS, ExternalInstall, check_reachable, external_spec, served_version
 from pipeline.engines.hardware import gpu_names, resolve_device
 from pipeline.engines.models import cache_root, resolve_model
 from pipeline.engines.process import free_port
@@ -26,7 +27,7 @@ from pipeline.run.plan import WARMUP_MAX_TOKENS
 class Target:
     """What every server of a job runs: the engine install, the device, the model paths."""
 
-    install: vllm.VllmInstall | sglang.SglangInstall
+    install: vllm.VllmInstall | sglang.SglangInstall | ExternalInstall
     on_gpu: bool
     model_path: str
     draft_path: str | None
@@ -41,9 +42,11 @@ def resolve_target(job: JobConfig, *, build: bool = True, plan_only: bool = Fals
     plans an SGLang server even where SGLang cannot run. ``plan_only`` (a dry run) plans
     engine.device=gpu servers from a machine without a GPU, as for a cluster's GPU nodes: the
     device and the engine build are then not checked here."""
+    if job.engine.name == "external":
+        return _external_target(job, build=build, plan_only=plan_only)
     planned_gpu = plan_only and job.engine.device == "gpu" and not gpu_names()
     on_gpu = True if planned_gpu else resolve_device(job.engine.device)
-    install: vllm.VllmInstall | sglang.SglangInstall
+    install: vllm.VllmInstall | sglang.SglangInstall | ExternalInstall
     if job.engine.name == "sglang":
         install = sglang.detect_install(job.engine.python, required=build)
         if build:
@@ -58,6 +61,26 @@ def resolve_target(job: JobConfig, *, build: bool = True, plan_only: bool = Fals
     draft = job.spec.draft_model
     draft_path = resolve_model(draft, target=model_path, build=build) if draft else None
     return Target(install, on_gpu, model_path, draft_path)
+
+
+def external_url(job: JobConfig) -> tuple[str, str]:
+    """The config key and address of the running server a job of engine=external measures."""
+    role = "baseline" if job.spec.method == "none" else "speculative"
+    url = job.engine.baseline_url if role == "baseline" else job.engine.url
+    assert url is not None  # validate() refused engine=external without both
+    return ROLE_KEYS[role], url
+
+
+def _external_target(job: JobConfig, *, build: bool, plan_only: bool) -> Target:
+    """Two running servers: nothing to install or start. The model's tokenizer is still needed
+    (prompt lengths, the lossless check), so model.id names what the servers serve and where
+    its tokenizer is found. A dry run does not contact the servers."""
+    key, url = external_url(job)
+    version = "unknown, a dry run contacts no server"
+    if not plan_only:
+        check_reachable(key, url)
+        version = served_version(url)
+    return Target(ExternalInstall(version), False, resolve_model(job.model.id, build=build), None)
 
 
 @dataclass(frozen=True)
@@ -103,6 +126,8 @@ def _trace_requests(job: JobConfig, tokenizer: Tokenizer | None) -> PointRequest
 
 
 def server_spec(target: Target, job: JobConfig, log_path: Path, port: int | None = None) -> ServerSpec:
+    if isinstance(target.install, ExternalInstall):
+        return external_spec(external_url(job)[1], target.install.version, log_path)
     port = free_port(job.engine.host) if port is None else port
     common = {
         "engine": job.engine,

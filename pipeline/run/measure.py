@@ -16,6 +16,7 @@ import httpx
 from pipeline.config import JobConfig, LoadConfig
 from pipeline.engines.acceptance import (
     Acceptance,
+    MetricsFormatError,
     PrefixCacheWindow,
     Scrape,
     acceptance_between,
@@ -82,7 +83,36 @@ def resets_cache(job: JobConfig) -> bool:
     """Whether each window empties the prefix cache first: vLLM's reset needs its dev mode,
     which a server other hosts can reach runs without (engine.allow_remote)."""
     engine = job.engine
-    return engine.prefix_cache != "off" and not (engine.allow_remote and engine.name == "vllm")
+    return engine.prefix_cache not in ("off", "as_is") and not (engine.allow_remote and engine.name == "vllm")
+
+
+# A vLLM server's count of finished requests (summed over its finish reasons).
+FINISHED = "vllm:request_success_total"
+
+
+def external_scrape(base_url: str) -> tuple[Scrape, str | None]:
+    """A server that is not ours may serve no /metrics (a proxy, another engine): the window is
+    still measured, and its acceptance is "not measured", saying why."""
+    try:
+        return scrape(base_url), None
+    except (httpx.HTTPError, MetricsFormatError) as exc:
+        return Scrape(), f"acceptance not measured: GET {base_url}/metrics failed ({type(exc).__name__}: {exc})"
+
+
+def shared_counters(before: Scrape, after: Scrape, window: Window) -> str | None:
+    """Whether the counters saw other traffic than the window's: behind a load balancer with
+    several replicas, the /metrics one request reaches is one replica's, not the window's."""
+    if after.get(FINISHED) is None:
+        return None
+    counted = (after.get(FINISHED) or 0.0) - (before.get(FINISHED) or 0.0)
+    sent = sum(r.ok for r in window.records)
+    if counted == sent:
+        return None
+    return (
+        f"acceptance is not the window's alone: the server's counters finished {counted:g} request(s) during a "
+        f"window that finished {sent}; the URL reaches several replicas (a load balancer) or serves other "
+        f"traffic. Point engine.url at one replica with no other load for the window's own acceptance"
+    )
 
 
 def fill_prefix_cache(requests: Sequence[Request], opts: ClientOptions) -> None:
@@ -144,17 +174,26 @@ def measure(
         reset_prefix_cache(base_url, job.engine.name)
     if job.engine.prefix_cache == "warm":
         fill_prefix_cache(requests, opts)
-    before = scrape(base_url)
+    external = job.engine.name == "external"
+    before, unread = external_scrape(base_url) if external else (scrape(base_url), None)
     window = _run_reported(label, requests, offsets, opts, job.load, reporter or Reporter(None, label))
     if window.stopped:
         raise MeasurementError(WINDOW_STOPPED + window.stopped, window)
-    after = scrape(base_url)
+    after, unread_after = external_scrape(base_url) if external else (scrape(base_url), None)
+    note = unread or unread_after
+    if external and not note and shared_counters(before, after, window):
+        time.sleep(1.0)  # a counter may lag the last answer by an engine step: read it once more
+        after, note = external_scrape(base_url)
+        note = note or shared_counters(before, after, window)
+    acceptance = acceptance_between(before, after)
+    if note:
+        acceptance = Acceptance(source="none", note=note)
     sglang = None
     if job.engine.name == "sglang":
         sglang = sglang_acceptance(window.records, after, server_info(base_url))
     return Measurement(
         window=window,
-        acceptance=acceptance_between(before, after),
+        acceptance=acceptance,
         prefix_cache=prefix_cache_between(before, after),
         summary=summarize(window.records, window.duration_s, job.slo, job.load.request_rate),
         sglang=sglang,

@@ -31,7 +31,8 @@ _NOT_MEASURED = (("slo", "percentile"), ("slo", "min_goodput"), ("load", "max_er
                  ("load", "window_timeout_s"), ("engine", "restart_on_crash"))  # fmt: skip
 _NEWER = (("engine", "allow_remote", False), ("engine", "env_from", []), ("workload", "timestamp_unit", "auto"),
           ("workload", "time_scale", 1.0), ("workload", "start_s", 0.0), ("workload", "duration_s", None),
-          ("workload", "sort", False), ("workload", "think_time_s", None))  # fmt: skip
+          ("workload", "sort", False), ("workload", "think_time_s", None),
+          ("engine", "url", None), ("engine", "baseline_url", None))  # fmt: skip
 _SERVER_KEYS = ("engine", "model", "spec", "seed", "replica")
 
 # Rough costs, measured with the embedded 135M model on 2 cores: eager CPU servers start in
@@ -164,6 +165,7 @@ def plan_sweep(jobs: Sequence[JobConfig]) -> SweepPlan:
         if other is not None:
             h = point_hash(other)
             points.setdefault(h, Point("speculative", other, h, base_hash))
+    _one_external_server(points.values())
     by_server: dict[str, list[Point]] = {}
     ordered = sorted(points.values(), key=lambda p: p.role != "baseline")  # stable: grid order within a role
     for point in ordered:
@@ -173,6 +175,17 @@ def plan_sweep(jobs: Sequence[JobConfig]) -> SweepPlan:
         for i, pts in enumerate(by_server.values(), start=1)
     )
     return SweepPlan(groups)
+
+
+def _one_external_server(points: Iterable[Point]) -> None:
+    """engine=external measures one speculative server (engine.url) as it runs: a sweep over
+    what would need another server (k, method, model) cannot be measured there."""
+    speculative = {server_key(p.job) for p in points if p.role == "speculative" and p.job.engine.name == "external"}
+    if len(speculative) > 1:
+        raise ConfigError(
+            "engine=external measures the one speculative server at engine.url, which runs one method and k; "
+            "sweep load.request_rate (or other load settings) only, and run one sweep per speculative deployment"
+        )
 
 
 # ---- Time estimate and the dry-run text ------------------------------------------------
@@ -203,6 +216,8 @@ def point_estimate_s(job: JobConfig, on_gpu: bool) -> float:
 def group_estimate_s(group: ServerGroup, on_gpu: bool) -> float:
     job = group.server_job
     startup = STARTUP_S["cpu-eager" if _eager(job, on_gpu) and not on_gpu else "compiled"]
+    if job.engine.name == "external":  # already running: nothing starts or stops
+        startup = -STOP_S
     tpot = CPU_TPOT_S if not on_gpu else CPU_TPOT_S / 4
     warmup = job.load.warmup_requests * min(job.workload.max_tokens, WARMUP_MAX_TOKENS) * tpot
     return startup + warmup + STOP_S + sum(point_estimate_s(p.job, on_gpu) for p in group.points)
@@ -234,9 +249,13 @@ def describe(plan: SweepPlan, servers: Sequence[ServerLine], on_gpu: bool) -> st
         role = group.role
         if group.server_job.replica:
             role, what = "A/A twin", "no speculation, compared as if speculative"
-        lines.append(f"server {group.index}/{n} {role} ({what}), {server.engine} {server.version}:")
-        lines.append("  " + shell_line(server.args).replace("'<free port>'", "<free port>"))
-        lines.append("  environment: " + " ".join(f"{k}={v}" for k, v in sorted(server.env.items())))
+        if group.server_job.engine.name == "external":
+            lines.append(f"server {group.index}/{n} {role} ({what}), already running at {server.args[-1]} "
+                         f"(version: {server.version}):")  # fmt: skip
+        else:
+            lines.append(f"server {group.index}/{n} {role} ({what}), {server.engine} {server.version}:")
+            lines.append("  " + shell_line(server.args).replace("'<free port>'", "<free port>"))
+            lines.append("  environment: " + " ".join(f"{k}={v}" for k, v in sorted(server.env.items())))
         if server.ray:
             lines.append(f"  Ray request (the default launcher): {server.ray}")
         for point in group.points:
@@ -249,8 +268,10 @@ def describe(plan: SweepPlan, servers: Sequence[ServerLine], on_gpu: bool) -> st
             )
         lines.append("")
     warm = plan.groups[0].server_job.load.warmup_requests if plan.groups else 0
+    running = sum(g.server_job.engine.name == "external" for g in plan.groups)
+    starts = f"{n - running} server start(s)" + (f", {running} running server(s) measured" if running else "")
     lines += [
-        f"{n} server start(s), {len(plan.points)} measured point(s); {warm} warm-up request(s) per server",
+        f"{starts}, {len(plan.points)} measured point(s); {warm} warm-up request(s) per server",
         f"estimated time: ~{estimate_s(plan, on_gpu) / 60:.1f} min (rough: start-ups dominate on CPU)",
     ]
     return "\n".join(lines)

@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 
 from pipeline.engines.acceptance import normalized
-from pipeline.engines.base import EngineServer
+from pipeline.engines.base import Server
 from pipeline.engines.hardware import hardware_tags, where_am_i
 from pipeline.engines.models import revision
 from pipeline.load.loadgen import Window
@@ -58,7 +58,7 @@ def point_metrics(measurement: Measurement, k: int, startup_s: float | None) -> 
 
 def measure_point(
     point: Point,
-    server: EngineServer,
+    server: Server,
     tokenizer: Any,
     tracker: JournaledTracker,
     run_ids: dict[str, str],

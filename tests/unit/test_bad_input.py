@@ -53,6 +53,78 @@ CASES: list[tuple[str, bool, list[str], str]] = [
     ("secret-in-env", False, ["+engine.env.HF_TOKEN=hf_sentinel"], "pass engine.env_from=[HF_TOKEN] instead"),
     ("secret-in-args", False, ["engine.extra_args=[--api-key,sk-sentinel]"], "engine.env_from=[VLLM_API_KEY]"),
     ("env-from-unset", False, ["engine.env_from=[NOT_SET_ANYWHERE_42]"], "export NOT_SET_ANYWHERE_42="),
+    # engine=external: two servers that already run
+    (
+        "external-no-url",
+        False,
+        ["engine=external", "engine.baseline_url=http://127.0.0.1:9"],
+        "engine=external needs engine.url",
+    ),
+    (
+        "external-not-http",
+        False,
+        ["engine=external", "engine.url=10.0.0.5:8000", "engine.baseline_url=http://127.0.0.1:9"],
+        "is not an http(s) address",
+    ),
+    (
+        "external-credential",
+        False,
+        ["engine=external", "engine.url=http://me:sentinel@10.0.0.5:8000", "engine.baseline_url=http://127.0.0.1:9"],
+        "holds a user name or password",
+    ),
+    (
+        "external-same-url",
+        False,
+        ["engine=external", "engine.url=http://127.0.0.1:9", "engine.baseline_url=http://127.0.0.1:9/"],
+        "are the same server",
+    ),
+    (
+        "external-no-spec",
+        False,
+        ["engine=external", "engine.url=http://127.0.0.1:8", "engine.baseline_url=http://127.0.0.1:9", "spec=none"],
+        "set spec to the method engine.url runs",
+    ),
+    (
+        "external-cold-cache",
+        False,
+        [
+            "engine=external",
+            "engine.url=http://127.0.0.1:8",
+            "engine.baseline_url=http://127.0.0.1:9",
+            "engine.prefix_cache=cold",
+        ],
+        "engine.prefix_cache=as_is",
+    ),
+    (
+        "external-extra-args",
+        False,
+        [
+            "engine=external",
+            "engine.url=http://127.0.0.1:8",
+            "engine.baseline_url=http://127.0.0.1:9",
+            "engine.extra_args=[--max-num-seqs,8]",
+        ],
+        "engine=external starts none",
+    ),
+    (
+        "external-k-sweep",
+        True,
+        ["engine=external", "engine.url=http://127.0.0.1:8", "engine.baseline_url=http://127.0.0.1:9", "spec.k=3,5"],
+        "runs one method and k",
+    ),
+    (
+        "external-unreachable",
+        False,
+        ["engine=external", "engine.url=http://127.0.0.1:9", "engine.baseline_url=http://127.0.0.1:8"],
+        "cannot be reached",
+    ),
+    ("url-without-external", False, ["engine.url=http://127.0.0.1:9"], "engine.url is for engine=external"),
+    (
+        "as-is-without-external",
+        False,
+        ["engine.prefix_cache=as_is"],
+        "engine.prefix_cache=as_is is for engine=external",
+    ),
     # load
     ("rate-zero", False, ["load.request_rate=0"], "load.request_rate=0"),
     ("burstiness", False, ["load.burstiness=0"], "load.burstiness=0.0 must be a positive number"),

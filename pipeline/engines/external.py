@@ -1,0 +1,159 @@
+"""Servers that already run (``engine=external``): measured as they are, never started or stopped.
+
+A user who serves a model already has a baseline deployment and a speculative one; like
+``vllm bench serve --base-url``, GuideLLM's ``--target`` and AIPerf's ``--url``, specsweep
+then only sends the load. What it cannot do there is said, not guessed: it cannot see the
+servers' processes (no RSS, no restart), it cannot reset their prefix caches unless they run
+vLLM's dev mode, and behind a load balancer one replica's ``/metrics`` is not the window's.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from urllib.parse import urlsplit
+
+import httpx
+
+from pipeline.config import ConfigError
+from pipeline.engines.base import ServerError, ServerSpec
+
+# What the two URLs are called in the config, for messages.
+ROLE_KEYS = {"speculative": "engine.url", "baseline": "engine.baseline_url"}
+
+
+def url_problem(key: str, url: str | None) -> str | None:
+    """Why ``url`` cannot be a server's address, or None. Pure, for the config check."""
+    if not url:
+        return f"engine=external needs {key}, the address of a running server, e.g. {key}=http://10.0.0.5:8000"
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"{key}={url!r} is not an http(s) address; e.g. {key}=http://10.0.0.5:8000"
+    if parts.username or parts.password:
+        return (
+            f"{key} holds a user name or password, which outputs and MLflow would keep; give the address alone "
+            f"(an API key goes in the environment: export OPENAI_API_KEY)"
+        )
+    if parts.query or parts.fragment or parts.path.rstrip("/") not in ("", "/v1"):
+        return f"{key}={url!r}: give the server's root (http://host:port), without a path or query"
+    return None
+
+
+def root(url: str) -> str:
+    """The server's root, as the OpenAI routes hang off it (a trailing /v1 is dropped)."""
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+@dataclass(frozen=True)
+class ExternalInstall:
+    """What the tags record of an external server's engine: its own /version where it serves one."""
+
+    version: str
+    distribution: str = "external"
+
+
+def served_version(url: str, timeout_s: float = 10.0) -> str:
+    """vLLM's ``/version`` (SGLang's ``/get_server_info`` carries ``version`` too), else "unknown"."""
+    for path in ("/version", "/get_server_info"):
+        try:
+            response = httpx.get(root(url) + path, timeout=timeout_s, trust_env=False)
+            if response.status_code == 200:
+                version = response.json().get("version")
+                if version:
+                    return str(version)
+        except (httpx.HTTPError, ValueError, AttributeError):
+            continue
+    return "unknown"
+
+
+def check_reachable(key: str, url: str, timeout_s: float = 10.0) -> None:
+    """Refuse a server that does not answer, naming the key; before anything is measured."""
+    problem = _unhealthy(url, timeout_s)
+    if problem:
+        raise ConfigError(f"{key}={url} {problem}; start the server, or fix {key}")
+
+
+def _unhealthy(url: str, timeout_s: float) -> str | None:
+    # /health is vLLM's and SGLang's; an OpenAI-compatible proxy may serve only /v1/models.
+    last = ""
+    for path in ("/health", "/v1/models"):
+        try:
+            response = httpx.get(root(url) + path, timeout=timeout_s, trust_env=False)
+        except httpx.HTTPError as exc:
+            last = f"cannot be reached ({type(exc).__name__}: {exc})"
+            continue
+        if response.status_code == 200:
+            return None
+        last = f"answered GET {path} with HTTP {response.status_code}"
+    return last
+
+
+def external_spec(url: str, engine_version: str, log_path: Path) -> ServerSpec:
+    """A :class:`ServerSpec` that names the server instead of a command to start it."""
+    parts = urlsplit(url)
+    return ServerSpec(
+        engine="external",
+        engine_version=engine_version,
+        command=("external", root(url)),
+        host=parts.hostname or "",
+        port=parts.port or (443 if parts.scheme == "https" else 80),
+        log_path=log_path,
+        startup_timeout_s=30.0,
+    )
+
+
+class ExternalServer:
+    """The :class:`~pipeline.engines.base.EngineServer` surface over a server someone else runs.
+
+    Entering checks that it answers; leaving stops nothing. A "restart" after a fault only
+    checks again that it answers, since its process is not ours to start.
+    """
+
+    def __init__(self, spec: ServerSpec, timeout_s: float = 10.0) -> None:
+        self.spec = spec
+        self.timeout_s = timeout_s
+        self.startup_s: float | None = None  # not started here: no start-up time to record
+
+    @property
+    def base_url(self) -> str:
+        return self.spec.command[1]
+
+    def __enter__(self) -> ExternalServer:
+        self.spec.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.spec.log_path.open("a") as log:  # the group's server.log says whose log this is not
+            log.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} external server {self.base_url}: not started by "
+                      f"specsweep, so its log is wherever its operator keeps it\n")  # fmt: skip
+        problem = _unhealthy(self.base_url, self.timeout_s)
+        if problem:
+            raise ServerError(f"the external server {self.base_url} {problem}")
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        return None
+
+    def alive(self) -> bool:
+        return True  # its process is not visible from here; healthy() is what can be checked
+
+    def healthy(self, timeout_s: float = 10.0) -> bool:
+        return _unhealthy(self.base_url, timeout_s) is None
+
+    @property
+    def returncode(self) -> int | None:
+        return None
+
+    def restart(self) -> None:
+        self.__enter__()
+
+    def rss_mib(self) -> float | None:
+        return None
+
+    def niceness(self) -> int | None:
+        return None
+
+    def stop(self, grace_s: float | None = None) -> None:
+        return None
