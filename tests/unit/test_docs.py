@@ -48,3 +48,47 @@ def test_every_relative_link_and_named_module_exists() -> None:
             if not (REPO / module.split("::")[0]).exists():
                 missing.append(f"{page.name}: {module}")
     assert not missing, missing
+
+
+GROUPS = ("engine", "spec", "load", "workload", "slo", "tracking", "gate", "stats", "repeats", "lossless", "ray",
+          "predict", "capacity", "model", "aa", "search")  # fmt: skip
+
+
+def _settings() -> set[str]:
+    """Every `group.key` of the schema, and every top-level key."""
+    import dataclasses
+
+    from pipeline.config import JobConfig
+
+    names = set()
+    for f in dataclasses.fields(JobConfig):
+        names.add(f.name)
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default  # type: ignore[misc]
+        if dataclasses.is_dataclass(default):
+            names |= {f"{f.name}.{g.name}" for g in dataclasses.fields(default)}
+    return names
+
+
+def test_every_setting_a_page_names_exists() -> None:
+    """A `group.key` in a page is a setting of the schema, or a name the code records (an MLflow
+    tag such as gate.verdict): a renamed or imagined setting fails here."""
+    settings = _settings()
+    source = "\n".join(p.read_text() for p in (REPO / "pipeline").rglob("*.py"))
+    pattern = re.compile(rf"`\+?((?:{'|'.join(GROUPS)})\.[a-z_]+)")
+    missing = []
+    for page in PAGES:
+        for name in set(pattern.findall(page.read_text())):
+            if name not in settings and f'"{name}' not in source:
+                missing.append(f"{page.name}: {name}")
+    assert not missing, sorted(missing)
+
+
+def test_every_make_target_a_page_names_exists() -> None:
+    makefile = (REPO / "Makefile").read_text()
+    targets = set(re.findall(r"^([a-z][\w-]*):", makefile, flags=re.M))
+    missing = []
+    for page in PAGES:
+        for target in set(re.findall(r"(?:`|^|\|\| |&& )make ([a-z][\w-]*)", page.read_text(), flags=re.M)):
+            if target not in targets:
+                missing.append(f"{page.name}: make {target}")
+    assert not missing, sorted(missing)
