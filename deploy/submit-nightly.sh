@@ -13,13 +13,14 @@
 # Exit code: the sweep's own (0 pass, 1 regression, 3 insufficient data or a failed
 # point, 4 infrastructure), read from the job's driver_exit_code.
 set -euo pipefail
+set -f  # no globbing: SPECSWEEP_ARGS holds overrides such as engine.env_from=[HF_TOKEN]
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 project="${SPECSWEEP_DIR:-$(dirname "$here")}"
 dashboard="${RAY_DASHBOARD:-http://127.0.0.1:8265}"
 tracking="${MLFLOW_TRACKING_URI:-http://127.0.0.1:5000}"
 ray="${RAY_BIN:-$project/.venv/bin/ray}"
 id="nightly-$(date +%F)"
-export RAY_AUTH_MODE=token  # the head's token is read from ~/.ray/auth_token
+export RAY_AUTH_MODE=token  # the head's token: RAY_AUTH_TOKEN where set (a pod's Secret), else ~/.ray/auth_token
 
 if "$ray" job status --address "$dashboard" "$id" >/dev/null 2>&1; then
   echo "job $id was already submitted; following it"

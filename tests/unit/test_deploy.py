@@ -4,6 +4,8 @@ systemd units (checked by systemd-analyze, which CI must have), the cron line, t
 from __future__ import annotations
 
 import configparser
+import functools
+import gzip
 import os
 import shutil
 import subprocess
@@ -13,6 +15,9 @@ import pytest
 import yaml
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+SCHEMAS = Path(__file__).resolve().parents[1] / "schemas"
+KUBERAY = "v1.7.0"
+KUBERNETES = "1.33"  # a version kubernetes-validate ships the schemas of
 
 
 def test_kubernetes_manifests_parse_with_a_schedule_and_the_nightly_sweep() -> None:
@@ -87,3 +92,98 @@ def test_submit_script_passes_the_operators_model_and_experiment_as_overrides(tm
     args = seen.read_text().splitlines()
     assert "model.id=meta-llama/Llama-3.1-70B-Instruct" in args and "tracking.experiment=team-a" in args
     assert args[args.index("--") + 1 :][:4] == ["python", "-m", "pipeline.sweep", "+sweep=nightly"]
+
+
+# ---- schemas: each manifest against the published schema of its kind ----------------------
+
+
+@functools.cache
+def _crd_schema(plural: str) -> dict:
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser: the CRDs are large
+    crd = yaml.load(gzip.decompress((SCHEMAS / f"kuberay-{KUBERAY}-{plural}.yaml.gz").read_bytes()), Loader=loader)
+    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+    return version["schema"]["openAPIV3Schema"]
+
+
+def _unknown_fields(value: object, schema: dict, path: str = "") -> list[str]:
+    """Keys the schema does not declare. A CRD's structural schema does not forbid them (the
+    API server prunes them silently, which is how a misspelled field is lost), so this is the
+    strict half of the check, as kubeconform -strict does it."""
+    if schema.get("x-kubernetes-preserve-unknown-fields"):
+        return []
+    found = []
+    if isinstance(value, dict) and "properties" in schema:
+        for key, item in value.items():
+            if key not in schema["properties"]:
+                found.append(f"{path}.{key}")
+            else:
+                found += _unknown_fields(item, schema["properties"][key], f"{path}.{key}")
+    elif isinstance(value, dict) and isinstance(schema.get("additionalProperties"), dict):
+        for key, item in value.items():
+            found += _unknown_fields(item, schema["additionalProperties"], f"{path}.{key}")
+    elif isinstance(value, list) and "items" in schema:
+        for i, item in enumerate(value):
+            found += _unknown_fields(item, schema["items"], f"{path}[{i}]")
+    return found
+
+
+MANIFESTS = {"raycronjob.yaml": "raycronjobs", "raycluster.yaml": "rayclusters", "cronjob-rayjob.yaml": None}
+
+
+@pytest.mark.parametrize("name", sorted(MANIFESTS))
+def test_each_manifest_is_valid_against_its_published_schema(name: str) -> None:
+    import jsonschema
+    import kubernetes_validate
+
+    (doc,) = list(yaml.safe_load_all((DEPLOY / "kubernetes" / name).read_text()))
+    plural = MANIFESTS[name]
+    if plural is None:  # a Kubernetes kind: its own published schema, strictly
+        kubernetes_validate.validate(doc, KUBERNETES, strict=True)
+        return
+    schema = _crd_schema(plural)
+    jsonschema.validate(doc["spec"], schema["properties"]["spec"])
+    assert not _unknown_fields(doc, schema), _unknown_fields(doc, schema)
+
+
+def test_the_strict_check_catches_a_misspelled_field() -> None:
+    (doc,) = list(yaml.safe_load_all((DEPLOY / "kubernetes" / "raycluster.yaml").read_text()))
+    doc["spec"]["workerGroupSpecs"][0]["replica"] = 2
+    assert _unknown_fields(doc, _crd_schema("rayclusters")) == [".spec.workerGroupSpecs[0].replica"]
+
+
+def _containers(doc: dict) -> dict[str, dict]:
+    spec = doc["spec"].get("jobTemplate", {}).get("rayClusterSpec") or doc["spec"]
+    groups = {"head": spec["headGroupSpec"], **{g["groupName"]: g for g in spec["workerGroupSpecs"]}}
+    return {name: g["template"]["spec"] for name, g in groups.items()}
+
+
+@pytest.mark.parametrize("name", ["raycronjob.yaml", "raycluster.yaml"])
+def test_the_ray_clusters_follow_the_projects_rules(name: str) -> None:
+    """Token auth from a Secret on every node, GPU workers sized to the tensor-parallel size
+    with /dev/shm and a model volume, and the workers' Ray processes at normal priority."""
+    (doc,) = list(yaml.safe_load_all((DEPLOY / "kubernetes" / name).read_text()))
+    spec = doc["spec"].get("jobTemplate", {}).get("rayClusterSpec") or doc["spec"]
+    assert spec["authOptions"] == {"mode": "token", "secretName": "specsweep-ray-token"}
+    entry = doc["spec"].get("jobTemplate", {}).get("entrypoint", "")
+    tp = int(entry.split("engine.tensor_parallel_size=")[1].split()[0]) if entry else 8
+    for group, pod in _containers(doc).items():
+        (container,) = pod["containers"]
+        env = {e["name"]: e for e in container["env"]}
+        assert env["RAY_worker_niceness"]["value"] == "0"
+        assert "value" not in env["HF_TOKEN"] and env["HF_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "specsweep-hf"
+        mounts = {m["mountPath"] for m in container["volumeMounts"]}
+        assert "/models" in mounts
+        if group != "head":
+            assert container["resources"]["limits"]["nvidia.com/gpu"] == tp
+            assert "/dev/shm" in mounts
+            (dshm,) = [v for v in pod["volumes"] if v["name"] == "dshm"]
+            assert dshm["emptyDir"]["medium"] == "Memory"
+
+
+def test_the_submitting_pod_signs_in_to_ray_with_the_clusters_token_and_names_the_model() -> None:
+    (job,) = list(yaml.safe_load_all((DEPLOY / "kubernetes" / "cronjob-rayjob.yaml").read_text()))
+    (container,) = job["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["RAY_AUTH_MODE"]["value"] == "token"
+    assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "specsweep-ray-token", "key": "auth_token"}
+    assert env["SPECSWEEP_MODEL"]["value"] and "engine.tensor_parallel_size=8" in env["SPECSWEEP_ARGS"]["value"]
