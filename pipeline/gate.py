@@ -16,10 +16,20 @@ import os
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from pipeline.analysis.gate import GATED, Floors, GateResult, PointRun, judge, markdown
+from pipeline.analysis.gate import (
+    GATED,
+    Flip,
+    Floors,
+    GateResult,
+    PointRun,
+    decision_flips,
+    flips_markdown,
+    judge,
+    markdown,
+)
 from pipeline.analysis.samples import StatsOptions
 from pipeline.config import GateConfig, TrackingConfig
 from pipeline.record.readers import ChildRun, HistoryReader
@@ -31,11 +41,12 @@ from pipeline.record.tracking import (
     check_reachable,
     resolve_store,
 )
-from pipeline.record.windows import stored_server_spread, window_sample
+from pipeline.record.windows import stored_server_spread, window_requests, window_sample
 
 EXIT_PASS, EXIT_REGRESSED, EXIT_BAD_INPUT, EXIT_INSUFFICIENT, EXIT_INFRA = 0, 1, 2, 3, 4
 EXIT_CODES = {"pass": EXIT_PASS, "fail": EXIT_REGRESSED, "insufficient": EXIT_INSUFFICIENT}
 GATE_DIR = "gate"
+FLIP_TAG = "gate.decision_flip"  # on a speculative run whose verdict changed, e.g. "helps -> inconclusive"
 # Tags that name the hardware a point ran on; the platform string (kernel version) is left
 # out so that an OS update does not orphan a history.
 HARDWARE_KEYS = ("hardware.device", "hardware.cpu", "hardware.cpu_count", "hardware.gpu", "hardware.gpu_count")
@@ -145,9 +156,68 @@ def run(reader: HistoryReader, parent_id: str, config: GateConfig, opts: StatsOp
             again = point_runs(reader, parent_id, remeasured, work)  # the same fingerprints as the originals
             second = judge(again, ref.runs, opts, floors, aa, spread_from=ref.spread_from)
             result = confirm(result, second, {c.tags[CONFIRMATION_TAG]: c.run_id for c in remeasured})
-    summary = markdown(result, reader.title(parent_id), ref.text)
+        flips, compared = _flips(reader, parent_id, ref, work, opts)
+    summary = markdown(result, reader.title(parent_id), ref.text) + "\n" + flips_markdown(flips, compared)
     record(reader, parent_id, result, ref, current, summary, out_dir / GATE_DIR)
+    for flip in flips:
+        reader.set_tags(flip.run_id, {FLIP_TAG: f"{flip.before} -> {flip.after} (since sweep run {flip.reference})"})
+    reader.set_tags(parent_id, {"gate.decision_flips": str(len(flips))})
     return result, summary
+
+
+@dataclass(frozen=True)
+class RunFlip(Flip):
+    run_id: str = ""  # the current speculative run, which gets the flip's tag
+
+
+def speculation_verdicts(reader: HistoryReader, parent_id: str, work: Path,
+                         opts: StatsOptions) -> dict[str, tuple[str, str, str]]:  # fmt: skip
+    """Each speculative point of a sweep run, by fingerprint: (label, run id, its median-TPOT
+    verdict against the baseline), decided from the run's own summary and requests as the
+    report decides it (the same intervals, the same correction across the sweep)."""
+    import pandas as pd
+
+    from pipeline.analysis import verdicts
+    from pipeline.analysis.samples import Sample
+
+    folder = work / f"verdicts-{parent_id}"
+    path = reader.download(parent_id, "summary.csv", folder)
+    if path is None:
+        return {}
+    frame = pd.read_csv(path)
+    samples = {run: Sample.from_requests(t, d) for run, (t, d) in window_requests(reader, frame, folder).items()}
+    spread = stored_server_spread(reader)
+    table = verdicts.compare_points(
+        frame, samples, opts if spread is None else replace(opts, server_spread=spread)
+    ).table
+    children = {c.run_id: c for c in reader.children(parent_id)}
+    out = {}
+    for row in table.itertuples():
+        child = children.get(str(row.run_ids).split()[0])  # the speculative run comes first
+        if child is not None and CONFIRMATION_TAG not in child.tags:
+            out[fingerprint(child.tags)] = (child.name, child.run_id, str(row.verdict))
+    return out
+
+
+def _flips(reader: HistoryReader, parent_id: str, ref: Reference, work: Path,
+           opts: StatsOptions) -> tuple[list[RunFlip], int]:  # fmt: skip
+    """The points whose speculation verdict changed since the newest reference run that holds
+    them (the pinned run, where one is pinned), and how many points could be compared."""
+    now = speculation_verdicts(reader, parent_id, work, opts)
+    cache: dict[str, dict[str, tuple[str, str, str]]] = {}
+    before: dict[str, tuple[str, str]] = {}
+    for key in now:
+        runs = ref.runs.get(key) or ref.spread_from.get(key) or []
+        if not runs:
+            continue
+        past = runs[0].parent_id
+        if past not in cache:
+            cache[past] = speculation_verdicts(reader, past, work, opts)
+        if key in cache[past]:
+            before[key] = (cache[past][key][2], past)
+    flips = decision_flips({k: (label, verdict) for k, (label, _, verdict) in now.items()}, before)
+    by_label = {label: run for label, run, _ in now.values()}
+    return [RunFlip(f.label, f.before, f.after, f.reference, by_label[f.label]) for f in flips], len(before)
 
 
 def recorded_config(params: Mapping[str, str], history: int | None = None) -> tuple[GateConfig, list[str]]:

@@ -238,3 +238,44 @@ def markdown(result: GateResult, title: str, reference: str) -> str:
     lines.append("")
     lines.append("Change is oriented so that > 0 is better (lower latency, higher throughput and acceptance).")
     return "\n".join(lines) + "\n"
+
+
+# ---- Did the nightly's own decision change? -------------------------------------------------
+
+DECIDED = ("helps", "hurts")  # the verdicts a user acts on; a flip is a change to or from one
+
+
+@dataclass(frozen=True)
+class Flip:
+    """A speculative point whose median-TPOT verdict against its baseline changed since the reference."""
+
+    label: str
+    before: str
+    after: str
+    reference: str  # the sweep run the verdict was compared with
+
+
+def decision_flips(current: Mapping[str, tuple[str, str]], reference: Mapping[str, tuple[str, str]]) -> list[Flip]:
+    """``current``: fingerprint -> (label, verdict); ``reference``: fingerprint -> (verdict, sweep
+    run). A point flips where its verdict differs and either side was "helps" or "hurts": from
+    "inconclusive" to "not enough requests" is no decision changing."""
+    flips = []
+    for key, (label, now) in sorted(current.items(), key=lambda item: item[1][0]):
+        if key not in reference:
+            continue
+        before, run = reference[key]
+        if before != now and (before in DECIDED or now in DECIDED):
+            flips.append(Flip(label, before, now, run))
+    return flips
+
+
+def flips_markdown(flips: Sequence[Flip], compared: int) -> str:
+    """The summary's lines on the nightly's own decision: every point whose verdict changed."""
+    if not compared:
+        return "Speculation's verdicts: no speculative point has a verdict in a reference run to compare with.\n"
+    if not flips:
+        return f"Speculation's verdicts: unchanged since the reference on all {compared} speculative point(s).\n"
+    lines = [f"**Speculation's verdict changed** on {len(flips)} of {compared} speculative point(s) (median TPOT "
+             "against the baseline, as the report decides it):", ""]  # fmt: skip
+    lines += [f"- {f.label}: {f.before} → **{f.after}** (reference: sweep run {f.reference})" for f in flips]
+    return "\n".join(lines) + "\n"

@@ -256,3 +256,87 @@ def test_gate_on_an_unreachable_tracking_server_exits_4() -> None:
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 4, proc.stderr
     assert "http://127.0.0.1:9 does not answer" in proc.stderr
+
+
+# ---- The nightly's own decision: a flag where speculation's verdict changed -----------------
+
+
+def test_decision_flips_are_changes_to_or_from_a_decision() -> None:
+    from pipeline.analysis.gate import decision_flips, flips_markdown
+
+    now = {"a": ("ngram-k3-r1", "inconclusive"), "b": ("ngram-k3-r4", "hurts"), "c": ("ngram-k5-r1", "helps"),
+           "d": ("ngram-k5-r4", "not enough requests"), "e": ("new-point", "helps")}  # fmt: skip
+    before = {"a": ("helps", "p1"), "b": ("hurts", "p1"), "c": ("inconclusive", "p1"), "d": ("inconclusive", "p1")}
+    flips = decision_flips(now, before)
+    assert [(f.label, f.before, f.after) for f in flips] == [("ngram-k3-r1", "helps", "inconclusive"),
+                                                             ("ngram-k5-r1", "inconclusive", "helps")]  # fmt: skip
+    text = flips_markdown(flips, compared=len(before))
+    assert "changed** on 2 of 4" in text and "- ngram-k3-r1: helps → **inconclusive** (reference: sweep run p1)" in text
+    assert "unchanged since the reference on all 4" in flips_markdown([], 4)
+
+
+def _window(rng: np.random.Generator, tpot_s: float, n: int = 30) -> pd.DataFrame:
+    tpot = tpot_s * np.exp(rng.normal(0, 0.05, n))
+    return pd.DataFrame({"index": range(n), "ttft_s": 0.05, "tpot_s": tpot, "e2el_s": 0.05 + 31 * tpot,
+                         "output_tokens": 32, "num_chunks": 32, "scheduled_s": np.arange(n) * 0.5,
+                         "chunk_s": "[]", "category": "code_edit"})  # fmt: skip
+
+
+def _sweep_with_verdict(tracker: object, i: int, speedup: float, work: Path, rng: np.random.Generator) -> str:
+    """One stored sweep run: a baseline and an ngram point on the same 30 prompts, their
+    requests.csv and the parent's summary.csv, as the driver stores them."""
+    parent = tracker.start_run(f"nightly {i}", {"role": "sweep", "sweep_name": "nightly"})  # type: ignore[attr-defined]
+    rows = []
+    for role, point_hash, tpot in (("baseline", "hb", 0.04), ("speculative", "hs", 0.04 / speedup)):
+        tags = {"role": role, "point_hash": point_hash, "status": "finished", "hardware.cpu": "cpu",
+                "model.revision": "m", **({"baseline_hash": "hb"} if role == "speculative" else {})}  # fmt: skip
+        label = "baseline-r1" if role == "baseline" else "ngram-k3-r1"
+        run = tracker.start_run(label, tags, parent)  # type: ignore[attr-defined]
+        window = _window(rng, tpot)
+        folder = work / f"{i}-{role}"
+        folder.mkdir(parents=True)
+        window.to_csv(folder / "requests.csv", index=False)
+        tracker.log_file(run, folder / "requests.csv")  # type: ignore[attr-defined]
+        metrics = {"median_tpot_ms": 1000 * float(window["tpot_s"].median()), "duration": 16.0,
+                   "p99_tpot_ms": 1000 * float(window["tpot_s"].quantile(0.99)), "median_ttft_ms": 50.0,
+                   "output_throughput": 60.0}  # fmt: skip
+        tracker.log_metrics(run, metrics)  # type: ignore[attr-defined]
+        tracker.end_run(run)  # type: ignore[attr-defined]
+        rows.append({"point": label, "role": role, "engine": "vllm", "method": "ngram" if tags["role"] != "baseline"
+                     else "none", "k": 3, "request_rate": 2.0, "repeat": 0, "status": "finished", "run_id": run,
+                     "point_hash": point_hash, "point_key": point_hash, "baseline_hash": tags.get("baseline_hash", ""),
+                     "replica": 0, **metrics})  # fmt: skip
+    pd.DataFrame(rows).to_csv(work / f"summary{i}.csv", index=False)
+    (work / f"s{i}").mkdir()
+    (work / f"s{i}" / "summary.csv").write_bytes((work / f"summary{i}.csv").read_bytes())
+    tracker.log_file(parent, work / f"s{i}" / "summary.csv")  # type: ignore[attr-defined]
+    tracker.end_run(parent)  # type: ignore[attr-defined]
+    return parent
+
+
+def test_the_gate_summary_flags_a_point_whose_speculation_verdict_changed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two stored nights: speculation helped (1.5x) on the first, and on the second it is
+    no faster. The gate's summary says so, the run is tagged, and the exit code is the gate's."""
+    from mlflow.tracking import MlflowClient
+
+    from pipeline.config import TrackingConfig
+    from pipeline.gate import FLIP_TAG
+    from pipeline.record.tracking import Tracker, prepare, resolve_store
+
+    store = resolve_store(TrackingConfig(), tmp_path)
+    tracker = Tracker(store, prepare(store, "nightly"))
+    rng = np.random.default_rng(7)
+    _sweep_with_verdict(tracker, 1, 1.5, tmp_path / "w", rng)
+    latest = _sweep_with_verdict(tracker, 2, 1.0, tmp_path / "w", rng)
+    code = main(["nightly", "--tracking-uri", store.tracking_uri, "--out", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert "**Speculation's verdict changed** on 1 of 1" in out
+    assert "ngram-k3-r1: helps → **inconclusive**" in out
+    assert code in (0, 1)  # the flag is reported beside the gate's decision, which alone sets the exit code
+    client = MlflowClient(store.tracking_uri)
+    spec = [r for r in client.search_runs(client.get_run(latest).info.experiment_id)
+            if r.data.tags.get("mlflow.parentRunId") == latest and r.data.tags.get("role") == "speculative"]  # fmt: skip
+    assert spec[0].data.tags[FLIP_TAG].startswith("helps -> inconclusive")
+    assert client.get_run(latest).data.tags["gate.decision_flips"] == "1"
