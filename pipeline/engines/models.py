@@ -168,12 +168,13 @@ def _build_truncated(source: Path, out: Path, num_layers: int) -> None:
     AutoTokenizer.from_pretrained(str(source)).save_pretrained(str(out))
 
 
-def load_tokenizer(model_path: str) -> Any:
-    """The model's own tokenizer, for prompt lengths and random prompts."""
+def load_tokenizer(model_path: str, revision: str | None = None) -> Any:
+    """The model's own tokenizer, for prompt lengths and random prompts (at ``revision``, a hub
+    model's pinned commit, where one is given)."""
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(model_path)
+        return AutoTokenizer.from_pretrained(model_path, **({"revision": revision} if revision else {}))
     except (OSError, ValueError) as exc:
         raise ModelError(
             f"cannot load the tokenizer of {model_path}: {exc}. Use a folder that holds the tokenizer "
@@ -181,7 +182,7 @@ def load_tokenizer(model_path: str) -> Any:
         ) from exc
 
 
-def revision(model_path: str) -> str:
+def revision(model_path: str, pinned: str | None = None) -> str:
     """Which weights a path holds, for the regression gate's key: the Hugging Face snapshot
     commit where the path is one, else a digest of the config and the weight files' names
     and sizes (an embedded model's recipe is in its config). A hub id is its own name."""
@@ -190,7 +191,7 @@ def revision(model_path: str) -> str:
 
     path = Path(model_path)
     if not path.is_dir():
-        return model_path
+        return f"{model_path}@{pinned}" if pinned else model_path
     if path.parent.name == "snapshots":
         return path.name
     digest = hashlib.sha256()

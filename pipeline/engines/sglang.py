@@ -189,6 +189,7 @@ def build_launch(
     served_name: str,
     port: int,
     seed: int,
+    model_revision: str | None = None,
 ) -> LaunchPlan:
     cmd = [
         install.python, "-m", "sglang.launch_server",
@@ -201,6 +202,8 @@ def build_launch(
         "--random-seed", str(seed),
         "--enable-metrics",
     ]  # fmt: skip
+    if model_revision:
+        cmd += ["--revision", model_revision]
     if engine.tensor_parallel_size != 1:
         cmd += ["--tp-size", str(engine.tensor_parallel_size)]
     if engine.prefix_cache == "off":

@@ -175,6 +175,7 @@ def build_launch(
     on_gpu: bool,
     seed: int,
     cache_dir: Path,
+    model_revision: str | None = None,
 ) -> LaunchPlan:
     eager = engine.enforce_eager if engine.enforce_eager is not None else not on_gpu
     cmd = [
@@ -187,6 +188,8 @@ def build_launch(
         "--max-model-len", str(engine.max_model_len),
         "--seed", str(seed),
     ]  # fmt: skip
+    if model_revision:  # the weights and the tokenizer of one commit
+        cmd += ["--revision", model_revision, "--tokenizer-revision", model_revision]
     if engine.tensor_parallel_size != 1:
         cmd += ["--tensor-parallel-size", str(engine.tensor_parallel_size)]
     if eager:

@@ -44,7 +44,7 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
     reporter = progress.reporter_for(task.progress, group.label)
     try:
         target = resolve_target(group.server_job)
-        tokenizer = load_tokenizer(target.model_path)
+        tokenizer = load_tokenizer(target.model_path, target.model_revision)
     except Exception as exc:  # noqa: BLE001 - reported per point, like a failed start
         return GroupOutcome.failed(task, f"{type(exc).__name__}: {exc}")
     spec = server_spec(target, group.server_job, out_dir / "server.log")

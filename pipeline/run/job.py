@@ -31,6 +31,7 @@ class Target:
     on_gpu: bool
     model_path: str
     draft_path: str | None
+    model_revision: str | None = None  # model.revision: a hub model's pinned commit
 
     def engine_gpus(self, job: JobConfig) -> int:
         """GPUs the server takes; a draft model shares the target's GPUs in vLLM."""
@@ -60,7 +61,7 @@ def resolve_target(job: JobConfig, *, build: bool = True, plan_only: bool = Fals
     model_path = resolve_model(job.model.id, build=build)
     draft = job.spec.draft_model
     draft_path = resolve_model(draft, target=model_path, build=build) if draft else None
-    return Target(install, on_gpu, model_path, draft_path)
+    return Target(install, on_gpu, model_path, draft_path, job.model.revision)
 
 
 def external_url(job: JobConfig) -> tuple[str, str]:
@@ -80,7 +81,7 @@ def _external_target(job: JobConfig, *, build: bool, plan_only: bool) -> Target:
     if not plan_only:
         check_reachable(key, url)
         version = served_version(url)
-    return Target(ExternalInstall(version), False, resolve_model(job.model.id, build=build), None)
+    return Target(ExternalInstall(version), False, resolve_model(job.model.id, build=build), None, job.model.revision)
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,7 @@ def server_spec(target: Target, job: JobConfig, log_path: Path, port: int | None
         "served_name": job.model.id,
         "port": port,
         "seed": job.seed,
+        "model_revision": job.model.revision,
     }
     if isinstance(target.install, sglang.SglangInstall):
         launch = sglang.build_launch(install=target.install, **common)

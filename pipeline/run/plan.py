@@ -32,7 +32,7 @@ _NOT_MEASURED = (("slo", "percentile"), ("slo", "min_goodput"), ("load", "max_er
 _NEWER = (("engine", "allow_remote", False), ("engine", "env_from", []), ("workload", "timestamp_unit", "auto"),
           ("workload", "time_scale", 1.0), ("workload", "start_s", 0.0), ("workload", "duration_s", None),
           ("workload", "sort", False), ("workload", "think_time_s", None),
-          ("engine", "url", None), ("engine", "baseline_url", None))  # fmt: skip
+          ("engine", "url", None), ("engine", "baseline_url", None), ("model", "revision", None))  # fmt: skip
 _SERVER_KEYS = ("engine", "model", "spec", "seed", "replica")
 
 # Rough costs, measured with the embedded 135M model on 2 cores: eager CPU servers start in

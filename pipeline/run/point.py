@@ -33,7 +33,7 @@ def point_tags(point: Point, target: Target, version: str, confirms: str | None 
         "spec.method": point.job.spec.method,
         "point_hash": point.hash,
         **({"baseline_hash": point.baseline_hash} if point.baseline_hash else {}),
-        "model.revision": revision(target.model_path),
+        "model.revision": revision(target.model_path, target.model_revision),
         **hardware_tags(target.on_gpu),
         **where_am_i(),
     }

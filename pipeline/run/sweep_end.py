@@ -52,7 +52,7 @@ def sweep_identity(plan: SweepPlan, targets: dict[int, Target]) -> tuple[str, st
     # The same hardware keys as a point's fingerprint in the gate (the kernel string left out).
     tags = hardware_tags(any(t.on_gpu for t in targets.values()))
     hardware = {k: tags[k] for k in HARDWARE_KEYS if k in tags}
-    revisions = sorted({revision(t.model_path) for t in targets.values()})
+    revisions = sorted({revision(t.model_path, t.model_revision) for t in targets.values()})
     parts = [*sorted(p.hash for p in plan.points), *revisions, *(f"{k}={v}" for k, v in sorted(hardware.items()))]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16], ",".join(versions)
 

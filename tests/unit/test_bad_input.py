@@ -53,6 +53,8 @@ CASES: list[tuple[str, bool, list[str], str]] = [
     ("secret-in-env", False, ["+engine.env.HF_TOKEN=hf_sentinel"], "pass engine.env_from=[HF_TOKEN] instead"),
     ("secret-in-args", False, ["engine.extra_args=[--api-key,sk-sentinel]"], "engine.env_from=[VLLM_API_KEY]"),
     ("env-from-unset", False, ["engine.env_from=[NOT_SET_ANYWHERE_42]"], "export NOT_SET_ANYWHERE_42="),
+    ("revision-on-a-local-model", False, ["model.revision=v1"], "model.id=embedded:smollm2-135m is local"),
+    ("revision-with-space", False, ["model.id=org/m", "model.revision='a b'"], "is not a revision"),
     # engine=external: two servers that already run
     (
         "external-no-url",

@@ -46,3 +46,5 @@ def test_each_command_dry_runs_and_shows_the_gpu_plan(
     if "spec=ngram,eagle3_70b" in " ".join(args):
         assert "yuhuili/EAGLE3-LLaMA3.3-Instruct-70B" in out.out and "--gpu-memory-utilization 0.85" in out.out
         assert "3 server start(s)" in out.out
+        revision = next(a.split("=", 1)[1] for a in args if a.startswith("model.revision="))
+        assert f"--revision {revision} --tokenizer-revision {revision}" in out.out

@@ -78,3 +78,11 @@ def test_failed_build_leaves_nothing_half_made(cache: Path, monkeypatch: pytest.
         ensure_embedded("smollm2-135m")
     leftovers = [p for p in (cache / "models").iterdir() if p.is_dir()]
     assert leftovers == []
+
+
+def test_a_pinned_hub_revision_is_part_of_the_weights_identity(tmp_path: Path) -> None:
+    from pipeline.engines.models import revision
+
+    assert revision("org/model", "abc123") == "org/model@abc123"
+    assert revision("org/model") == "org/model"
+    assert revision(str(tmp_path), "ignored") == revision(str(tmp_path))  # a folder's files are its revision
