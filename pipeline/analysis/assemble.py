@@ -160,14 +160,18 @@ def _kv_capacity(frame: pd.DataFrame) -> dict[str, advisor.KvCapacity]:
 
 def _memory_ratios(frame: pd.DataFrame) -> dict[str, tuple[float, float, float]]:
     """Draft-model server memory over the baseline's: (lowest, median, highest) over every
-    window's reading, so the rule tests a measured range, not one sample."""
-    if "server_rss_mib" not in frame:
+    window's reading, so the rule tests a measured range, not one sample. Device memory
+    (nvidia-smi) where every server reported it, else host RSS (a CPU)."""
+    column = "server_gpu_memory_mib"
+    if column not in frame or frame.loc[frame["status"].isin(["finished", "resumed"]), column].isna().any():
+        column = "server_rss_mib"
+    if column not in frame:
         return {}
-    base = frame[frame["role"] == "baseline"]["server_rss_mib"].dropna()
+    base = frame[frame["role"] == "baseline"][column].dropna()
     out = {}
     drafts = frame[(frame["role"] == "speculative") & (frame["method"] == "draft")]
     for (method, k), group in drafts.groupby(["method", "k"]):
-        values = group["server_rss_mib"].dropna()
+        values = group[column].dropna()
         if base.empty or values.empty or base.min() <= 0:
             continue
         out[f"{method} k={k}"] = (values.min() / base.max(), values.median() / base.median(), values.max() / base.min())

@@ -87,6 +87,7 @@ class Server(Protocol):
     def healthy(self, timeout_s: float = 10.0) -> bool: ...
     def restart(self) -> None: ...
     def rss_mib(self) -> float | None: ...
+    def gpu_memory_mib(self) -> float | None: ...
     def niceness(self) -> int | None: ...
 
 
@@ -161,6 +162,14 @@ class EngineServer:
             except (OSError, ValueError, IndexError):
                 continue
         return total / 1024 if total else None
+
+    def gpu_memory_mib(self) -> float | None:
+        """Device memory the server's own processes hold (nvidia-smi), in MiB; None on a CPU."""
+        from pipeline.engines.hardware import gpu_memory_mib
+
+        if self._proc is None:
+            return None
+        return gpu_memory_mib(set(live_members(self._proc.pid)))
 
     def __enter__(self) -> EngineServer:
         # free_port() only finds a port free at that moment: another process can take it before

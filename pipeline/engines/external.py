@@ -152,6 +152,9 @@ class ExternalServer:
     def rss_mib(self) -> float | None:
         return None
 
+    def gpu_memory_mib(self) -> float | None:
+        return None  # another machine's processes
+
     def niceness(self) -> int | None:
         return None
 

@@ -27,6 +27,39 @@ def gpu_names() -> tuple[str, ...]:
     return tuple(line.strip() for line in out.splitlines() if line.strip())
 
 
+def parse_compute_apps(text: str, pids: set[int]) -> float | None:
+    """The device memory (MiB) that ``pids`` hold, from ``nvidia-smi --query-compute-apps=pid,
+    used_memory --format=csv,noheader,nounits``: one line per process and GPU. None where none
+    of them holds any (a CPU server, or the processes are not visible in this PID namespace)."""
+    total, seen = 0.0, False
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 2 or not parts[0].isdigit():
+            continue
+        if int(parts[0]) in pids:
+            try:
+                total += float(parts[1])
+            except ValueError:  # "[N/A]" where the driver does not report it
+                continue
+            seen = True
+    return total if seen else None
+
+
+def gpu_memory_mib(pids: set[int]) -> float | None:
+    """Device memory held by these processes (a server's own tree), where nvidia-smi answers.
+    Host RSS cannot see it: on a GPU the weights, the draft and the KV cache live here."""
+    if not pids or shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=20, check=True,
+        ).stdout  # fmt: skip
+    except (subprocess.SubprocessError, OSError):
+        return None
+    return parse_compute_apps(out, pids)
+
+
 def resolve_device(requested: str) -> bool:
     """True for GPU. ``auto`` detects; ``gpu`` on a machine without one is refused."""
     if requested == "cpu":

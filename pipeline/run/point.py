@@ -91,6 +91,9 @@ def measure_point(
     rss = server.rss_mib()
     if rss is not None:
         metrics["server_rss_mib"] = rss
+    device_memory = server.gpu_memory_mib()
+    if device_memory is not None:
+        metrics["server_gpu_memory_mib"] = device_memory
     nice = server.niceness()
     if nice is not None:
         metrics["server_niceness"] = float(nice)

@@ -392,3 +392,14 @@ def test_a_point_too_small_for_a_ratio_is_left_out_of_the_interactive_figures_no
     assert curve is not None and [len(t.x) for t in curve.data] == [1]  # the other rate only
     heat = iplots.speedup_heatmap(points, {}, lambda run: run)
     assert heat is not None and "no ratio: not enough requests" in str(heat.data[0].customdata)
+
+
+def test_the_memory_rule_reads_device_memory_where_every_server_reports_it() -> None:
+    from pipeline.analysis.assemble import _memory_ratios
+
+    frame = pd.DataFrame({"role": ["baseline", "speculative"], "method": ["none", "draft"], "k": [0, 3],
+                          "status": ["finished", "finished"], "server_rss_mib": [1000.0, 1000.0],
+                          "server_gpu_memory_mib": [40000.0, 60000.0]})  # fmt: skip
+    assert _memory_ratios(frame) == {"draft k=3": (1.5, 1.5, 1.5)}
+    cpu = frame.assign(server_gpu_memory_mib=[None, None])  # no GPU reading: host RSS, as before
+    assert _memory_ratios(cpu) == {"draft k=3": (1.0, 1.0, 1.0)}

@@ -264,3 +264,21 @@ def test_the_watchdog_sigkills_a_server_that_ignores_sigterm_once_its_grace_is_o
         for proc in (watchdog, server):
             if proc is not None and _alive(proc.pid):
                 proc.kill()
+
+
+def test_device_memory_is_the_servers_own_processes_from_nvidia_smi(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nvidia-smi lists every process on the GPUs; only the server's own tree is counted (here
+    a stand-in nvidia-smi on PATH, since this machine has no GPU)."""
+    from pipeline.engines.hardware import gpu_memory_mib, parse_compute_apps
+
+    text = "101, 40000\n102, 1200\n999, 70000\n103, [N/A]\n"
+    assert parse_compute_apps(text, {101, 102, 103}) == 41200
+    assert parse_compute_apps(text, {5}) is None
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(f"#!/bin/sh\nprintf '{text.replace(chr(10), chr(92) + 'n')}'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    assert gpu_memory_mib({101, 999}) == 110000
+    assert gpu_memory_mib(set()) is None
