@@ -15,16 +15,18 @@ from pipeline.config import ConfigError
 @cache
 def gpu_names() -> tuple[str, ...]:
     """NVIDIA GPUs visible to this process, by name; empty where there are none."""
+    out = _nvidia_smi("--query-gpu=name", "--format=csv,noheader")
+    return tuple(line.strip() for line in (out or "").splitlines() if line.strip())
+
+
+def _nvidia_smi(*args: str) -> str | None:
+    """nvidia-smi's output, or None where it is missing or fails (no GPU, no driver)."""
     if shutil.which("nvidia-smi") is None:
-        return ()
+        return None
     try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=20, check=True,
-        ).stdout  # fmt: skip
+        return subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, timeout=20, check=True).stdout
     except (subprocess.SubprocessError, OSError):
-        return ()
-    return tuple(line.strip() for line in out.splitlines() if line.strip())
+        return None
 
 
 def parse_compute_apps(text: str, pids: set[int]) -> float | None:
@@ -48,16 +50,8 @@ def parse_compute_apps(text: str, pids: set[int]) -> float | None:
 def gpu_memory_mib(pids: set[int]) -> float | None:
     """Device memory held by these processes (a server's own tree), where nvidia-smi answers.
     Host RSS cannot see it: on a GPU the weights, the draft and the KV cache live here."""
-    if not pids or shutil.which("nvidia-smi") is None:
-        return None
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=20, check=True,
-        ).stdout  # fmt: skip
-    except (subprocess.SubprocessError, OSError):
-        return None
-    return parse_compute_apps(out, pids)
+    out = _nvidia_smi("--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits") if pids else None
+    return parse_compute_apps(out, pids) if out is not None else None
 
 
 def resolve_device(requested: str) -> bool:
