@@ -165,11 +165,6 @@ def run(reader: HistoryReader, parent_id: str, config: GateConfig, opts: StatsOp
     return result, summary
 
 
-@dataclass(frozen=True)
-class RunFlip(Flip):
-    run_id: str = ""  # the current speculative run, which gets the flip's tag
-
-
 def speculation_verdicts(reader: HistoryReader, parent_id: str, work: Path,
                          opts: StatsOptions) -> dict[str, tuple[str, str, str]]:  # fmt: skip
     """Each speculative point of a sweep run, by fingerprint: (label, run id, its median-TPOT
@@ -200,7 +195,7 @@ def speculation_verdicts(reader: HistoryReader, parent_id: str, work: Path,
 
 
 def _flips(reader: HistoryReader, parent_id: str, ref: Reference, work: Path,
-           opts: StatsOptions) -> tuple[list[RunFlip], int]:  # fmt: skip
+           opts: StatsOptions) -> tuple[list[Flip], int]:  # fmt: skip
     """The points whose speculation verdict changed since the newest reference run that holds
     them (the pinned run, where one is pinned), and how many points could be compared."""
     now = speculation_verdicts(reader, parent_id, work, opts)
@@ -215,9 +210,7 @@ def _flips(reader: HistoryReader, parent_id: str, ref: Reference, work: Path,
             cache[past] = speculation_verdicts(reader, past, work, opts)
         if key in cache[past]:
             before[key] = (cache[past][key][2], past)
-    flips = decision_flips({k: (label, verdict) for k, (label, _, verdict) in now.items()}, before)
-    by_label = {label: run for label, run, _ in now.values()}
-    return [RunFlip(f.label, f.before, f.after, f.reference, by_label[f.label]) for f in flips], len(before)
+    return decision_flips(now, before), len(before)
 
 
 def recorded_config(params: Mapping[str, str], history: int | None = None) -> tuple[GateConfig, list[str]]:

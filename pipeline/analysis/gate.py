@@ -250,22 +250,23 @@ class Flip:
     """A speculative point whose median-TPOT verdict against its baseline changed since the reference."""
 
     label: str
+    run_id: str  # the current speculative run
     before: str
     after: str
     reference: str  # the sweep run the verdict was compared with
 
 
-def decision_flips(current: Mapping[str, tuple[str, str]], reference: Mapping[str, tuple[str, str]]) -> list[Flip]:
-    """``current``: fingerprint -> (label, verdict); ``reference``: fingerprint -> (verdict, sweep
-    run). A point flips where its verdict differs and either side was "helps" or "hurts": from
-    "inconclusive" to "not enough requests" is no decision changing."""
+def decision_flips(current: Mapping[str, tuple[str, str, str]], reference: Mapping[str, tuple[str, str]]) -> list[Flip]:
+    """``current``: fingerprint -> (label, run id, verdict); ``reference``: fingerprint ->
+    (verdict, sweep run). A point flips where its verdict differs and either side was "helps"
+    or "hurts": from "inconclusive" to "not enough requests" is no decision changing."""
     flips = []
-    for key, (label, now) in sorted(current.items(), key=lambda item: item[1][0]):
+    for key, (label, run_id, now) in sorted(current.items(), key=lambda item: item[1][0]):
         if key not in reference:
             continue
         before, run = reference[key]
         if before != now and (before in DECIDED or now in DECIDED):
-            flips.append(Flip(label, before, now, run))
+            flips.append(Flip(label, run_id, before, now, run))
     return flips
 
 

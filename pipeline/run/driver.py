@@ -78,7 +78,7 @@ def _server_line(target: Target, job: JobConfig) -> ServerLine:
     if isinstance(install, SglangInstall) and install.flags_source == "recorded":
         where = "installed, but its parser does not import here" if install.installed else "not installed here"
         version += f" ({where}: flags as recorded for SGLang {RECORDED_VERSION})"
-    label = {"sglang": "SGLang", "external": "already running:"}.get(job.engine.name, "vLLM")
+    label = "SGLang" if job.engine.name == "sglang" else "vLLM"  # an external server's line names its address
     inherited = {name: "<from the environment>" for name in spec.env_from}
     ray = cluster.request_text(cluster.group_request(job.ray, target.engine_gpus(job)))
     return ServerLine(label, version, tuple(args), redact_mapping(spec.env) | inherited, ray)

@@ -216,11 +216,10 @@ def point_estimate_s(job: JobConfig, on_gpu: bool) -> float:
 def group_estimate_s(group: ServerGroup, on_gpu: bool) -> float:
     job = group.server_job
     startup = STARTUP_S["cpu-eager" if _eager(job, on_gpu) and not on_gpu else "compiled"]
-    if job.engine.name == "external":  # already running: nothing starts or stops
-        startup = -STOP_S
+    start_stop = 0.0 if job.engine.name == "external" else startup + STOP_S  # external: already running
     tpot = CPU_TPOT_S if not on_gpu else CPU_TPOT_S / 4
     warmup = job.load.warmup_requests * min(job.workload.max_tokens, WARMUP_MAX_TOKENS) * tpot
-    return startup + warmup + STOP_S + sum(point_estimate_s(p.job, on_gpu) for p in group.points)
+    return start_stop + warmup + sum(point_estimate_s(p.job, on_gpu) for p in group.points)
 
 
 def estimate_s(plan: SweepPlan, on_gpu: bool) -> float:

@@ -264,12 +264,13 @@ def test_gate_on_an_unreachable_tracking_server_exits_4() -> None:
 def test_decision_flips_are_changes_to_or_from_a_decision() -> None:
     from pipeline.analysis.gate import decision_flips, flips_markdown
 
-    now = {"a": ("ngram-k3-r1", "inconclusive"), "b": ("ngram-k3-r4", "hurts"), "c": ("ngram-k5-r1", "helps"),
-           "d": ("ngram-k5-r4", "not enough requests"), "e": ("new-point", "helps")}  # fmt: skip
+    now = {"a": ("ngram-k3-r1", "r1", "inconclusive"), "b": ("ngram-k3-r4", "r2", "hurts"),
+           "c": ("ngram-k5-r1", "r3", "helps"), "d": ("ngram-k5-r4", "r4", "not enough requests"),
+           "e": ("new-point", "r5", "helps")}  # fmt: skip
     before = {"a": ("helps", "p1"), "b": ("hurts", "p1"), "c": ("inconclusive", "p1"), "d": ("inconclusive", "p1")}
     flips = decision_flips(now, before)
-    assert [(f.label, f.before, f.after) for f in flips] == [("ngram-k3-r1", "helps", "inconclusive"),
-                                                             ("ngram-k5-r1", "inconclusive", "helps")]  # fmt: skip
+    assert [(f.label, f.run_id, f.before, f.after) for f in flips] == [
+        ("ngram-k3-r1", "r1", "helps", "inconclusive"), ("ngram-k5-r1", "r3", "inconclusive", "helps")]  # fmt: skip
     text = flips_markdown(flips, compared=len(before))
     assert "changed** on 2 of 4" in text and "- ngram-k3-r1: helps → **inconclusive** (reference: sweep run p1)" in text
     assert "unchanged since the reference on all 4" in flips_markdown([], 4)
