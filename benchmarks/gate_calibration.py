@@ -50,9 +50,14 @@ from pipeline.record.readers import HistoryReader  # noqa: E402
 from tests import cluster  # noqa: E402
 
 WINDOW = [
-    "load.num_requests=24", "load.warmup_requests=1", "workload.max_tokens=32", "engine.dtype=float32",
-    "lossless.prompts=1", "lossless.max_tokens=16", f"+ray.resources_per_group.{cluster.SLOT}=1",
-]  # fmt: skip
+    "load.num_requests=24",
+    "load.warmup_requests=1",
+    "workload.max_tokens=32",
+    "engine.dtype=float32",
+    "lossless.prompts=1",
+    "lossless.max_tokens=16",
+    f"+ray.resources_per_group.{cluster.SLOT}=1",
+]
 
 
 def _hog(duty: float, core: int) -> None:
@@ -92,8 +97,9 @@ def night(ray_cluster: cluster.Cluster, uri: str, name: str) -> tuple[int, float
 
 def parents(reader: HistoryReader) -> list[str]:
     experiment = reader.client.get_experiment_by_name("nightly")
-    runs = reader.client.search_runs([experiment.experiment_id], "tags.role = 'sweep'",
-                                     order_by=["attributes.start_time ASC"])  # fmt: skip
+    runs = reader.client.search_runs(
+        [experiment.experiment_id], "tags.role = 'sweep'", order_by=["attributes.start_time ASC"]
+    )
     return [r.info.run_id for r in runs]
 
 
@@ -105,10 +111,16 @@ def offline(reader: HistoryReader, current: str, history: list[str], work: Path)
         for p in point_runs(reader, run, measured_points(reader.children(run)), work):
             past.setdefault(p.key, []).append(p)
     result = judge(now, past, StatsOptions(), Floors())
-    flagged = [f"{f.label} {f.metric} {f.ratio.text} ({f.verdict})" for f in result.findings
-               if f.verdict in (REGRESSED, SUSPECT)]  # fmt: skip
-    change = [f"{f.label} {f.metric} {(1 / f.ratio.estimate - 1) * 100:+.1f} %" for f in result.findings
-              if f.metric == "median_tpot_ms" and f.ratio.estimate]  # fmt: skip
+    flagged = [
+        f"{f.label} {f.metric} {f.ratio.text} ({f.verdict})"
+        for f in result.findings
+        if f.verdict in (REGRESSED, SUSPECT)
+    ]
+    change = [
+        f"{f.label} {f.metric} {(1 / f.ratio.estimate - 1) * 100:+.1f} %"
+        for f in result.findings
+        if f.metric == "median_tpot_ms" and f.ratio.estimate
+    ]
     return result.overall, flagged + ["median TPOT vs reference (+ = slower): " + ", ".join(change)]
 
 
@@ -139,13 +151,19 @@ def main() -> None:
         for i in range(args.slow_nights):
             with slowdown(args.duty, args.per_core):
                 code, wall, lines = night(rc, server.uri, f"nightly-slow-{time.time():.0f}")
-            print(f"slow night {i + 1} ({args.per_core} process(es) per core, duty {args.duty:.0%}): exit {code}, "
-                  f"{wall:.0f} s\n{lines}\n", flush=True)  # fmt: skip
+            print(
+                f"slow night {i + 1} ({args.per_core} process(es) per core, duty {args.duty:.0%}): exit {code}, "
+                f"{wall:.0f} s\n{lines}\n",
+                flush=True,
+            )
         for paused in args.stutter:
             with cluster.stutter(rc.processes, paused):
                 code, wall, lines = night(rc, server.uri, f"nightly-stutter-{time.time():.0f}")
-            print(f"stutter night (engines paused {paused:.0%}, steps ~{1 / (1 - paused):.2f}x): exit {code}, "
-                  f"{wall:.0f} s\n{lines}\n", flush=True)  # fmt: skip
+            print(
+                f"stutter night (engines paused {paused:.0%}, steps ~{1 / (1 - paused):.2f}x): exit {code}, "
+                f"{wall:.0f} s\n{lines}\n",
+                flush=True,
+            )
         slow = [p for p in parents(reader) if p not in unchanged]
         work = root / "work"
         false_alarms = suspects = 0

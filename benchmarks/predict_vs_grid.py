@@ -45,10 +45,16 @@ def grid_table(client: MlflowClient, project: Path, name: str) -> pd.DataFrame:
         path = client.download_artifacts(run.info.run_id, "requests.csv", tempfile.mkdtemp())
         sample = Sample.from_requests(pd.read_csv(path), run.data.metrics["duration"])
         level = window_interval("tpot", 50, [sample], opts)
-        rows.append({"k": int(run.data.params["spec.k"]), "request_rate": float(run.data.params["load.request_rate"]),
-                     "tpot_ms": 1000 * level.estimate, "tpot_ms_low": 1000 * level.low,
-                     "tpot_ms_high": 1000 * level.high,
-                     "length": run.data.metrics.get("acceptance_length", 1.0)})  # fmt: skip
+        rows.append(
+            {
+                "k": int(run.data.params["spec.k"]),
+                "request_rate": float(run.data.params["load.request_rate"]),
+                "tpot_ms": 1000 * level.estimate,
+                "tpot_ms_low": 1000 * level.low,
+                "tpot_ms_high": 1000 * level.high,
+                "length": run.data.metrics.get("acceptance_length", 1.0),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -70,8 +76,10 @@ def compare(method: str, grid: pd.DataFrame, predictions: pd.DataFrame) -> dict[
         ok = picked is not None and (k == best["k"] or picked["tpot_ms_low"] <= best["tpot_ms_high"])
         out["choices"].append((rate, int(best["k"]), k, bool(ok)))  # type: ignore[union-attr]
     merged = predictions[predictions["predicted"]].merge(spec, on=["k", "request_rate"])
-    for kind, tpot, length in (("first", "predicted_tpot_ms", "predicted_length"),
-                               ("final", "final_tpot_ms", "final_length")):  # fmt: skip
+    for kind, tpot, length in (
+        ("first", "predicted_tpot_ms", "predicted_length"),
+        ("final", "final_tpot_ms", "final_length"),
+    ):
         rows = merged.dropna(subset=[tpot]) if tpot in merged else merged.iloc[0:0]
         out[f"{kind}_tpot_errors"] = list(np.abs(rows[tpot] - rows["tpot_ms"]) / rows["tpot_ms"])
         out[f"{kind}_length_errors"] = list(np.abs(rows[length] - rows["length"]) / rows["length"])
@@ -92,9 +100,16 @@ def main() -> int:
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for both runs")
     args = parser.parse_args()
     project = Path(tempfile.mkdtemp(prefix="specsweep-predict-bench-"))
-    common = [f"spec.k={args.ks}", f"load.request_rate={args.rates}", f"load.num_requests={args.requests}",
-              "load.warmup_requests=1", "workload.max_tokens=32", "engine.dtype=float32", "lossless.prompts=0",
-              *args.overrides]  # fmt: skip
+    common = [
+        f"spec.k={args.ks}",
+        f"load.request_rate={args.rates}",
+        f"load.num_requests={args.requests}",
+        "load.warmup_requests=1",
+        "workload.max_tokens=32",
+        "engine.dtype=float32",
+        "lossless.prompts=0",
+        *args.overrides,
+    ]
     client = MlflowClient(f"sqlite:///{project}/mlruns/mlflow.db")
     print(f"project {project}; both runs: {' '.join(common)}")
     for i, method in enumerate(args.methods):
@@ -109,15 +124,21 @@ def main() -> int:
         predictions = pd.read_csv(results["predict"][1] / "predict" / "predictions.csv")
         found = compare(method, grid, predictions)
         g_wall, p_wall = results["grid"][0], results["predict"][0]
-        print(f"\n== {method} (k={args.ks}, rates {args.rates}, {args.requests} requests per window; order: "
-              f"{' then '.join(order)})")  # fmt: skip
+        print(
+            f"\n== {method} (k={args.ks}, rates {args.rates}, {args.requests} requests per window; order: "
+            f"{' then '.join(order)})"
+        )
         print(f"grid     {starts(client, f'grid-{method}')} server starts, {g_wall:.0f} s")
-        print(f"predict  {starts(client, f'predict-{method}')} server starts, {p_wall:.0f} s "
-              f"({g_wall / p_wall:.2f}x less wall time; goal >= 2x)")  # fmt: skip
+        print(
+            f"predict  {starts(client, f'predict-{method}')} server starts, {p_wall:.0f} s "
+            f"({g_wall / p_wall:.2f}x less wall time; goal >= 2x)"
+        )
         for rate, best, chosen, ok in found["choices"]:  # type: ignore[union-attr]
             rate_text = "inf" if math.isinf(rate) else f"{rate:g}"
-            print(f"  rate {rate_text:>4}: grid best k={best}, predict chose k={chosen} "
-                  f"({'same or inside the best interval' if ok else 'OUTSIDE the best interval'})")  # fmt: skip
+            print(
+                f"  rate {rate_text:>4}: grid best k={best}, predict chose k={chosen} "
+                f"({'same or inside the best interval' if ok else 'OUTSIDE the best interval'})"
+            )
         for kind in ("first", "final"):
             print(
                 f"  {kind:5} predictions: {len(found[f'{kind}_tpot_errors'])} points, median L error "  # type: ignore[arg-type]
@@ -126,9 +147,11 @@ def main() -> int:
             )  # type: ignore[arg-type]
         rows = found["first_rows"]
         for r in rows.sort_values(["request_rate", "k"]).itertuples():  # type: ignore[union-attr]
-            print(f"    k={r.k} @ {r.request_rate:g}: L predicted {r.predicted_length:.2f} measured {r.length:.2f}; "
-                  f"TPOT predicted {r.predicted_tpot_ms:.1f} [{r.predicted_tpot_ms_low:.1f}, {r.predicted_tpot_ms_high:.1f}] "
-                  f"measured {r.tpot_ms:.1f} [{r.tpot_ms_low:.1f}, {r.tpot_ms_high:.1f}] ms")  # fmt: skip
+            print(
+                f"    k={r.k} @ {r.request_rate:g}: L predicted {r.predicted_length:.2f} measured {r.length:.2f}; "
+                f"TPOT predicted {r.predicted_tpot_ms:.1f} [{r.predicted_tpot_ms_low:.1f}, {r.predicted_tpot_ms_high:.1f}] "
+                f"measured {r.tpot_ms:.1f} [{r.tpot_ms_low:.1f}, {r.tpot_ms_high:.1f}] ms"
+            )
     return 0
 
 

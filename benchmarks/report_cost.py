@@ -40,18 +40,42 @@ def synthetic(requests: int, seed: int = 0) -> tuple[pd.DataFrame, dict[str, Sam
             tpot = 0.04 / speedup * np.exp(prompt + rng.normal(0, 0.05, requests))
             ttft = 0.2 * np.exp(rng.normal(0, 0.1, requests))
             e2el = ttft + 127 * tpot
-            samples[point] = Sample(np.arange(requests), {"tpot": tpot, "ttft": ttft, "e2el": e2el},
-                                    tuple(np.full(40, t * 127 / 40) for t in tpot), np.full(requests, 128.0),
-                                    np.full(requests, 41.0), requests / rate + float(e2el.max()),
-                                    scheduled_end_s=requests / rate)  # fmt: skip
-            rows.append({"point": point, "role": role, "engine": "vllm", "method": "ngram" if k else "none", "k": k,
-                         "request_rate": rate, "repeat": 0, "status": "finished", "run_id": point, "point_hash": point,
-                         "point_key": point, "setting_key": f"s{k > 0}{k}", "replica": 0, "workload": "code_edit",
-                         "baseline_hash": "" if k == 0 else f"baseline-r{rate:g}", "temperature": 0.0,
-                         "median_tpot_ms": 1000 * float(np.median(tpot)), "median_ttft_ms": 1000 * float(np.median(ttft)),
-                         "median_e2el_ms": 1000 * float(np.median(e2el)), "p99_tpot_ms": 1000 * float(np.percentile(tpot, 99)),
-                         "output_throughput": samples[point].throughput, "duration": samples[point].duration_s,
-                         **({"acceptance_length": 3.0, "acceptance_alpha": 0.77} if k else {})})  # fmt: skip
+            samples[point] = Sample(
+                np.arange(requests),
+                {"tpot": tpot, "ttft": ttft, "e2el": e2el},
+                tuple(np.full(40, t * 127 / 40) for t in tpot),
+                np.full(requests, 128.0),
+                np.full(requests, 41.0),
+                requests / rate + float(e2el.max()),
+                scheduled_end_s=requests / rate,
+            )
+            rows.append(
+                {
+                    "point": point,
+                    "role": role,
+                    "engine": "vllm",
+                    "method": "ngram" if k else "none",
+                    "k": k,
+                    "request_rate": rate,
+                    "repeat": 0,
+                    "status": "finished",
+                    "run_id": point,
+                    "point_hash": point,
+                    "point_key": point,
+                    "setting_key": f"s{k > 0}{k}",
+                    "replica": 0,
+                    "workload": "code_edit",
+                    "baseline_hash": "" if k == 0 else f"baseline-r{rate:g}",
+                    "temperature": 0.0,
+                    "median_tpot_ms": 1000 * float(np.median(tpot)),
+                    "median_ttft_ms": 1000 * float(np.median(ttft)),
+                    "median_e2el_ms": 1000 * float(np.median(e2el)),
+                    "p99_tpot_ms": 1000 * float(np.percentile(tpot, 99)),
+                    "output_throughput": samples[point].throughput,
+                    "duration": samples[point].duration_s,
+                    **({"acceptance_length": 3.0, "acceptance_alpha": 0.77} if k else {}),
+                }
+            )
     return pd.DataFrame(rows), samples
 
 
@@ -81,8 +105,10 @@ def main() -> int:
             analyse("cost", frame, [], [], samples, StatsOptions())
             timings.append(time.perf_counter() - started)
         what = f"analysis of a synthetic 9-point sweep, {args.requests} requests per window"
-    print(f"{what}: median {statistics.median(timings):.2f} s over {args.rounds} rounds "
-          f"(min {min(timings):.2f}, max {max(timings):.2f}); goal <= 5 s")  # fmt: skip
+    print(
+        f"{what}: median {statistics.median(timings):.2f} s over {args.rounds} rounds "
+        f"(min {min(timings):.2f}, max {max(timings):.2f}); goal <= 5 s"
+    )
     return 0
 
 

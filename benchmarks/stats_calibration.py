@@ -55,14 +55,27 @@ def window(rng: np.random.Generator, prompt: np.ndarray, scale: float, fail: flo
     tpot = scale * np.exp(prompt + 0.15 * rng.standard_t(4, n))
     failed = rng.random(n) < fail
     ok = ~failed
-    return Sample(index=np.arange(n)[ok], values={"tpot": tpot[ok], "ttft": tpot[ok] * 5, "e2el": tpot[ok] * 64},
-                  itl=tuple(np.full(2, v) for v in tpot[ok]), output_tokens=np.full(ok.sum(), 65.0),
-                  chunks=np.full(ok.sum(), 33.0), duration_s=30.0, failed=int(failed.sum()),
-                  failed_index=np.flatnonzero(failed))  # fmt: skip
+    return Sample(
+        index=np.arange(n)[ok],
+        values={"tpot": tpot[ok], "ttft": tpot[ok] * 5, "e2el": tpot[ok] * 64},
+        itl=tuple(np.full(2, v) for v in tpot[ok]),
+        output_tokens=np.full(ok.sum(), 65.0),
+        chunks=np.full(ok.sum(), 33.0),
+        duration_s=30.0,
+        failed=int(failed.sum()),
+        failed_index=np.flatnonzero(failed),
+    )
 
 
-def pair(rng: np.random.Generator, n: int, true: float, runs: int, offset_sd: float, fail: float = 0.0,
-         prompt_sd: float = 0.1) -> tuple[list[Sample], list[Sample]]:  # fmt: skip
+def pair(
+    rng: np.random.Generator,
+    n: int,
+    true: float,
+    runs: int,
+    offset_sd: float,
+    fail: float = 0.0,
+    prompt_sd: float = 0.1,
+) -> tuple[list[Sample], list[Sample]]:
     """Baseline and speculative windows of ``runs`` repeats; each repeat's pair of servers moves the
     ratio by a N(0, offset_sd) log offset (0: the truth is these servers' own)."""
     base, spec = [], []
@@ -77,8 +90,9 @@ def covers(ratio, truth: float) -> bool:  # type: ignore[no-untyped-def]
     return ratio.low is not None and ratio.high is not None and ratio.low <= truth <= ratio.high
 
 
-def aa_spread(rng: np.random.Generator, comparisons: int = 10, metric: str = "speedup_median_tpot",
-              sd: float = AA_SD) -> ServerSpread:  # fmt: skip
+def aa_spread(
+    rng: np.random.Generator, comparisons: int = 10, metric: str = "speedup_median_tpot", sd: float = AA_SD
+) -> ServerSpread:
     """What an A/A sweep of ``comparisons`` pairs would have stored for ``metric`` (true spread
     ``sd``): the RMS of as many draws."""
     draws = rng.normal(0, sd, comparisons)
@@ -88,8 +102,9 @@ def aa_spread(rng: np.random.Generator, comparisons: int = 10, metric: str = "sp
 # ---- the experiments: each returns (hits, trials) ----------------------------------------
 
 
-def paired_coverage(seed: int, trials: int, opts: StatsOptions, n: int, true: float, runs: int = 1,
-                    offset_sd: float = 0.0, **kw: float) -> tuple[int, int]:  # fmt: skip
+def paired_coverage(
+    seed: int, trials: int, opts: StatsOptions, n: int, true: float, runs: int = 1, offset_sd: float = 0.0, **kw: float
+) -> tuple[int, int]:
     """How often the median-TPOT interval of ``runs`` repeats of ``n`` requests covers ``true``
     (``offset_sd``: each repeat's own pair of servers, so the truth is the mean over servers)."""
     rng = np.random.default_rng(seed)
@@ -189,8 +204,14 @@ def capacity_interval(trials: int, opts: StatsOptions, n: int) -> tuple[int, int
         found = []
         for rate in (1.0, 2.0, 4.0, 2.83, 3.36):
             tpot = 0.01 * rate / limit * np.exp(rng.normal(0, 0.3, n))
-            sample = Sample(index=np.arange(n), values={"tpot": tpot, "ttft": np.full(n, 0.1), "e2el": tpot * 64},
-                            itl=(), output_tokens=np.full(n, 65.0), chunks=np.full(n, 65.0), duration_s=30.0)  # fmt: skip
+            sample = Sample(
+                index=np.arange(n),
+                values={"tpot": tpot, "ttft": np.full(n, 0.1), "e2el": tpot * 64},
+                itl=(),
+                output_tokens=np.full(n, 65.0),
+                chunks=np.full(n, 65.0),
+                duration_s=30.0,
+            )
             found.append(probe(rate, sample, target, opts, rng))
         b = boundary(found, opts)
         hits += b.low is not None and b.high is not None and b.low <= limit <= b.high
@@ -210,8 +231,10 @@ def crossing_interval(trials: int, opts: StatsOptions) -> tuple[int, int, int]:
     hits = resolved = attempted = 0
     while resolved < trials and attempted < CROSSING_ATTEMPTS * trials:
         s, attempted = attempted, attempted + 1
-        ratios = [paired_ratio("speedup_median_tpot", *pair(rng, 64, t, 1, 0.0), opts, np.random.default_rng([s, i]))
-                  for i, t in enumerate((2.0, 1.4, 0.7))]  # fmt: skip
+        ratios = [
+            paired_ratio("speedup_median_tpot", *pair(rng, 64, t, 1, 0.0), opts, np.random.default_rng([s, i]))
+            for i, t in enumerate((2.0, 1.4, 0.7))
+        ]
         cross = decisions.crossing([1.0, 4.0, 16.0], decide(ratios, opts), opts)
         if cross.rate is not None:
             resolved += 1
@@ -242,8 +265,9 @@ def prompts(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray, n
     return rng.normal(0, 0.1, n), rng.normal(0, 0.4, n), tokens
 
 
-def latency_window(rng: np.random.Generator, prompt: tuple[np.ndarray, np.ndarray, np.ndarray], tpot_scale: float,
-                   ttft_scale: float) -> Sample:  # fmt: skip
+def latency_window(
+    rng: np.random.Generator, prompt: tuple[np.ndarray, np.ndarray, np.ndarray], tpot_scale: float, ttft_scale: float
+) -> Sample:
     """One window whose TTFT and E2EL are their own: TPOT as in :func:`window`, TTFT =
     ttft_scale x exp(prefill + 0.3 t4) (queueing noise heavier than TPOT's), E2EL = TTFT +
     (tokens - 1) x TPOT."""
@@ -251,8 +275,14 @@ def latency_window(rng: np.random.Generator, prompt: tuple[np.ndarray, np.ndarra
     n = len(tokens)
     tpot = tpot_scale * np.exp(decode + 0.15 * rng.standard_t(4, n))
     ttft = ttft_scale * np.exp(prefill + 0.3 * rng.standard_t(4, n))
-    return Sample(index=np.arange(n), values={"tpot": tpot, "ttft": ttft, "e2el": ttft + (tokens - 1) * tpot},
-                  itl=(), output_tokens=tokens, chunks=tokens, duration_s=30.0)  # fmt: skip
+    return Sample(
+        index=np.arange(n),
+        values={"tpot": tpot, "ttft": ttft, "e2el": ttft + (tokens - 1) * tpot},
+        itl=(),
+        output_tokens=tokens,
+        chunks=tokens,
+        duration_s=30.0,
+    )
 
 
 # Baseline scales of the latency windows, and speculation's true effect on each part.
@@ -317,10 +347,14 @@ def throughput_repeats(trials: int, opts: StatsOptions) -> tuple[int, int]:
     hits = 0
     for s in range(trials):
         base, spec = (
-            [dataclasses.replace(w, duration_s=30.0 * float(np.mean(w.values["tpot"])) / 0.04
-                                 * math.exp(0.03 * rng.standard_t(4))) for w in side]
+            [
+                dataclasses.replace(
+                    w, duration_s=30.0 * float(np.mean(w.values["tpot"])) / 0.04 * math.exp(0.03 * rng.standard_t(4))
+                )
+                for w in side
+            ]
             for side in pair(rng, 64, 1.3, 3, AA_SD)
-        )  # fmt: skip
+        )
         hits += covers(paired_ratio("output_throughput_ratio", base, spec, opts, np.random.default_rng(s)), 1.3)
     return hits, trials
 
@@ -502,13 +536,37 @@ CONSERVATIVE = {
 
 # ---- verdicts per group: categories, and stretches of a trace (analysis/categories.py, timeline.py) --
 
-GROUP_FRAME = pd.DataFrame([
-    {"role": "baseline", "status": "finished", "run_id": "b", "point_hash": "pb", "point_key": "kb", "engine": "vllm",
-     "method": "none", "k": 0, "request_rate": 1.0, "point": "baseline-r1", "trace_requests": 64.0},
-    {"role": "speculative", "status": "finished", "run_id": "s", "point_hash": "ps", "point_key": "ks",
-     "baseline_hash": "pb", "engine": "vllm", "method": "ngram", "k": 3, "request_rate": 1.0, "point": "ngram-k3-r1",
-     "trace_requests": 64.0},
-])  # fmt: skip
+GROUP_FRAME = pd.DataFrame(
+    [
+        {
+            "role": "baseline",
+            "status": "finished",
+            "run_id": "b",
+            "point_hash": "pb",
+            "point_key": "kb",
+            "engine": "vllm",
+            "method": "none",
+            "k": 0,
+            "request_rate": 1.0,
+            "point": "baseline-r1",
+            "trace_requests": 64.0,
+        },
+        {
+            "role": "speculative",
+            "status": "finished",
+            "run_id": "s",
+            "point_hash": "ps",
+            "point_key": "ks",
+            "baseline_hash": "pb",
+            "engine": "vllm",
+            "method": "ngram",
+            "k": 3,
+            "request_rate": 1.0,
+            "point": "ngram-k3-r1",
+            "trace_requests": 64.0,
+        },
+    ]
+)
 
 
 def grouped_pair(rng: np.random.Generator, truths: Sequence[float], per_group: int) -> tuple[Sample, Sample]:
@@ -523,9 +581,18 @@ def grouped_pair(rng: np.random.Generator, truths: Sequence[float], per_group: i
     made = []
     for scale in (np.full(n, 0.04), 0.04 / true):
         tpot = scale * np.exp(prompt + 0.15 * rng.standard_t(4, n))
-        made.append(Sample(index=np.arange(n), values={"tpot": tpot, "ttft": tpot * 5, "e2el": tpot * 64},
-                           itl=tuple(np.full(2, v) for v in tpot), output_tokens=np.full(n, 65.0),
-                           chunks=np.full(n, 33.0), duration_s=62.0, scheduled=scheduled, category=names))  # fmt: skip
+        made.append(
+            Sample(
+                index=np.arange(n),
+                values={"tpot": tpot, "ttft": tpot * 5, "e2el": tpot * 64},
+                itl=tuple(np.full(2, v) for v in tpot),
+                output_tokens=np.full(n, 65.0),
+                chunks=np.full(n, 33.0),
+                duration_s=62.0,
+                scheduled=scheduled,
+                category=names,
+            )
+        )
     return made[0], made[1]
 
 
@@ -538,28 +605,32 @@ def group_table(kind: str, base: Sample, spec: Sample, opts: StatsOptions) -> pd
     return timeline.compare(GROUP_FRAME, samples, opts).sort_values("start_s")
 
 
-def group_coverage(seed: int, trials: int, opts: StatsOptions, kind: str, truths: Sequence[float],
-                   per_group: int) -> tuple[int, int]:  # fmt: skip
+def group_coverage(
+    seed: int, trials: int, opts: StatsOptions, kind: str, truths: Sequence[float], per_group: int
+) -> tuple[int, int]:
     """Each group's interval against its own truth: hits over groups x trials."""
     rng = np.random.default_rng(seed)
     hits = count = 0
     for _ in range(trials):
         table = group_table(kind, *grouped_pair(rng, truths, per_group), opts)
-        for truth, low, high in zip(truths, table["speedup_median_tpot_low"], table["speedup_median_tpot_high"],
-                                    strict=True):  # fmt: skip
+        for truth, low, high in zip(
+            truths, table["speedup_median_tpot_low"], table["speedup_median_tpot_high"], strict=True
+        ):
             hits += int(low <= truth <= high)
             count += 1
     return hits, count
 
 
-def group_calls(seed: int, trials: int, opts: StatsOptions, kind: str, truths: Sequence[float],
-                per_group: int) -> list[list[str]]:  # fmt: skip
+def group_calls(
+    seed: int, trials: int, opts: StatsOptions, kind: str, truths: Sequence[float], per_group: int
+) -> list[list[str]]:
     rng = np.random.default_rng(seed)
     return [list(group_table(kind, *grouped_pair(rng, truths, per_group), opts)["verdict"]) for _ in range(trials)]
 
 
-def row(name: str, hits: int, trials: int, note: str = "", minimum: int = 0,
-        seconds: float = math.nan) -> tuple[str, bool, str]:  # fmt: skip
+def row(
+    name: str, hits: int, trials: int, note: str = "", minimum: int = 0, seconds: float = math.nan
+) -> tuple[str, bool, str]:
     """The table row, whether the interval met its goal, and a line to print under the table
     (why a conservative row may be conservative, or why a row missed), or ""."""
     if trials == 0:
@@ -584,8 +655,10 @@ def row(name: str, hits: int, trials: int, note: str = "", minimum: int = 0,
         why = f"{name}: {rate:.1%} is outside {low_goal:.0%}-{high_goal:.0%}" + (
             "" if rate < low_goal else " and no reason for a conservative interval is given"
         )
-    text = (f"| {name} | {hits}/{trials} = {rate:.1%} [{ci.low:.1%}, {ci.high:.1%}] | {note or '—'} | {status} | "
-            f"{seconds:.1f} |")  # fmt: skip
+    text = (
+        f"| {name} | {hits}/{trials} = {rate:.1%} [{ci.low:.1%}, {ci.high:.1%}] | {note or '—'} | {status} | "
+        f"{seconds:.1f} |"
+    )
     return text, status != "miss", why
 
 
@@ -597,11 +670,18 @@ FULL_RESAMPLES, QUICK_RESAMPLES = 1000, 500
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer trials and resamples (under 5 minutes)")
-    parser.add_argument("--trials", type=int, default=None,
-                        help="trials per interval, in place of the mode's (a smoke run, or a timing; the hints are "
-                        "scaled down with it; --quick still sets the resamples)")  # fmt: skip
-    parser.add_argument("--only", default="", help="only the interval rows whose name contains this text, and the "
-                        "group verdicts (a check of some rows)")  # fmt: skip
+    parser.add_argument(
+        "--trials",
+        type=int,
+        default=None,
+        help="trials per interval, in place of the mode's (a smoke run, or a timing; the hints are "
+        "scaled down with it; --quick still sets the resamples)",
+    )
+    parser.add_argument(
+        "--only",
+        default="",
+        help="only the interval rows whose name contains this text, and the group verdicts (a check of some rows)",
+    )
     args = parser.parse_args()
     trials = args.trials if args.trials is not None else QUICK_TRIALS if args.quick else FULL_TRIALS
     if trials < 1:
@@ -695,8 +775,10 @@ def main() -> int:
         return _group_verdicts(trials, opts, failures, start)
     began = time.monotonic()
     hits, n = capacity_interval(max(1, trials // 4), opts, 100)
-    print(f"| capacity boundary, 100 requests per probe (sensitivity band) | {hits}/{n} = {hits / n:.1%} | p99 "
-          f"from 100 requests | not gated | {time.monotonic() - began:.1f} |")  # fmt: skip
+    print(
+        f"| capacity boundary, 100 requests per probe (sensitivity band) | {hits}/{n} = {hits / n:.1%} | p99 "
+        f"from 100 requests | not gated | {time.monotonic() - began:.1f} |"
+    )
     for why in notes:
         print(f"- {why}")
     print()
@@ -737,8 +819,11 @@ def _group_verdicts(trials: int, opts: StatsOptions, failures: list[str], start:
             (f"{label}, one group {truths[0]:g}x: called helps (power)", found, ">= 80 %", found / trials >= 0.80),
         ):
             ci = scipy_stats.binomtest(hits, trials).proportion_ci(method="exact")
-            print(f"| {what} | {hits}/{trials} = {hits / trials:.1%} [{ci.low:.1%}, {ci.high:.1%}] | {goal} | "
-                  f"{'ok' if ok else 'miss'} | {time.monotonic() - began:.1f} |", flush=True)  # fmt: skip
+            print(
+                f"| {what} | {hits}/{trials} = {hits / trials:.1%} [{ci.low:.1%}, {ci.high:.1%}] | {goal} | "
+                f"{'ok' if ok else 'miss'} | {time.monotonic() - began:.1f} |",
+                flush=True,
+            )
             if not ok:
                 failures.append(what)
     elapsed = time.monotonic() - start

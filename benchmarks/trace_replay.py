@@ -76,8 +76,11 @@ def _wait_port(port: int, deadline_s: float = 30.0) -> None:
 
 def lateness() -> dict:
     port = free_port()
-    fake = subprocess.Popen([sys.executable, str(REPO / "benchmarks" / "fake_openai_server.py"), "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    fake = subprocess.Popen(
+        [sys.executable, str(REPO / "benchmarks" / "fake_openai_server.py"), "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     rows = {}
     try:
         _wait_port(port)
@@ -88,11 +91,17 @@ def lateness() -> dict:
             requests = to_requests(traces.items(replayed, None), workload, None)
             window = run_window(requests, list(replayed.offsets), opts)
             late = np.array([r.lateness_s for r in window.records if r.ok]) * 1e3
-            rows[scale] = {"requests": len(requests), "ok": int(sum(r.ok for r in window.records)),
-                           "p50_ms": float(np.percentile(late, 50)), "p99_ms": float(np.percentile(late, 99)),
-                           "span_s": float(max(replayed.offsets))}  # fmt: skip
-            print(f"  scale {scale:<6g} span {rows[scale]['span_s']:7.1f} s  {rows[scale]['ok']}/{len(requests)} ok  "
-                  f"lateness p50 {rows[scale]['p50_ms']:6.2f} ms  p99 {rows[scale]['p99_ms']:6.2f} ms")  # fmt: skip
+            rows[scale] = {
+                "requests": len(requests),
+                "ok": int(sum(r.ok for r in window.records)),
+                "p50_ms": float(np.percentile(late, 50)),
+                "p99_ms": float(np.percentile(late, 99)),
+                "span_s": float(max(replayed.offsets)),
+            }
+            print(
+                f"  scale {scale:<6g} span {rows[scale]['span_s']:7.1f} s  {rows[scale]['ok']}/{len(requests)} ok  "
+                f"lateness p50 {rows[scale]['p50_ms']:6.2f} ms  p99 {rows[scale]['p99_ms']:6.2f} ms"
+            )
     finally:
         fake.terminate()
         fake.wait(timeout=10)
@@ -109,8 +118,12 @@ def write_lengths_trace(path: Path, count: int, seed: int) -> Path:
         for i in range(count):
             length = rng.randrange(64, 449)
             hashes = [i * 1000 + j for j in range((length + block - 1) // block)]  # no shared prefix
-            fh.write(json.dumps({"timestamp": round(t * 1000), "input_length": length, "output_length": 48,
-                                 "hash_ids": hashes}) + "\n")  # fmt: skip
+            fh.write(
+                json.dumps(
+                    {"timestamp": round(t * 1000), "input_length": length, "output_length": 48, "hash_ids": hashes}
+                )
+                + "\n"
+            )
             t += rng.expovariate(1.0)
     return path
 
@@ -139,13 +152,42 @@ def run_ours(url: str, trace: Path, tokenizer: object) -> dict:
 
 def run_vllm_bench(url: str, trace: Path, count: int, model_dir: str, shim: Path, out: Path) -> dict:
     cmd = [
-        sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve",
-        "--backend", "vllm", "--base-url", url, "--endpoint", "/v1/completions",
-        "--model", SERVED, "--tokenizer", model_dir, "--dataset-name", "timed_trace", "--dataset-path", str(trace),
-        "--timed-trace-sec-multiplier", "0.001", "--num-prompts", str(count), "--temperature", "0",
-        "--percentile-metrics", "ttft,tpot,itl,e2el", "--ready-check-timeout-sec", "0",
-        "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name, "--disable-tqdm",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.cli.main",
+        "bench",
+        "serve",
+        "--backend",
+        "vllm",
+        "--base-url",
+        url,
+        "--endpoint",
+        "/v1/completions",
+        "--model",
+        SERVED,
+        "--tokenizer",
+        model_dir,
+        "--dataset-name",
+        "timed_trace",
+        "--dataset-path",
+        str(trace),
+        "--timed-trace-sec-multiplier",
+        "0.001",
+        "--num-prompts",
+        str(count),
+        "--temperature",
+        "0",
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--ready-check-timeout-sec",
+        "0",
+        "--save-result",
+        "--result-dir",
+        str(out.parent),
+        "--result-filename",
+        out.name,
+        "--disable-tqdm",
+    ]
     env = {**os.environ, "PYTHONPATH": str(shim), "VLLM_TARGET_DEVICE": "cpu"}
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
     return json.loads(out.read_text())
@@ -159,13 +201,27 @@ def agreement(rounds: int, count: int, seed: int, work: Path) -> dict:
     shim = _metadata_shim(work / "shim", f"{install.version}+cpu")
     port = free_port()
     launch = vllm.build_launch(
-        install=install, engine=EngineConfig(prefix_cache="off"), spec=SpecConfig(method="none", k=0),
-        model_path=model_dir, draft_path=None, served_name=SERVED, port=port, on_gpu=False, seed=seed,
+        install=install,
+        engine=EngineConfig(prefix_cache="off"),
+        spec=SpecConfig(method="none", k=0),
+        model_path=model_dir,
+        draft_path=None,
+        served_name=SERVED,
+        port=port,
+        on_gpu=False,
+        seed=seed,
         cache_dir=cache_root(),
-    )  # fmt: skip
-    spec = ServerSpec(engine="vllm", engine_version=str(install.version), command=tuple(launch.command),
-                      host="127.0.0.1", port=port, log_path=work / "server.log", startup_timeout_s=600,
-                      env=launch.env)  # fmt: skip
+    )
+    spec = ServerSpec(
+        engine="vllm",
+        engine_version=str(install.version),
+        command=tuple(launch.command),
+        host="127.0.0.1",
+        port=port,
+        log_path=work / "server.log",
+        startup_timeout_s=600,
+        env=launch.env,
+    )
     ratios: dict[str, list[float]] = {k: [] for k in KEYS}
     late: list[tuple[float, float]] = []
     print(f"  {'round':<6} {'tool':<10} " + " ".join(f"{k:>18}" for k in KEYS))
@@ -178,8 +234,9 @@ def agreement(rounds: int, count: int, seed: int, work: Path) -> dict:
                 if tool == "specsweep":
                     results[tool] = run_ours(server.base_url, trace, tokenizer)
                 else:
-                    results[tool] = run_vllm_bench(server.base_url, trace, count, model_dir, shim,
-                                                   work / f"vllm-{r}.json")  # fmt: skip
+                    results[tool] = run_vllm_bench(
+                        server.base_url, trace, count, model_dir, shim, work / f"vllm-{r}.json"
+                    )
             for tool in ("specsweep", "vllm"):
                 print(f"  {r:<6} {tool:<10} " + " ".join(f"{results[tool][k]:18.2f}" for k in KEYS))
             for k in KEYS:
@@ -200,8 +257,16 @@ def agreement(rounds: int, count: int, seed: int, work: Path) -> dict:
 
 def speedups(work: Path) -> dict:
     sweep_dir = work / "sweep"
-    cmd = [sys.executable, "-m", "pipeline.sweep", "-m", "+sweep=trace", "force=true", "sweep_name=trace-bench",
-           f"hydra.sweep.dir={sweep_dir}"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pipeline.sweep",
+        "-m",
+        "+sweep=trace",
+        "force=true",
+        "sweep_name=trace-bench",
+        f"hydra.sweep.dir={sweep_dir}",
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     started = time.monotonic()
     with (work / "sweep.log").open("w") as log:

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from pipeline import startup
 from pipeline.analysis.gate import (
     GATED,
     Flip,
@@ -63,8 +64,11 @@ def fingerprint(tags: Mapping[str, str]) -> str:
 
 def measured_points(children: Sequence[ChildRun]) -> list[ChildRun]:
     """A sweep's finished points, confirmations left out."""
-    return [c for c in children
-            if c.tags.get("status") == "finished" and "point_hash" in c.tags and CONFIRMATION_TAG not in c.tags]  # fmt: skip
+    return [
+        c
+        for c in children
+        if c.tags.get("status") == "finished" and "point_hash" in c.tags and CONFIRMATION_TAG not in c.tags
+    ]
 
 
 def point_runs(reader: HistoryReader, parent_id: str, children: Sequence[ChildRun], work: Path) -> list[PointRun]:
@@ -85,16 +89,20 @@ class Reference:
     tag: str  # gate.reference on the parent: a run id, or "median:<ids>"
 
 
-def reference_for(reader: HistoryReader, parent_id: str, current: Sequence[PointRun], history: int,
-                  work: Path) -> Reference:  # fmt: skip
+def reference_for(
+    reader: HistoryReader, parent_id: str, current: Sequence[PointRun], history: int, work: Path
+) -> Reference:
     keys = {p.key for p in current}
     past: dict[str, list[PointRun]] = {k: [] for k in keys}
     used: list[str] = []
     for run_id in reader.past_sweeps(parent_id)[: 4 * history]:
         if all(len(v) >= history for v in past.values()):
             break
-        wanted = [c for c in measured_points(reader.children(run_id))
-                  if fingerprint(c.tags) in keys and len(past[fingerprint(c.tags)]) < history]  # fmt: skip
+        wanted = [
+            c
+            for c in measured_points(reader.children(run_id))
+            if fingerprint(c.tags) in keys and len(past[fingerprint(c.tags)]) < history
+        ]
         if wanted:
             used.append(run_id)
         for point in point_runs(reader, run_id, wanted, work):
@@ -108,8 +116,15 @@ def reference_for(reader: HistoryReader, parent_id: str, current: Sequence[Point
     return Reference(past, past, text, "median:" + ",".join(used))
 
 
-def record(reader: HistoryReader, parent_id: str, result: GateResult, ref: Reference, current: Sequence[PointRun],
-           summary: str, out_dir: Path) -> list[Path]:  # fmt: skip
+def record(
+    reader: HistoryReader,
+    parent_id: str,
+    result: GateResult,
+    ref: Reference,
+    current: Sequence[PointRun],
+    summary: str,
+    out_dir: Path,
+) -> list[Path]:
     """Verdicts on the runs, the summary and one trend plot per point on the parent run."""
     from pipeline.analysis import plots
 
@@ -124,8 +139,10 @@ def record(reader: HistoryReader, parent_id: str, result: GateResult, ref: Refer
     paths[0].write_text(summary)
     for i, point in enumerate(current, start=1):
         past = list(reversed(ref.spread_from.get(point.key, [])))
-        series = {m: [(p.started_ms, p.values[m]) for p in [*past, point] if math.isfinite(p.values.get(m, math.nan))]
-                  for m in ("median_tpot_ms", "p99_tpot_ms", "output_throughput")}  # fmt: skip
+        series = {
+            m: [(p.started_ms, p.values[m]) for p in [*past, point] if math.isfinite(p.values.get(m, math.nan))]
+            for m in ("median_tpot_ms", "p99_tpot_ms", "output_throughput")
+        }
         reference = {f.metric: f.reference for f in result.findings if f.run_id == point.run_id}
         if len(past) and reference:
             path = out_dir / f"trend{i}.png"
@@ -136,8 +153,9 @@ def record(reader: HistoryReader, parent_id: str, result: GateResult, ref: Refer
     return paths
 
 
-def run(reader: HistoryReader, parent_id: str, config: GateConfig, opts: StatsOptions,
-        out_dir: Path) -> tuple[GateResult, str]:  # fmt: skip
+def run(
+    reader: HistoryReader, parent_id: str, config: GateConfig, opts: StatsOptions, out_dir: Path
+) -> tuple[GateResult, str]:
     """Judge a sweep run and record the result; returns it and its Markdown summary. Points
     re-measured by a confirmation (children tagged ``gate.confirmation_of``) are judged
     again, and a regression stands only if the re-measurement shows it too."""
@@ -165,8 +183,9 @@ def run(reader: HistoryReader, parent_id: str, config: GateConfig, opts: StatsOp
     return result, summary
 
 
-def speculation_verdicts(reader: HistoryReader, parent_id: str, work: Path,
-                         opts: StatsOptions) -> dict[str, tuple[str, str, str]]:  # fmt: skip
+def speculation_verdicts(
+    reader: HistoryReader, parent_id: str, work: Path, opts: StatsOptions
+) -> dict[str, tuple[str, str, str]]:
     """Each speculative point of a sweep run, by fingerprint: (label, run id, its median-TPOT
     verdict against the baseline), decided from the run's own summary and requests as the
     report decides it (the same intervals, the same correction across the sweep)."""
@@ -194,8 +213,9 @@ def speculation_verdicts(reader: HistoryReader, parent_id: str, work: Path,
     return out
 
 
-def _flips(reader: HistoryReader, parent_id: str, ref: Reference, work: Path,
-           opts: StatsOptions) -> tuple[list[Flip], int]:  # fmt: skip
+def _flips(
+    reader: HistoryReader, parent_id: str, ref: Reference, work: Path, opts: StatsOptions
+) -> tuple[list[Flip], int]:
     """The points whose speculation verdict changed since the newest reference run that holds
     them (the pinned run, where one is pinned), and how many points could be compared."""
     now = speculation_verdicts(reader, parent_id, work, opts)
@@ -243,10 +263,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("ref", nargs="+", help="sweep name or parent run id; or: pin <run id>; unpin <name | run id>")
     parser.add_argument("--tracking-uri", help="the MLflow server (default: $MLFLOW_TRACKING_URI, else ./mlruns)")
     parser.add_argument("--project", type=Path, default=Path.cwd(), help="folder holding mlruns/ (default: here)")
-    parser.add_argument("--history", type=int, default=None,
-                        help="past runs in the reference (default: the sweep's recorded gate.history)")  # fmt: skip
+    parser.add_argument(
+        "--history",
+        type=int,
+        default=None,
+        help="past runs in the reference (default: the sweep's recorded gate.history)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="where to write gate/ (default: ./outputs/gate-<run>)")
     args = parser.parse_args(argv)
+    startup.configure(verbose=False)
     action, refs = ("judge", args.ref) if args.ref[0] not in ("pin", "unpin") else (args.ref[0], args.ref[1:])
     if len(refs) != 1:
         parser.error(f"give exactly one sweep name or run id (got {len(refs)}): e.g. python -m pipeline.gate nightly")
@@ -265,13 +290,20 @@ def main(argv: list[str] | None = None) -> int:
         parent = reader.find_parent(refs[0])
         reader.sweep_run(parent)
         recorded = reader.params(parent)
-        opts = StatsOptions(**{k: cast(recorded[f"stats.{k}"]) for k, cast in
-                               (("confidence", float), ("resamples", int)) if f"stats.{k}" in recorded})  # fmt: skip
+        opts = StatsOptions(
+            **{
+                k: cast(recorded[f"stats.{k}"])
+                for k, cast in (("confidence", float), ("resamples", int))
+                if f"stats.{k}" in recorded
+            }
+        )
         config, defaulted = recorded_config(recorded, args.history)
         if defaulted:
-            print(f"note: sweep run {parent} did not record its gate settings (it ran before they were); judged "
-                  f"with the defaults " + ", ".join(f"gate.{n}={getattr(config, n)}" for n in defaulted),
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"note: sweep run {parent} did not record its gate settings (it ran before they were); judged "
+                f"with the defaults " + ", ".join(f"gate.{n}={getattr(config, n)}" for n in defaulted),
+                file=sys.stderr,
+            )
         result, summary = run(reader, parent, config, opts, args.out or Path("outputs") / f"gate-{parent[:8]}")
     except TrackingUnreachable as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -281,9 +313,12 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     print(summary)
     if result.overall == "insufficient":
-        print("insufficient data: no earlier run of this sweep with the same fingerprint (point, hardware, model "
-              "revision) to compare with; run the sweep again, or pin a reference with "
-              "`python -m pipeline.gate pin <parent run id>`", file=sys.stderr)  # fmt: skip
+        print(
+            "insufficient data: no earlier run of this sweep with the same fingerprint (point, hardware, model "
+            "revision) to compare with; run the sweep again, or pin a reference with "
+            "`python -m pipeline.gate pin <parent run id>`",
+            file=sys.stderr,
+        )
     return EXIT_CODES[result.overall]
 
 

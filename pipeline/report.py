@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from pipeline import startup
 from pipeline.analysis import categories, iplots, search_report
 from pipeline.analysis.assemble import analyse, interactive_figures, output_length_tests
 from pipeline.analysis.report import markdown
@@ -30,13 +31,13 @@ from pipeline.config import TrackingConfig
 from pipeline.record.readers import SweepReader
 from pipeline.record.tracking import TrackingError, resolve_store
 from pipeline.record.windows import window_requests, with_server_spread
-from pipeline.run import quiet
 
 REPORT_DIR = "report"
 
 
-def build(reader: SweepReader, parent_id: str, out_dir: Path | None = None,
-          opts: StatsOptions | None = None) -> dict[str, Path]:  # fmt: skip
+def build(
+    reader: SweepReader, parent_id: str, out_dir: Path | None = None, opts: StatsOptions | None = None
+) -> dict[str, Path]:
     """Analyse the sweep of ``parent_id`` from MLflow; write and log the report."""
     from pipeline.analysis import plots
 
@@ -124,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--resamples", type=int, help="bootstrap replicates (default: the sweep's stats.resamples)")
     parser.add_argument("--verbose", action="store_true", help="MLflow's download bars and library notices too")
     args = parser.parse_args(argv)
-    quiet.apply(args.verbose)
+    startup.configure(args.verbose)
     uri = args.tracking_uri or resolve_store(TrackingConfig(), args.project.resolve()).tracking_uri
     reader = SweepReader(uri)
     try:

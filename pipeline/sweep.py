@@ -71,8 +71,11 @@ def main(cfg: Any) -> Any:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
     if job.ray.address:
-        print(f"error: ray.address={job.ray.address} joins a cluster for a sweep's server groups, but a single run "
-              "measures in this process; add -m to run it through the Ray launcher", file=sys.stderr)  # fmt: skip
+        print(
+            f"error: ray.address={job.ray.address} joins a cluster for a sweep's server groups, but a single run "
+            "measures in this process; add -m to run it through the Ray launcher",
+            file=sys.stderr,
+        )
         sys.exit(EXIT_BAD_INPUT)
     # A single run is a sweep of one point and its baseline, run in this process.
     from pipeline.run.driver import InProcess, run_guarded

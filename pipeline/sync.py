@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pipeline import startup
 from pipeline.record.journal import journals, replay
 
 EXIT_LEFT = 4  # the tracking server still does not take the writes
@@ -28,17 +29,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("outputs", type=Path, help="a sweep's output folder, or a folder of them (e.g. outputs/)")
     parser.add_argument("--tracking-uri", help="where to write instead of the store each journal names")
     args = parser.parse_args(argv)
+    startup.configure(verbose=False)
     if not args.outputs.is_dir():
-        print(f"error: {args.outputs} is not a folder; give a sweep's output folder, e.g. outputs/default",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"error: {args.outputs} is not a folder; give a sweep's output folder, e.g. outputs/default",
+            file=sys.stderr,
+        )
         return 2
     found = journals(args.outputs)
     if not found:
         print(f"nothing to sync: no {args.outputs}/**/mlflow-journal.jsonl")
         return 0
     made, left = replay(found, lambda header: make_tracker(header, args.tracking_uri))
-    print(f"synced {made} MLflow write(s) from {len(found)} journal(s)"
-          + (f"; {left} still left: is the tracking server up? run this again" if left else ""))  # fmt: skip
+    print(
+        f"synced {made} MLflow write(s) from {len(found)} journal(s)"
+        + (f"; {left} still left: is the tracking server up? run this again" if left else "")
+    )
     return EXIT_LEFT if left else 0
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 
+from pipeline import startup
 from pipeline.config import TrackingConfig
 from pipeline.engines.process import free_port
 from pipeline.run.signals import exit_on_sigterm
@@ -52,9 +53,21 @@ def start(project_root: Path, host: str, port: int) -> tuple[subprocess.Popen[by
     if not db.is_file():
         raise SystemExit(f"error: no MLflow store at {db}; run a sweep from {project_root} first")
     command = [
-        sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", store.tracking_uri,
-        "--default-artifact-root", str(store.artifact_root), "--host", host, "--port", str(port), "--workers", "1",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "mlflow",
+        "ui",
+        "--backend-store-uri",
+        store.tracking_uri,
+        "--default-artifact-root",
+        str(store.artifact_root),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+    ]
     # The UI's own log goes to stderr, so stdout carries only the URL (scripts read it).
     proc = subprocess.Popen(command, start_new_session=True, stdout=sys.stderr)
     base_url = f"http://{host}:{port}"
@@ -79,6 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=0, help="port (default: a free one)")
     parser.add_argument("--project", type=Path, default=Path.cwd(), help="folder holding mlruns/ (default: here)")
     args = parser.parse_args(argv)
+    startup.configure(verbose=False)
     exit_on_sigterm()  # so that `finally` stops the UI's own process group too
     proc, base_url, uri = start(args.project.resolve(), args.host, args.port or free_port(args.host))
     try:

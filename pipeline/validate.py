@@ -199,8 +199,10 @@ def _validate_revision(model_id: str, revision: str | None) -> None:
     if revision is None:
         return
     if not revision or any(c.isspace() for c in revision):
-        raise ConfigError(f"model.revision={revision!r} is not a revision; give a commit, tag or branch, e.g. "
-                          "model.revision=0e9e39f249a16976918f6564b8830bc894c89659")  # fmt: skip
+        raise ConfigError(
+            f"model.revision={revision!r} is not a revision; give a commit, tag or branch, e.g. "
+            "model.revision=0e9e39f249a16976918f6564b8830bc894c89659"
+        )
     local = model_id.startswith(("embedded:", "/", "./", "../", "~")) or Path(model_id).expanduser().exists()
     if local:
         raise ConfigError(
@@ -218,8 +220,10 @@ def _validate_external(job: JobConfig) -> None:
     if engine.name != "external":
         for key in ("url", "baseline_url"):
             if getattr(engine, key):
-                raise ConfigError(f"engine.{key} is for engine=external (servers that already run); with "
-                                  f"engine={engine.name} specsweep starts its own servers: remove engine.{key}")  # fmt: skip
+                raise ConfigError(
+                    f"engine.{key} is for engine=external (servers that already run); with "
+                    f"engine={engine.name} specsweep starts its own servers: remove engine.{key}"
+                )
         if engine.prefix_cache == "as_is":
             raise ConfigError(
                 "engine.prefix_cache=as_is is for engine=external; a server specsweep starts is measured cold, "

@@ -79,8 +79,9 @@ def _ray(*args: str, started: list[psutil.Process], timeout_s: float = 180) -> N
     seen: dict[int, psutil.Process] = {}
     try:
         with tempfile.TemporaryFile("w+") as out:
-            proc = subprocess.Popen([str(BIN / "ray"), *args], env=env(), stdout=out, stderr=subprocess.STDOUT,
-                                    text=True)  # fmt: skip
+            proc = subprocess.Popen(
+                [str(BIN / "ray"), *args], env=env(), stdout=out, stderr=subprocess.STDOUT, text=True
+            )
             deadline = time.monotonic() + timeout_s
             while proc.poll() is None:
                 for child in procs.descendants(proc.pid):
@@ -145,22 +146,44 @@ def ray_cluster(head_slots: float = 1, worker_slots: float = 1) -> Iterator[Clus
     worker_res = json.dumps({SLOT: worker_slots} if worker_slots else {})
     # `ray start --head` with token auth needs a token and does not make one (ray.init does):
     # on a fresh machine, create ~/.ray/auth_token first. Its output is the token: not shown.
-    made = subprocess.run([str(BIN / "ray"), "get-auth-token", "--generate"], env=env(), capture_output=True,
-                          timeout=120)  # fmt: skip
+    made = subprocess.run(
+        [str(BIN / "ray"), "get-auth-token", "--generate"], env=env(), capture_output=True, timeout=120
+    )
     if made.returncode:
         raise RuntimeError(f"ray get-auth-token --generate failed (exit {made.returncode})")
     started: list[psutil.Process] = []
     try:
-        _ray("start", "--head", f"--port={port}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
-             "--num-cpus=1", f"--resources={head_res}", f"--temp-dir={temp_dir}", "--disable-usage-stats",
-             "--object-store-memory=200000000", "--include-dashboard=true", started=started)  # fmt: skip
+        _ray(
+            "start",
+            "--head",
+            f"--port={port}",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={dash}",
+            "--num-cpus=1",
+            f"--resources={head_res}",
+            f"--temp-dir={temp_dir}",
+            "--disable-usage-stats",
+            "--object-store-memory=200000000",
+            "--include-dashboard=true",
+            started=started,
+        )
         low, node_port = free_port() % 5000 + 20000, free_port()
-        _ray("start", f"--address=127.0.0.1:{port}", "--num-cpus=1", f"--resources={worker_res}",
-             f"--node-manager-port={node_port}", f"--object-manager-port={free_port()}",
-             f"--min-worker-port={low}", f"--max-worker-port={low + 999}", "--disable-usage-stats",
-             "--object-store-memory=200000000", started=started)  # fmt: skip
-        cluster = Cluster(f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}", temp_dir, head_slots, worker_slots,
-                          node_port)  # fmt: skip
+        _ray(
+            "start",
+            f"--address=127.0.0.1:{port}",
+            "--num-cpus=1",
+            f"--resources={worker_res}",
+            f"--node-manager-port={node_port}",
+            f"--object-manager-port={free_port()}",
+            f"--min-worker-port={low}",
+            f"--max-worker-port={low + 999}",
+            "--disable-usage-stats",
+            "--object-store-memory=200000000",
+            started=started,
+        )
+        cluster = Cluster(
+            f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}", temp_dir, head_slots, worker_slots, node_port
+        )
         _wait_nodes(cluster, 2)
         procs.tracker().add(*cluster.processes(), *started)  # what the cluster runs counts as this test run's
         yield cluster
@@ -204,15 +227,37 @@ def mlflow_server(root: Path, port: int | None = None, admin_password: str | Non
     port = port or free_port()
     log = (root / "server.log").open("a")
     auth = ["--app-name", "basic-auth"] if admin_password else []
-    auth_env = {"MLFLOW_AUTH_CONFIG_PATH": str(REPO / "deploy" / "mlflow" / "basic_auth.ini"),
-                "MLFLOW_AUTH_ADMIN_PASSWORD": admin_password,
-                "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(32)} if admin_password else {}  # fmt: skip
+    auth_env = (
+        {
+            "MLFLOW_AUTH_CONFIG_PATH": str(REPO / "deploy" / "mlflow" / "basic_auth.ini"),
+            "MLFLOW_AUTH_ADMIN_PASSWORD": admin_password,
+            "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(32),
+        }
+        if admin_password
+        else {}
+    )
     proc = subprocess.Popen(
-        [str(BIN / "mlflow"), "server", *auth, "--host", "127.0.0.1", "--port", str(port),
-         "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}", "--artifacts-destination", str(root / "artifacts"),
-         "--workers", "1"],
-        stdout=log, stderr=subprocess.STDOUT, env=env() | auth_env, start_new_session=True, cwd=root,
-    )  # fmt: skip
+        [
+            str(BIN / "mlflow"),
+            "server",
+            *auth,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--backend-store-uri",
+            f"sqlite:///{root / 'mlflow.db'}",
+            "--artifacts-destination",
+            str(root / "artifacts"),
+            "--workers",
+            "1",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env() | auth_env,
+        start_new_session=True,
+        cwd=root,
+    )
     uri = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -237,14 +282,35 @@ def mlflow_server(root: Path, port: int | None = None, admin_password: str | Non
         log.close()
 
 
-def submit(cluster: Cluster, submission_id: str, working_dir: Path, entrypoint: list[str],
-           timeout_s: float = 1500, wait: bool = True) -> subprocess.CompletedProcess[str]:  # fmt: skip
+def submit(
+    cluster: Cluster,
+    submission_id: str,
+    working_dir: Path,
+    entrypoint: list[str],
+    timeout_s: float = 1500,
+    wait: bool = True,
+) -> subprocess.CompletedProcess[str]:
     """``ray job submit``, waiting for the job unless ``wait`` is false; its own exit code is 0 or 1."""
     return subprocess.run(
-        [str(BIN / "ray"), "job", "submit", "--address", cluster.dashboard, "--submission-id", submission_id,
-         "--working-dir", str(working_dir), *([] if wait else ["--no-wait"]), "--", *entrypoint],
-        env=env(), capture_output=True, text=True, timeout=timeout_s,
-    )  # fmt: skip
+        [
+            str(BIN / "ray"),
+            "job",
+            "submit",
+            "--address",
+            cluster.dashboard,
+            "--submission-id",
+            submission_id,
+            "--working-dir",
+            str(working_dir),
+            *([] if wait else ["--no-wait"]),
+            "--",
+            *entrypoint,
+        ],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
 
 
 def wait_job(cluster: Cluster, submission_id: str, timeout_s: float = 900) -> dict:

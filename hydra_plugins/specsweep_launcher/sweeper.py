@@ -86,8 +86,11 @@ class SpecsweepSweeper(BasicSweeper):
             print(f"error: {exc}", file=sys.stderr)
             sys.exit(EXIT_BAD_INPUT)
         except (HydraException, OmegaConfBaseException) as exc:  # an override no config can take
-            print(f"error: {exc}\ncheck the key and group names and the value types (`python -m pipeline.sweep "
-                  f"--cfg job` prints the config with every key)", file=sys.stderr)  # fmt: skip
+            print(
+                f"error: {exc}\ncheck the key and group names and the value types (`python -m pipeline.sweep "
+                f"--cfg job` prints the config with every key)",
+                file=sys.stderr,
+            )
             sys.exit(EXIT_BAD_INPUT)
         try:
             sweep_dir.mkdir(parents=True, exist_ok=True)

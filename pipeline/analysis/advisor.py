@@ -59,8 +59,12 @@ def _curves(table: pd.DataFrame):  # type: ignore[no-untyped-def]
         yield f"{first['engine']} {first['method']} k={first['k']}", group.sort_values("request_rate")
 
 
-def advise(comparisons: Comparisons, crossings: list[Crossover], memory: dict[str, tuple[float, float, float]],
-           kv: dict[str, KvCapacity] | None = None) -> list[Advice]:  # fmt: skip
+def advise(
+    comparisons: Comparisons,
+    crossings: list[Crossover],
+    memory: dict[str, tuple[float, float, float]],
+    kv: dict[str, KvCapacity] | None = None,
+) -> list[Advice]:
     """``memory``: configuration -> (lowest, median, highest) host-memory ratio to the baseline,
     the CPU fallback; ``kv``: configuration -> its KV capacity against the baseline's."""
     out: list[Advice] = list(_kv_advice(comparisons, kv or {}))
@@ -73,17 +77,24 @@ def advise(comparisons: Comparisons, crossings: list[Crossover], memory: dict[st
         if _finite(alpha) and _finite(lo) and _finite(hi):
             evidence = f"α {alpha:.2f} [{lo:.2f}, {hi:.2f}] at {low['request_rate']:g} req/s ({ALPHA_SCALE})"
             if hi < LOW_ALPHA:
-                closer = ("a smaller k (prompt lookup rarely matches that far ahead), or a draft model"
-                          if low["method"] in ("ngram", "suffix") else "a draft closer to the target (or EAGLE/MTP heads)")  # fmt: skip
+                closer = (
+                    "a smaller k (prompt lookup rarely matches that far ahead), or a draft model"
+                    if low["method"] in ("ngram", "suffix")
+                    else "a draft closer to the target (or EAGLE/MTP heads)"
+                )
                 out.append(Advice(f"α < {LOW_ALPHA}", f"{name}: use {closer}", evidence))
             if lo > HIGH_ALPHA:
                 out.append(Advice(f"α > {HIGH_ALPHA}", f"{name}: try a larger k; most drafts are accepted", evidence))
         high = group.iloc[-1]
         tput = comparisons.decision(high["point_key"], "output_throughput_ratio")
         if len(group) > 1 and tput is not None and tput.label == "hurts":
-            out.append(Advice("throughput lost at high load",
-                              f"{name}: disable speculation at {high['request_rate']:g} req/s and above",
-                              f"output throughput {tput.ratio.text} the baseline's at {high['request_rate']:g} req/s"))  # fmt: skip
+            out.append(
+                Advice(
+                    "throughput lost at high load",
+                    f"{name}: disable speculation at {high['request_rate']:g} req/s and above",
+                    f"output throughput {tput.ratio.text} the baseline's at {high['request_rate']:g} req/s",
+                )
+            )
         slower = group[group["speedup_median_ttft_high"].apply(lambda v: _finite(v) and v < TTFT_REGRESSION)]
         if not slower.empty:
             worst = slower.loc[slower["speedup_median_ttft"].idxmin()]
@@ -92,24 +103,42 @@ def advise(comparisons: Comparisons, crossings: list[Crossover], memory: dict[st
                 if worst["method"] in ("ngram", "suffix")
                 else "a smaller k, or ngram (no draft to prefill)"
             )
-            out.append(Advice("TTFT regression", f"{name}: use {fix}",
-                              f"median TTFT speedup {worst['speedup_median_ttft_text']} at {worst['request_rate']:g} "
-                              f"req/s: the whole interval is below {TTFT_REGRESSION}"))  # fmt: skip
+            out.append(
+                Advice(
+                    "TTFT regression",
+                    f"{name}: use {fix}",
+                    f"median TTFT speedup {worst['speedup_median_ttft_text']} at {worst['request_rate']:g} "
+                    f"req/s: the whole interval is below {TTFT_REGRESSION}",
+                )
+            )
     for cross in crossings:
         if cross.rate is not None:
-            out.append(Advice("speculation stops paying",
-                              f"{cross.engine} {cross.method} k={cross.k}: disable speculation above "
-                              f"~{cross.rate:.1f} req/s", cross.text))  # fmt: skip
+            out.append(
+                Advice(
+                    "speculation stops paying",
+                    f"{cross.engine} {cross.method} k={cross.k}: disable speculation above ~{cross.rate:.1f} req/s",
+                    cross.text,
+                )
+            )
     for key, (lowest, median, highest) in memory.items():
         if lowest > DRAFT_MEMORY_RATIO:
-            out.append(Advice("high memory with a separate draft", f"{key}: EAGLE or Medusa heads cost less memory",
-                              f"server memory {median:.2f}x [{lowest:.2f}, {highest:.2f}] the baseline's "
-                              f"(range over every window's reading)"))  # fmt: skip
+            out.append(
+                Advice(
+                    "high memory with a separate draft",
+                    f"{key}: EAGLE or Medusa heads cost less memory",
+                    f"server memory {median:.2f}x [{lowest:.2f}, {highest:.2f}] the baseline's "
+                    f"(range over every window's reading)",
+                )
+            )
     return out
 
 
-def k_schedule(comparisons: Comparisons, baseline_e2el_s: dict[float, float], method: str,
-               resolved_faster: Callable[[str, str], bool]) -> dict | None:  # fmt: skip
+def k_schedule(
+    comparisons: Comparisons,
+    baseline_e2el_s: dict[float, float],
+    method: str,
+    resolved_faster: Callable[[str, str], bool],
+) -> dict | None:
     """The best k per load band as vLLM's ``num_speculative_tokens_per_batch_size``:
     ``[range_start, range_end, k]`` by batch size, inclusive. A rate's batch size is
     estimated by Little's law (rate x baseline median E2EL); a band where no k helps gets 0.
@@ -149,8 +178,11 @@ def k_schedule(comparisons: Comparisons, baseline_e2el_s: dict[float, float], me
         if end >= start:
             schedule.append([start, end, best])
             start = end + 1
-    return {"method": method, "num_speculative_tokens": max(k for _, _, k in schedule) or 1,
-            "num_speculative_tokens_per_batch_size": schedule}  # fmt: skip
+    return {
+        "method": method,
+        "num_speculative_tokens": max(k for _, _, k in schedule) or 1,
+        "num_speculative_tokens_per_batch_size": schedule,
+    }
 
 
 def _kv_advice(comparisons: Comparisons, kv: dict[str, KvCapacity]) -> list[Advice]:
@@ -168,12 +200,20 @@ def _kv_advice(comparisons: Comparisons, kv: dict[str, KvCapacity]) -> list[Advi
             if not rows.empty:
                 top = rows.iloc[-1]
                 speed = f"; median-TPOT speedup {top[f'{TPOT}_text']} at {top['request_rate']:g} req/s"
-        concurrency = (f", max concurrency {cap.base_concurrency:.1f} -> {cap.concurrency:.1f}"
-                       if math.isfinite(cap.concurrency) and math.isfinite(cap.base_concurrency) else "")  # fmt: skip
-        out.append(Advice("KV capacity lost to the draft", f"{name}: the draft takes {1 - cap.ratio:.1%} of the KV "
-                          "cache; at high load that caps the batch: EAGLE heads or a smaller draft cost less",
-                          f"KV cache {cap.base_tokens:,.0f} -> {cap.tokens:,.0f} tokens{concurrency} (vLLM's "
-                          f"cache_config_info, the same in every window){speed}"))  # fmt: skip
+        concurrency = (
+            f", max concurrency {cap.base_concurrency:.1f} -> {cap.concurrency:.1f}"
+            if math.isfinite(cap.concurrency) and math.isfinite(cap.base_concurrency)
+            else ""
+        )
+        out.append(
+            Advice(
+                "KV capacity lost to the draft",
+                f"{name}: the draft takes {1 - cap.ratio:.1%} of the KV "
+                "cache; at high load that caps the batch: EAGLE heads or a smaller draft cost less",
+                f"KV cache {cap.base_tokens:,.0f} -> {cap.tokens:,.0f} tokens{concurrency} (vLLM's "
+                f"cache_config_info, the same in every window){speed}",
+            )
+        )
     return out
 
 
@@ -198,19 +238,34 @@ def by_request_type(table: pd.DataFrame) -> list[Advice]:
         for row in (r for _, r in hurts.iterrows()):
             low_alpha = _finite(row.get("acceptance_alpha_high")) and row["acceptance_alpha_high"] < LOW_ALPHA
             why = " (its drafts are rarely accepted)" if low_alpha else ""
-            out.append(Advice("request type: speculation hurts", f"{config}: turn speculation off for "
-                              f"{row['category']} requests{why}", f"median-TPOT speedup {row['text']} at {rate:g} "
-                              f"req/s, {_alpha_text(row)}, {int(row['requests'])} requests"))  # fmt: skip
+            out.append(
+                Advice(
+                    "request type: speculation hurts",
+                    f"{config}: turn speculation off for {row['category']} requests{why}",
+                    f"median-TPOT speedup {row['text']} at {rate:g} "
+                    f"req/s, {_alpha_text(row)}, {int(row['requests'])} requests",
+                )
+            )
         for row in (r for _, r in helps.iterrows()):
             high_alpha = _finite(row.get("acceptance_alpha_low")) and row["acceptance_alpha_low"] > HIGH_ALPHA
             if high_alpha:
-                out.append(Advice("request type: high acceptance", f"{config}: {row['category']} requests accept "
-                                  "nearly every draft; a larger k (or n-gram, which needs no draft) has room",
-                                  f"{_alpha_text(row)}, median-TPOT speedup {row['text']} at {rate:g} req/s"))  # fmt: skip
+                out.append(
+                    Advice(
+                        "request type: high acceptance",
+                        f"{config}: {row['category']} requests accept "
+                        "nearly every draft; a larger k (or n-gram, which needs no draft) has room",
+                        f"{_alpha_text(row)}, median-TPOT speedup {row['text']} at {rate:g} req/s",
+                    )
+                )
         if not helps.empty and not hurts.empty:
             on = ", ".join(f"{r.category} {r.text}" for r in helps.itertuples(index=False))
             off = ", ".join(f"{r.category} {r.text}" for r in hurts.itertuples(index=False))
-            out.append(Advice("route by request type", f"{config} at {rate:g} req/s: speculation on for "
-                              f"{', '.join(helps['category'])}, off for {', '.join(hurts['category'])}",
-                              f"on: {on}; off: {off} (median-TPOT speedups, one family)"))  # fmt: skip
+            out.append(
+                Advice(
+                    "route by request type",
+                    f"{config} at {rate:g} req/s: speculation on for "
+                    f"{', '.join(helps['category'])}, off for {', '.join(hurts['category'])}",
+                    f"on: {on}; off: {off} (median-TPOT speedups, one family)",
+                )
+            )
     return out

@@ -33,24 +33,41 @@ from pipeline.engines.acceptance import alpha_from_length
 def load_frame(frame: pd.DataFrame) -> pd.DataFrame:
     """Columns the analysis reads, present even where a run lacks them (then empty)."""
     frame = frame.copy()
-    for column in ("speedup_median_tpot", "speedup_median_ttft", "output_throughput_ratio", "speedup_p99_tpot",
-                   "spec_decode_acceptance_rate", "acceptance_length", "acceptance_alpha", "median_tpot_ms",
-                   "output_throughput", "median_ttft_ms", "median_e2el_ms"):  # fmt: skip
+    for column in (
+        "speedup_median_tpot",
+        "speedup_median_ttft",
+        "output_throughput_ratio",
+        "speedup_p99_tpot",
+        "spec_decode_acceptance_rate",
+        "acceptance_length",
+        "acceptance_alpha",
+        "median_tpot_ms",
+        "output_throughput",
+        "median_ttft_ms",
+        "median_e2el_ms",
+    ):
         if column not in frame:
             frame[column] = math.nan
     if "spec_decode_acceptance_length" in frame:  # runs from before acceptance_length existed
         frame["acceptance_length"] = frame["acceptance_length"].fillna(frame["spec_decode_acceptance_length"])
     missing = frame["acceptance_alpha"].isna() & frame["acceptance_length"].notna()
     frame.loc[missing, "acceptance_alpha"] = [
-        alpha_from_length(length, int(k)) for length, k in zip(frame.loc[missing, "acceptance_length"],
-                                                                frame.loc[missing, "k"], strict=True)
-    ]  # fmt: skip
+        alpha_from_length(length, int(k))
+        for length, k in zip(frame.loc[missing, "acceptance_length"], frame.loc[missing, "k"], strict=True)
+    ]
     return frame
 
 
-def analyse(title: str, frame: pd.DataFrame, probes: list[dict], length_tests: list,
-            samples: Mapping[str, Sample] | None = None, opts: StatsOptions | None = None,
-            target: search_report.SloTarget | None = None, predictions: pd.DataFrame | None = None) -> ReportData:  # fmt: skip
+def analyse(
+    title: str,
+    frame: pd.DataFrame,
+    probes: list[dict],
+    length_tests: list,
+    samples: Mapping[str, Sample] | None = None,
+    opts: StatsOptions | None = None,
+    target: search_report.SloTarget | None = None,
+    predictions: pd.DataFrame | None = None,
+) -> ReportData:
     """Everything the report says, from the sweep table and each window's requests
     (``samples``: run id -> its requests; without them no ratio gets an interval)."""
     frame = load_frame(frame)
@@ -62,8 +79,11 @@ def analyse(title: str, frame: pd.DataFrame, probes: list[dict], length_tests: l
     failed = frame[frame["status"] == "failed"]
     if not failed.empty:
         gaps.append(f"{len(failed)} failed point(s) left out: " + ", ".join(failed["point"]))
-    missing = [str(p) for p, r in zip(verdicts.measured(frame)["point"], verdicts.measured(frame)["run_id"], strict=True)
-               if str(r) not in samples]  # fmt: skip
+    missing = [
+        str(p)
+        for p, r in zip(verdicts.measured(frame)["point"], verdicts.measured(frame)["run_id"], strict=True)
+        if str(r) not in samples
+    ]
     if missing:
         gaps.append("intervals: no per-request data (requests.csv) for " + ", ".join(missing))
     comparisons = verdicts.compare_points(frame, samples, opts)
@@ -109,10 +129,28 @@ def analyse(title: str, frame: pd.DataFrame, probes: list[dict], length_tests: l
     over_time = timeline.compare(frame, samples, opts)
     sections += timeline.lines(over_time, schedules)
     lead = search_report.capacity_headline(curves, target) if target is not None else ""
-    return ReportData(title, frame, points, crossings, fits, advice, schedules, lossless, length_tests, gaps,
-                      conditions(frame), comparisons, _window_levels(frame, samples, opts), lead, sections,
-                      curves, predictions, by_type=by_type, by_turn=by_turn,
-                      over_time=over_time)  # fmt: skip
+    return ReportData(
+        title,
+        frame,
+        points,
+        crossings,
+        fits,
+        advice,
+        schedules,
+        lossless,
+        length_tests,
+        gaps,
+        conditions(frame),
+        comparisons,
+        _window_levels(frame, samples, opts),
+        lead,
+        sections,
+        curves,
+        predictions,
+        by_type=by_type,
+        by_turn=by_turn,
+        over_time=over_time,
+    )
 
 
 def _window_levels(frame: pd.DataFrame, samples: Mapping[str, Sample], opts: StatsOptions) -> pd.DataFrame:
@@ -151,10 +189,11 @@ def _kv_capacity(frame: pd.DataFrame) -> dict[str, advisor.KvCapacity]:
         concurrency = group.get("kv_cache_max_concurrency", pd.Series(dtype=float)).dropna()
         base_concurrency = mine.get("kv_cache_max_concurrency", pd.Series(dtype=float)).dropna()
         out[verdicts.config_label(group.iloc[0])] = advisor.KvCapacity(
-            float(base_tokens.median()), float(tokens.median()),
+            float(base_tokens.median()),
+            float(tokens.median()),
             float(base_concurrency.median()) if not base_concurrency.empty else math.nan,
             float(concurrency.median()) if not concurrency.empty else math.nan,
-        )  # fmt: skip
+        )
     return out
 
 

@@ -24,8 +24,16 @@ def pooled_log_spread(groups: Sequence[Sequence[float]]) -> tuple[float, int]:
     return (math.sqrt(squares / df), df) if df else (math.nan, 0)
 
 
-def against_history(metric: str, current: float, history: Sequence[float], spread: float, df: int,
-                    opts: StatsOptions, higher_is_better: bool, rng: np.random.Generator) -> Ratio:  # fmt: skip
+def against_history(
+    metric: str,
+    current: float,
+    history: Sequence[float],
+    spread: float,
+    df: int,
+    opts: StatsOptions,
+    higher_is_better: bool,
+    rng: np.random.Generator,
+) -> Ratio:
     """One new run's value against the median of past runs of the same point (> 1: better).
 
     Each past run's value already holds its window's own noise, so the spread between runs
@@ -38,8 +46,13 @@ def against_history(metric: str, current: float, history: Sequence[float], sprea
     sign = 1.0 if higher_is_better else -1.0
     centre = sign * (math.log(current) - float(np.median(past)))
     if df < 1 or not math.isfinite(spread):
-        return Ratio(metric, math.exp(centre), level=opts.confidence, runs=len(past),
-                     note="the spread between runs is not measured yet")  # fmt: skip
+        return Ratio(
+            metric,
+            math.exp(centre),
+            level=opts.confidence,
+            runs=len(past),
+            note="the spread between runs is not measured yet",
+        )
     scale = spread * math.sqrt(1 + math.pi / (2 * len(past)))
     replicates = centre + scale * rng.standard_t(df, size=opts.resamples)
     return interval_from(metric, centre, replicates, opts, len(past), 0, df=float(df))

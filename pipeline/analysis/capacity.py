@@ -152,8 +152,9 @@ def window_passes(sample: Sample, target: SloTarget) -> bool:
     return bool(_pass_statistic(sample, target)(np.arange(sample.size)) > 0.5)
 
 
-def margins(sample: Sample, target: SloTarget, opts: StatsOptions,
-            rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+def margins(
+    sample: Sample, target: SloTarget, opts: StatsOptions, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """Each SLO criterion's margin (> 0: missed) for one window, observed and on
     ``opts.resamples`` replicates: (C,) and (C, B). The criteria: log(percentile / threshold)
     per threshold (its replicates drawn from the order statistics, :func:`_quantile_draws`); the goodput share's shortfall min_goodput - share; and
@@ -205,8 +206,9 @@ def _log_margin(values: np.ndarray, percentile: float, limit: float) -> float:
     return math.log(level / limit) if level > 0 else -math.inf
 
 
-def _quantile_draws(values: np.ndarray, percentile: float, limit: float, size: int,
-                    rng: np.random.Generator) -> np.ndarray:  # fmt: skip
+def _quantile_draws(
+    values: np.ndarray, percentile: float, limit: float, size: int, rng: np.random.Generator
+) -> np.ndarray:
     """Draws of log(population quantile / limit) from the order statistics: the number of
     requests below the quantile is Binomial(n, q), so the quantile lies between the K-th and
     the (K+1)-th smallest value, drawn uniformly between them (+inf past the largest). Unlike a

@@ -64,8 +64,10 @@ class ByTurn(Grouping):
         failed = sample.failed_turn if len(sample.failed_turn) == sample.failed else np.zeros(sample.failed, int)
         if not (turn > 1).any() and not (failed > 1).any():
             return (), ()  # no conversation: nothing to split
-        return ([LATER_TURNS if t > 1 else FIRST_TURN for t in turn],
-                [LATER_TURNS if t > 1 else FIRST_TURN for t in failed])  # fmt: skip
+        return (
+            [LATER_TURNS if t > 1 else FIRST_TURN for t in turn],
+            [LATER_TURNS if t > 1 else FIRST_TURN for t in failed],
+        )
 
 
 BY_CATEGORY = Grouping()
@@ -83,8 +85,9 @@ def _median_ms(samples: Sequence[Sample], metric: str) -> float:
     return float(np.median(finite)) * 1e3 if len(finite) else math.nan
 
 
-def compare(frame: pd.DataFrame, samples: Mapping[str, Sample], opts: StatsOptions,
-            by: Grouping = BY_CATEGORY) -> pd.DataFrame:  # fmt: skip
+def compare(
+    frame: pd.DataFrame, samples: Mapping[str, Sample], opts: StatsOptions, by: Grouping = BY_CATEGORY
+) -> pd.DataFrame:
     """One row per (speculative point, group) where a point's windows hold two or more groups
     (categories, or first and later turns): the median-TPOT ratio with its interval and
     verdict, L and alpha with theirs, and each side's median TTFT."""
@@ -134,8 +137,17 @@ def compare(frame: pd.DataFrame, samples: Mapping[str, Sample], opts: StatsOptio
     decided: list[Decision] = decisions.decide([r for _, r in found], opts, verdicts.floor_for(METRIC, opts))
     rows = []
     for (row, ratio), decision in zip(found, decided, strict=True):
-        rows.append(row | {METRIC: ratio.estimate, f"{METRIC}_low": ratio.low, f"{METRIC}_high": ratio.high,
-                           "verdict": decision.label, "text": ratio.text, "detail": decision.detail})  # fmt: skip
+        rows.append(
+            row
+            | {
+                METRIC: ratio.estimate,
+                f"{METRIC}_low": ratio.low,
+                f"{METRIC}_high": ratio.high,
+                "verdict": decision.label,
+                "text": ratio.text,
+                "detail": decision.detail,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -181,13 +193,17 @@ def lines(table: pd.DataFrame) -> list[str]:
     point disagree (one category helps while another hurts)."""
     if table.empty:
         return []
-    out = section("By request type",
-                  "Each category's requests against the same requests on the baseline (median TPOT, baseline / "
-                  "speculation, paired by prompt), its verdict decided with every other category's "
-                  "(Benjamini-Hochberg); L is the category's acceptance length from its tokens per streamed step.")  # fmt: skip
+    out = section(
+        "By request type",
+        "Each category's requests against the same requests on the baseline (median TPOT, baseline / "
+        "speculation, paired by prompt), its verdict decided with every other category's "
+        "(Benjamini-Hochberg); L is the category's acceptance length from its tokens per streamed step.",
+    )
     for (config, rate), group in table.groupby(["config", "request_rate"], sort=True):
-        parts = [f"{r.category} {r.text} {r.verdict} ({_length_text(pd.Series(r._asdict()))}, {r.requests} requests)"
-                 for r in group.itertuples(index=False)]  # fmt: skip
+        parts = [
+            f"{r.category} {r.text} {r.verdict} ({_length_text(pd.Series(r._asdict()))}, {r.requests} requests)"
+            for r in group.itertuples(index=False)
+        ]
         out.append(f"- {config} at {rate:g} req/s: " + "; ".join(parts))
         helps = group[group["verdict"] == decisions.HELPS]
         hurts = group[group["verdict"] == decisions.HURTS]
@@ -203,14 +219,18 @@ def turn_lines(table: pd.DataFrame) -> list[str]:
     with the same turns on the baseline, with each side's median TTFT."""
     if table.empty:
         return []
-    out = section("By conversation turn",
-                  "A conversation's first turn (with the requests of their own) against its later turns, whose "
-                  "history is the earlier turns and the server's own answers (and may sit in the prefix cache): "
-                  "median TPOT, baseline / speculation, paired by request, decided as one family "
-                  "(Benjamini-Hochberg); TTFT is each group's median on the baseline -> with speculation.")  # fmt: skip
+    out = section(
+        "By conversation turn",
+        "A conversation's first turn (with the requests of their own) against its later turns, whose "
+        "history is the earlier turns and the server's own answers (and may sit in the prefix cache): "
+        "median TPOT, baseline / speculation, paired by request, decided as one family "
+        "(Benjamini-Hochberg); TTFT is each group's median on the baseline -> with speculation.",
+    )
     for (config, rate), group in table.groupby(["config", "request_rate"], sort=True):
-        parts = [f"{r.category} {r.text} {r.verdict} (TTFT {r.base_median_ttft_ms:.0f} -> {r.spec_median_ttft_ms:.0f} ms, "
-                 f"{_length_text(pd.Series(r._asdict()))}, {r.requests} requests)"
-                 for r in group.itertuples(index=False)]  # fmt: skip
+        parts = [
+            f"{r.category} {r.text} {r.verdict} (TTFT {r.base_median_ttft_ms:.0f} -> {r.spec_median_ttft_ms:.0f} ms, "
+            f"{_length_text(pd.Series(r._asdict()))}, {r.requests} requests)"
+            for r in group.itertuples(index=False)
+        ]
         out.append(f"- {config} at {rate:g} req/s: " + "; ".join(parts))
     return [*out, ""]

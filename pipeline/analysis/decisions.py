@@ -59,8 +59,10 @@ def tail_p(ratio: Ratio, floor: float) -> tuple[float, float]:
         return min(1.0, 2 * float(reference.sf(distance / (half / q))))
 
     low, high = (math.log(v) if v > 0 else -math.inf for v in (ratio.low, ratio.high))
-    return (two_sided(centre - math.log1p(floor), abs(centre - low)),
-            two_sided(math.log1p(-floor) - centre, abs(high - centre)))  # fmt: skip
+    return (
+        two_sided(centre - math.log1p(floor), abs(centre - low)),
+        two_sided(math.log1p(-floor) - centre, abs(high - centre)),
+    )
 
 
 def tail_minimum(metric: str, opts: StatsOptions) -> int:
@@ -73,8 +75,9 @@ def tail_minimum(metric: str, opts: StatsOptions) -> int:
     return max(opts.min_requests, math.ceil(100 / (100 - m.percentile)))
 
 
-def decide(ratios: Sequence[Ratio], opts: StatsOptions, floor: float | Sequence[float] | None = None,
-           family: str = "") -> list[Decision]:  # fmt: skip
+def decide(
+    ratios: Sequence[Ratio], opts: StatsOptions, floor: float | Sequence[float] | None = None, family: str = ""
+) -> list[Decision]:
     """One family of comparisons (e.g. every median-TPOT ratio of a report), adjusted together.
     ``floor``: one for all, or one per ratio (the gate's floors differ by metric)."""
     floors = [opts.floor if floor is None else floor] * len(ratios) if not isinstance(floor, Sequence) else list(floor)
@@ -90,8 +93,14 @@ def decide(ratios: Sequence[Ratio], opts: StatsOptions, floor: float | Sequence[
     for i, ratio in enumerate(ratios):
         if i in short:
             need = tail_minimum(ratio.metric, opts)
-            out.append(Decision(TOO_FEW, ratio, detail=f"a tail verdict needs {need} or more paired requests per "
-                                                      f"window, this one has {ratio.requests}"))  # fmt: skip
+            out.append(
+                Decision(
+                    TOO_FEW,
+                    ratio,
+                    detail=f"a tail verdict needs {need} or more paired requests per "
+                    f"window, this one has {ratio.requests}",
+                )
+            )
             continue
         if ratio.estimate is None or not ratio.resolved:
             label = TOO_FEW if ratio.note.startswith("not enough") else INCONCLUSIVE
@@ -102,8 +111,10 @@ def decide(ratios: Sequence[Ratio], opts: StatsOptions, floor: float | Sequence[
         if p < opts.alpha:
             out.append(Decision(HELPS if p_helps <= p_hurts else HURTS, ratio, p))
         elif min(p_helps, p_hurts) < opts.alpha:
-            detail = (f"its interval clears the ±{floors[i]:.0%} floor on its own, not after the adjustment for "
-                      f"{len(tested)} comparisons")  # fmt: skip
+            detail = (
+                f"its interval clears the ±{floors[i]:.0%} floor on its own, not after the adjustment for "
+                f"{len(tested)} comparisons"
+            )
             out.append(Decision(INCONCLUSIVE, ratio, p, detail))
         else:
             # Benjamini-Hochberg calls one more comparison at p <= (called + 1) / m * alpha.
@@ -149,8 +160,10 @@ def to_resolve(ratio: Ratio, floor: float, level: float | None = None) -> str:
         return "no model of its spread to size a fix from"
     if server >= need:
         noise = dataclasses.replace(noise, within_sd=within)
-        return (f"more requests cannot resolve this: the spread between server starts ({noise.server_sd:.1%}) alone is too "
-                f"wide; {_repeats_hint(noise, margin, level, server, restart=True)}")  # fmt: skip
+        return (
+            f"more requests cannot resolve this: the spread between server starts ({noise.server_sd:.1%}) alone is too "
+            f"wide; {_repeats_hint(noise, margin, level, server, restart=True)}"
+        )
     n = math.ceil(within**2 * noise.requests / (need**2 - server**2))
     if n > MAX_REQUESTS:
         return f"not resolvable at practical sizes (~{n} requests per window)"
@@ -214,8 +227,9 @@ class Crossing:
 
 
 def _interpolate(rates: Sequence[float], values: Sequence[float]) -> float | None:
-    for (r0, v0), (r1, v1) in zip(zip(rates, values, strict=True), list(zip(rates, values, strict=True))[1:],
-                                  strict=False):  # fmt: skip
+    for (r0, v0), (r1, v1) in zip(
+        zip(rates, values, strict=True), list(zip(rates, values, strict=True))[1:], strict=False
+    ):
         if v0 >= 0 > v1:
             if math.isinf(r1):
                 return r0
@@ -247,18 +261,27 @@ def crossing(rates: Sequence[float], decisions: Sequence[Decision], opts: StatsO
     if first_helps is None or first_hurts is None:
         span = f"{usable[0][0]:g}-{usable[-1][0]:g} req/s"
         if first_helps is not None and all(lbl == HELPS for lbl in labels[first_helps:]):
-            return Crossing(None, None, None, f"none within {span}: speculation helps at every rate from "
-                                              f"{usable[first_helps][0]:g} req/s")  # fmt: skip
-        return Crossing(None, None, None, f"not resolved within {span}: no rate where it clearly hurts after one "
-                                          "where it clearly helps")  # fmt: skip
+            return Crossing(
+                None,
+                None,
+                None,
+                f"none within {span}: speculation helps at every rate from {usable[first_helps][0]:g} req/s",
+            )
+        return Crossing(
+            None,
+            None,
+            None,
+            f"not resolved within {span}: no rate where it clearly hurts after one where it clearly helps",
+        )
     segment = usable[first_helps : first_hurts + 1]
     seg_rates = [r for r, _ in segment]
     point = _interpolate(seg_rates, [math.log(d.ratio.estimate or math.nan) for _, d in segment])
     size = min(len(d.ratio.log_replicates) for _, d in segment)
     # Every replicate counts: one that does not cross within the segment is censored at its
     # ends, so the interval can reach them instead of being confined to the replicates that cross.
-    found = np.array([_censored(seg_rates, [float(d.ratio.log_replicates[j]) for _, d in segment])
-                      for j in range(size)])  # fmt: skip
+    found = np.array(
+        [_censored(seg_rates, [float(d.ratio.log_replicates[j]) for _, d in segment]) for j in range(size)]
+    )
     if point is None:
         return Crossing(None, None, None, "not resolved: the estimates do not cross 1.0 between the measured rates")
     method = "inverted_cdf" if np.isinf(found).any() else "linear"  # no interpolation towards an unbounded end

@@ -114,14 +114,23 @@ class GateResult:
         return [run for run, verdict in self.points.items() if verdict == REGRESSED]
 
 
-def judge(current: Sequence[PointRun], history: Mapping[str, Sequence[PointRun]], opts: StatsOptions,
-          floors: Floors, aa: ServerSpread | None = None,
-          spread_from: Mapping[str, Sequence[PointRun]] | None = None) -> GateResult:  # fmt: skip
+def judge(
+    current: Sequence[PointRun],
+    history: Mapping[str, Sequence[PointRun]],
+    opts: StatsOptions,
+    floors: Floors,
+    aa: ServerSpread | None = None,
+    spread_from: Mapping[str, Sequence[PointRun]] | None = None,
+) -> GateResult:
     """``history[key]``: the reference runs of each point, newest first (one, if pinned).
     ``spread_from``: the past runs that measure the spread between runs (default: history)."""
     spread_from = history if spread_from is None else spread_from
-    spread = {m.column: between_runs.pooled_log_spread([[h.values.get(m.column, math.nan) for h in spread_from.get(p.key, ())]
-                                                 for p in current]) for m in GATED}  # fmt: skip
+    spread = {
+        m.column: between_runs.pooled_log_spread(
+            [[h.values.get(m.column, math.nan) for h in spread_from.get(p.key, ())] for p in current]
+        )
+        for m in GATED
+    }
     ratios: list[Ratio] = []
     slots: list[tuple[PointRun, GateMetric, float, float, bool]] = []
     for i, point in enumerate(current):
@@ -146,15 +155,34 @@ def judge(current: Sequence[PointRun], history: Mapping[str, Sequence[PointRun]]
             slots.append((point, metric, reference, value, measured))
     decided = decisions.decide(ratios, opts, [floors.relative(m, ref) for _, m, ref, _, _ in slots])
     findings = tuple(
-        Finding(p.label, p.key, p.run_id, m.column, _verdict(d, measured), d.ratio, floors.relative(m, ref), ref,
-                value, d.p_adjusted, d.detail if not measured else "")
+        Finding(
+            p.label,
+            p.key,
+            p.run_id,
+            m.column,
+            _verdict(d, measured),
+            d.ratio,
+            floors.relative(m, ref),
+            ref,
+            value,
+            d.p_adjusted,
+            d.detail if not measured else "",
+        )
         for (p, m, ref, value, measured), d in zip(slots, decided, strict=True)
-    )  # fmt: skip
+    )
     return _collect(current, findings, history, spread)
 
 
-def _one_past_run(metric: GateMetric, point: PointRun, past: PointRun, value: float, reference: float,
-                  opts: StatsOptions, aa: ServerSpread | None, rng: np.random.Generator) -> tuple[Ratio, bool]:  # fmt: skip
+def _one_past_run(
+    metric: GateMetric,
+    point: PointRun,
+    past: PointRun,
+    value: float,
+    reference: float,
+    opts: StatsOptions,
+    aa: ServerSpread | None,
+    rng: np.random.Generator,
+) -> tuple[Ratio, bool]:
     """Against a single past run: the core's paired bootstrap over prompts, widened by the
     A/A spread between servers where there is one (then the interval is trusted)."""
     sign = 1.0 if metric.higher_is_better else -1.0
@@ -177,8 +205,12 @@ def _verdict(decision: decisions.Decision, measured: bool) -> str:
     return PASS if decision.ratio.resolved else INSUFFICIENT
 
 
-def _collect(current: Sequence[PointRun], findings: Sequence[Finding], history: Mapping[str, Sequence[PointRun]],
-             spread: dict[str, tuple[float, int]]) -> GateResult:  # fmt: skip
+def _collect(
+    current: Sequence[PointRun],
+    findings: Sequence[Finding],
+    history: Mapping[str, Sequence[PointRun]],
+    spread: dict[str, tuple[float, int]],
+) -> GateResult:
     points = {}
     for point in current:
         mine = {f.verdict for f in findings if f.run_id == point.run_id}
@@ -227,11 +259,16 @@ def markdown(result: GateResult, title: str, reference: str) -> str:
     )
     moved = [f for f in result.findings if f.verdict in (REGRESSED, SUSPECT, IMPROVED)]
     if moved:
-        lines += ["", "| point | metric | verdict | change (> 0 better) [interval] | floor | reference → now |",
-                  "|---|---|---|---|---|---|"]  # fmt: skip
+        lines += [
+            "",
+            "| point | metric | verdict | change (> 0 better) [interval] | floor | reference → now |",
+            "|---|---|---|---|---|---|",
+        ]
         for f in sorted(moved, key=lambda f: SEVERITY.index(f.verdict)):
-            lines.append(f"| {f.label} | {f.metric} | **{f.verdict}** | {_pct(f.ratio)} | ±{f.floor:.0%} | "
-                         f"{f.reference:.4g} → {f.current:.4g} |" + (f" {f.note}" if f.note else ""))  # fmt: skip
+            lines.append(
+                f"| {f.label} | {f.metric} | **{f.verdict}** | {_pct(f.ratio)} | ±{f.floor:.0%} | "
+                f"{f.reference:.4g} → {f.current:.4g} |" + (f" {f.note}" if f.note else "")
+            )
     missing = [result.labels[r] for r, v in result.points.items() if v == INSUFFICIENT]
     if missing:
         lines += ["", "No reference for: " + ", ".join(missing) + "."]
@@ -276,7 +313,10 @@ def flips_markdown(flips: Sequence[Flip], compared: int) -> str:
         return "Speculation's verdicts: no speculative point has a verdict in a reference run to compare with.\n"
     if not flips:
         return f"Speculation's verdicts: unchanged since the reference on all {compared} speculative point(s).\n"
-    lines = [f"**Speculation's verdict changed** on {len(flips)} of {compared} speculative point(s) (median TPOT "
-             "against the baseline, as the report decides it):", ""]  # fmt: skip
+    lines = [
+        f"**Speculation's verdict changed** on {len(flips)} of {compared} speculative point(s) (median TPOT "
+        "against the baseline, as the report decides it):",
+        "",
+    ]
     lines += [f"- {f.label}: {f.before} → **{f.after}** (reference: sweep run {f.reference})" for f in flips]
     return "\n".join(lines) + "\n"

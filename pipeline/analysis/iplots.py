@@ -52,8 +52,15 @@ def error_bars(value: pd.Series, low: pd.Series, high: pd.Series, fill: float | 
 
 
 def layout(fig: go.Figure, title: str, x: str, y: str) -> go.Figure:
-    fig.update_layout(title=title, xaxis_title=x, yaxis_title=y, hovermode="closest", template="plotly_white",
-                      height=460, legend={"font": {"size": 10}})  # fmt: skip
+    fig.update_layout(
+        title=title,
+        xaxis_title=x,
+        yaxis_title=y,
+        hovermode="closest",
+        template="plotly_white",
+        height=460,
+        legend={"font": {"size": 10}},
+    )
     return fig
 
 
@@ -67,18 +74,39 @@ def throughput_vs_tpot(levels: pd.DataFrame | None, names: dict[str, str], url: 
         low, high = curve.get("median_tpot_ms_low"), curve.get("median_tpot_ms_high")
         custom = []
         for _, row in curve.iterrows():
-            text = "median TPOT " + interval_text(row["median_tpot_ms"], row.get("median_tpot_ms_low"),
-                                                  row.get("median_tpot_ms_high"), ".1f", " ms")  # fmt: skip
+            text = "median TPOT " + interval_text(
+                row["median_tpot_ms"], row.get("median_tpot_ms_low"), row.get("median_tpot_ms_high"), ".1f", " ms"
+            )
             link, target = run_link(row.get("run_ids", ""), names, url)
-            custom.append([config_label(row), f"{row['request_rate']:g}", f"{text}<br>throughput "
-                           f"{row['output_throughput']:.1f} tok/s", link, target])  # fmt: skip
+            custom.append(
+                [
+                    config_label(row),
+                    f"{row['request_rate']:g}",
+                    f"{text}<br>throughput {row['output_throughput']:.1f} tok/s",
+                    link,
+                    target,
+                ]
+            )
         error = error_bars(curve["median_tpot_ms"], low, high) if low is not None and high is not None else None
         baseline = curve.iloc[0]["role"] == "baseline"
-        fig.add_trace(go.Scatter(x=curve["median_tpot_ms"], y=curve["output_throughput"], mode="lines+markers",
-                                 name=config_label(curve.iloc[0]), customdata=custom, hovertemplate=HOVER, error_x=error,
-                                 line={"dash": "dash", "color": "black"} if baseline else None))  # fmt: skip
-    return layout(fig, "Throughput against median TPOT, across request rates", "median TPOT, ms (lower is better)",
-                  "output throughput, tok/s (higher is better)")  # fmt: skip
+        fig.add_trace(
+            go.Scatter(
+                x=curve["median_tpot_ms"],
+                y=curve["output_throughput"],
+                mode="lines+markers",
+                name=config_label(curve.iloc[0]),
+                customdata=custom,
+                hovertemplate=HOVER,
+                error_x=error,
+                line={"dash": "dash", "color": "black"} if baseline else None,
+            )
+        )
+    return layout(
+        fig,
+        "Throughput against median TPOT, across request rates",
+        "median TPOT, ms (lower is better)",
+        "output throughput, tok/s (higher is better)",
+    )
 
 
 def speedup_vs_rate(points: pd.DataFrame, names: dict[str, str], url: RunUrl) -> go.Figure | None:
@@ -93,19 +121,41 @@ def speedup_vs_rate(points: pd.DataFrame, names: dict[str, str], url: RunUrl) ->
         estimate = group["speedup_median_tpot"].astype(float)
         custom = []
         for _, row in group.iterrows():
-            text = "median-TPOT speedup " + interval_text(float(row["speedup_median_tpot"]), row["speedup_median_tpot_low"],
-                                                          row["speedup_median_tpot_high"], ".2f", "x")  # fmt: skip
+            text = "median-TPOT speedup " + interval_text(
+                float(row["speedup_median_tpot"]),
+                row["speedup_median_tpot_low"],
+                row["speedup_median_tpot_high"],
+                ".2f",
+                "x",
+            )
             link, target = run_link(row.get("run_ids", ""), names, url)
             custom.append(
                 [config_label(row), f"{row['request_rate']:g}", f"{text}: {row.get('verdict', '')}", link, target]
             )
-        error = error_bars(estimate, group["speedup_median_tpot_low"].astype(float),
-                           group["speedup_median_tpot_high"].astype(float), fill=0)  # fmt: skip
-        fig.add_trace(go.Scatter(x=group["request_rate"], y=estimate, mode="lines+markers", name=config_label(group.iloc[0]),
-                                 customdata=custom, hovertemplate=HOVER, error_y=error))  # fmt: skip
+        error = error_bars(
+            estimate,
+            group["speedup_median_tpot_low"].astype(float),
+            group["speedup_median_tpot_high"].astype(float),
+            fill=0,
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=group["request_rate"],
+                y=estimate,
+                mode="lines+markers",
+                name=config_label(group.iloc[0]),
+                customdata=custom,
+                hovertemplate=HOVER,
+                error_y=error,
+            )
+        )
     fig.add_hline(y=1.0, line={"color": "black", "width": 1})
-    return layout(fig, "Median-TPOT speedup with its interval, against load", "request rate (req/s)",
-                  "median-TPOT speedup (> 1: speculation faster)")  # fmt: skip
+    return layout(
+        fig,
+        "Median-TPOT speedup with its interval, against load",
+        "request rate (req/s)",
+        "median-TPOT speedup (> 1: speculation faster)",
+    )
 
 
 def _median_over_runs(
@@ -121,8 +171,15 @@ def _median_over_runs(
 def _config_trace(curve: pd.DataFrame, xs: list, ys: list, custom: list) -> go.Scatter:
     """One configuration's curve; the baseline dashed black, as in the PNGs."""
     baseline = curve.iloc[0]["role"] == "baseline"
-    return go.Scatter(x=xs, y=ys, mode="lines+markers", name=config_label(curve.iloc[0]), customdata=custom,
-                      hovertemplate=HOVER, line={"dash": "dash", "color": "black"} if baseline else None)  # fmt: skip
+    return go.Scatter(
+        x=xs,
+        y=ys,
+        mode="lines+markers",
+        name=config_label(curve.iloc[0]),
+        customdata=custom,
+        hovertemplate=HOVER,
+        line={"dash": "dash", "color": "black"} if baseline else None,
+    )
 
 
 def ttft_vs_rate(frame: pd.DataFrame, names: dict[str, str], url: RunUrl) -> go.Figure | None:
@@ -152,11 +209,23 @@ def throughput_vs_p99_tpot(frame: pd.DataFrame, names: dict[str, str], url: RunU
             throughput = float(at["output_throughput"].median())
             xs.append(p99)
             ys.append(throughput)
-            custom.append([config_label(at.iloc[0]), f"{rate:g}", f"p99 TPOT {p99:.1f} ms{spread}<br>throughput "
-                           f"{throughput:.1f} tok/s (the speedup table gives p99 ratios with intervals)", link, target])  # fmt: skip
+            custom.append(
+                [
+                    config_label(at.iloc[0]),
+                    f"{rate:g}",
+                    f"p99 TPOT {p99:.1f} ms{spread}<br>throughput "
+                    f"{throughput:.1f} tok/s (the speedup table gives p99 ratios with intervals)",
+                    link,
+                    target,
+                ]
+            )
         fig.add_trace(_config_trace(curve, xs, ys, custom))
-    return layout(fig, "Throughput against p99 TPOT, across request rates", "p99 TPOT, ms (lower is better)",
-                  "output throughput, tok/s (higher is better)")  # fmt: skip
+    return layout(
+        fig,
+        "Throughput against p99 TPOT, across request rates",
+        "p99 TPOT, ms (lower is better)",
+        "output throughput, tok/s (higher is better)",
+    )
 
 
 def speedup_heatmap(points: pd.DataFrame, names: dict[str, str], url: RunUrl) -> go.Figure | None:
@@ -177,14 +246,31 @@ def speedup_heatmap(points: pd.DataFrame, names: dict[str, str], url: RunUrl) ->
         value = float(row["speedup_median_tpot"])
         z[i][j] = value
         labels[i][j] = f"{value:.2f}x" + ("" if verdict in ("helps", "hurts") else " ?")
-        text = "median-TPOT speedup " + interval_text(value, row["speedup_median_tpot_low"],
-                                                      row["speedup_median_tpot_high"], ".2f", "x")  # fmt: skip
+        text = "median-TPOT speedup " + interval_text(
+            value, row["speedup_median_tpot_low"], row["speedup_median_tpot_high"], ".2f", "x"
+        )
         link, target = run_link(row.get("run_ids", ""), names, url)
         custom[i][j] = [row["config"], f"{row['request_rate']:g}", f"{text}: {verdict}", link, target]
-    fig = go.Figure(go.Heatmap(z=z, x=[f"{r:g}" for r in rates], y=configs, customdata=custom, hovertemplate=HOVER,
-                               text=labels, texttemplate="%{text}", colorscale="RdYlGn", zmin=0.5, zmax=1.5))  # fmt: skip
-    return layout(fig, "Median-TPOT speedup over k x request rate ('?': inconclusive, its colour is no finding)",
-                  "request rate (req/s)", "configuration")  # fmt: skip
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=[f"{r:g}" for r in rates],
+            y=configs,
+            customdata=custom,
+            hovertemplate=HOVER,
+            text=labels,
+            texttemplate="%{text}",
+            colorscale="RdYlGn",
+            zmin=0.5,
+            zmax=1.5,
+        )
+    )
+    return layout(
+        fig,
+        "Median-TPOT speedup over k x request rate ('?': inconclusive, its colour is no finding)",
+        "request rate (req/s)",
+        "configuration",
+    )
 
 
 def acceptance_vs_k(points: pd.DataFrame, names: dict[str, str], url: RunUrl) -> go.Figure | None:
@@ -196,10 +282,25 @@ def acceptance_vs_k(points: pd.DataFrame, names: dict[str, str], url: RunUrl) ->
         custom = []
         for _, row in group.iterrows():
             link, target = run_link(row.get("run_ids", ""), names, url)
-            custom.append([config_label(row), f"{rate:g}", f"acceptance length L {row.get('acceptance_length_text', '')}",
-                           link, target])  # fmt: skip
-        fig.add_trace(go.Scatter(x=group["k"], y=group["acceptance_length"], mode="lines+markers",
-                                 name=f"{engine} {method} @ {rate:g}/s", customdata=custom, hovertemplate=HOVER))  # fmt: skip
+            custom.append(
+                [
+                    config_label(row),
+                    f"{rate:g}",
+                    f"acceptance length L {row.get('acceptance_length_text', '')}",
+                    link,
+                    target,
+                ]
+            )
+        fig.add_trace(
+            go.Scatter(
+                x=group["k"],
+                y=group["acceptance_length"],
+                mode="lines+markers",
+                name=f"{engine} {method} @ {rate:g}/s",
+                customdata=custom,
+                hovertemplate=HOVER,
+            )
+        )
     return layout(fig, "Acceptance against k", "k (draft tokens per step)", "acceptance length L (tokens per step)")
 
 
@@ -228,14 +329,37 @@ def trace_timeline(table: pd.DataFrame | None) -> go.Figure | None:
         middle = (group["start_s"] + group["end_s"]) / 2
         name = f"{config} @ {rate:g}/s"
         estimate = group["speedup_median_tpot"].astype(float)
-        hover = [f"<b>{name}</b><br>{r.bucket}: {r.offered_rate:.2f} req/s offered, {r.in_flight:.1f} in flight"
-                 f"<br>median-TPOT speedup {r.text}: {r.verdict}" for r in group.itertuples(index=False)]  # fmt: skip
-        fig.add_trace(go.Scatter(x=middle, y=group["offered_rate"], mode="lines+markers", name=f"{name} load",
-                                 line={"shape": "hvh"}, hovertext=hover, hoverinfo="text"), row=1, col=1)  # fmt: skip
-        error = error_bars(estimate, group["speedup_median_tpot_low"].astype(float),
-                           group["speedup_median_tpot_high"].astype(float), fill=0)  # fmt: skip
-        fig.add_trace(go.Scatter(x=middle, y=estimate, mode="markers", name=name, error_y=error, hovertext=hover,
-                                 hoverinfo="text"), row=2, col=1)  # fmt: skip
+        hover = [
+            f"<b>{name}</b><br>{r.bucket}: {r.offered_rate:.2f} req/s offered, {r.in_flight:.1f} in flight"
+            f"<br>median-TPOT speedup {r.text}: {r.verdict}"
+            for r in group.itertuples(index=False)
+        ]
+        fig.add_trace(
+            go.Scatter(
+                x=middle,
+                y=group["offered_rate"],
+                mode="lines+markers",
+                name=f"{name} load",
+                line={"shape": "hvh"},
+                hovertext=hover,
+                hoverinfo="text",
+            ),
+            row=1,
+            col=1,
+        )
+        error = error_bars(
+            estimate,
+            group["speedup_median_tpot_low"].astype(float),
+            group["speedup_median_tpot_high"].astype(float),
+            fill=0,
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=middle, y=estimate, mode="markers", name=name, error_y=error, hovertext=hover, hoverinfo="text"
+            ),
+            row=2,
+            col=1,
+        )
     fig.add_hline(y=1.0, line={"color": "black", "width": 1}, row=2, col=1)
     layout(fig, "Speedup over the trace, stretch by stretch, with its interval", "", "offered (req/s)")
     fig.update_xaxes(title_text="seconds into the replay", row=2, col=1)

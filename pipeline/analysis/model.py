@@ -57,8 +57,17 @@ def fit(points: pd.DataFrame, max_k: int = 8) -> tuple[list[Fit], list[str]]:
             continue
         alpha, c = statistics.median(alphas), statistics.median(costs)
         ks = range(1, max(max_k, max(measured) + 1) + 1)
-        fits.append(Fit(engine, method, float(low["request_rate"].iloc[0]), alpha, c, measured,
-                        {k: predict(alpha, c, k) for k in ks}))  # fmt: skip
+        fits.append(
+            Fit(
+                engine,
+                method,
+                float(low["request_rate"].iloc[0]),
+                alpha,
+                c,
+                measured,
+                {k: predict(alpha, c, k) for k in ks},
+            )
+        )
     return fits, skipped
 
 

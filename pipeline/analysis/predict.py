@@ -198,8 +198,14 @@ def _bounds(values: np.ndarray, opts: StatsOptions) -> tuple[float, float]:
     return float(low), float(high)
 
 
-def predict(inputs: RateInputs, k: int, opts: StatsOptions, server_sd: float | None = None,
-            server_df: int = 0, model_error: tuple[float, int] | None = None) -> Prediction:  # fmt: skip
+def predict(
+    inputs: RateInputs,
+    k: int,
+    opts: StatsOptions,
+    server_sd: float | None = None,
+    server_df: int = 0,
+    model_error: tuple[float, int] | None = None,
+) -> Prediction:
     """TPOT, L and speedup at k (1..k_max) with intervals over the inputs' replicates; at k_max and
     at an anchor's k the point estimate is the measured value. ``server_sd``: the log-scale spread
     between fresh servers (from an A/A sweep, ``server_df`` degrees of freedom)."""
@@ -233,13 +239,21 @@ def predict(inputs: RateInputs, k: int, opts: StatsOptions, server_sd: float | N
     length_low, length_high = _bounds(reps_length, opts)
     speedup_low, speedup_high = _bounds(rep_tpot[0] / reps_tpot, opts)
     return Prediction(
-        k=k, rate=inputs.rate, length=float(point_length[0]), length_low=length_low, length_high=length_high,
-        tpot_s=float(point_tpot[0]), tpot_low_s=tpot_low, tpot_high_s=tpot_high,
-        speedup=base_tpot / float(point_tpot[0]), speedup_low=speedup_low, speedup_high=speedup_high,
+        k=k,
+        rate=inputs.rate,
+        length=float(point_length[0]),
+        length_low=length_low,
+        length_high=length_high,
+        tpot_s=float(point_tpot[0]),
+        tpot_low_s=tpot_low,
+        tpot_high_s=tpot_high,
+        speedup=base_tpot / float(point_tpot[0]),
+        speedup_low=speedup_low,
+        speedup_high=speedup_high,
         anchored=bool(np.any(step_w[1:-1]) or np.any(c_w[:-1])),
         note="" if server_sd is not None else WITHIN_WINDOW_NOTE,
         tpot_log_reps=np.log(np.asarray(reps_tpot, dtype=float)),
-    )  # fmt: skip
+    )
 
 
 # ---- Which k to confirm ----------------------------------------------------------------------

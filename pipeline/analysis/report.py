@@ -87,8 +87,10 @@ def conditions(frame: pd.DataFrame) -> list[str]:
     if "prefix_cache_hit_rate" in frame:
         rates = frame.dropna(subset=["prefix_cache_hit_rate"])
         if not rates.empty:
-            out.append("prefix-cache hit rate per window: " + ", ".join(
-                f"{row.point} {100 * row.prefix_cache_hit_rate:.0f}%" for row in rates.itertuples()))  # fmt: skip
+            out.append(
+                "prefix-cache hit rate per window: "
+                + ", ".join(f"{row.point} {100 * row.prefix_cache_hit_rate:.0f}%" for row in rates.itertuples())
+            )
     if "trace_requests" in frame and frame["trace_requests"].notna().any():
         out += _trace_conditions(frame[frame["trace_requests"].notna()])
     if (frame.get("method") == "suffix").any():
@@ -110,13 +112,17 @@ def _trace_conditions(rows: pd.DataFrame) -> list[str]:
     out = []
     for (mean, peak, count), group in rows.groupby(["trace_mean_rate", "trace_peak_rate", "trace_requests"]):
         scales = ", ".join(f"{s:g}x" for s in sorted(group["trace_scale"].dropna().unique()))
-        out.append(f"trace replay: {int(count)} requests on the trace's own schedule (its own mean rate {mean:.3g} "
-                   f"req/s, peak {peak:.3g} req/s over 10 s), replayed with its gaps scaled by {scales}")  # fmt: skip
+        out.append(
+            f"trace replay: {int(count)} requests on the trace's own schedule (its own mean rate {mean:.3g} "
+            f"req/s, peak {peak:.3g} req/s over 10 s), replayed with its gaps scaled by {scales}"
+        )
     if "trace_conversations" in rows and (rows["trace_conversations"] > 0).any():
         count = int(rows["trace_conversations"].max())
-        out.append(f"conversations: {count} replayed turn by turn; each later turn is sent once the previous turn's "
-                   "answer has finished, after its think time, with that answer in its history (so its send time "
-                   "follows the server, not the trace)")  # fmt: skip
+        out.append(
+            f"conversations: {count} replayed turn by turn; each later turn is sent once the previous turn's "
+            "answer has finished, after its think time, with that answer in its history (so its send time "
+            "follows the server, not the trace)"
+        )
     if "trace_synthetic" in rows and (rows["trace_synthetic"] == 1).any():
         out.append(SYNTHETIC_NOTE)
     return out
@@ -185,12 +191,32 @@ def look_rows(data: ReportData) -> list[tuple[list[str], str]]:
                 ("p99 TPOT", "base_p99_tpot_ms", "p99_tpot_ms", " ms", "speedup_p99_tpot"),
                 ("throughput", "base_output_throughput", "output_throughput", " tok/s", "output_throughput_ratio"),
             ):
-                rows.append(([config, f"{label}, {load} load ({rate:g}/s)", _f(row.get(base), 1, unit),
-                              _f(row.get(spec), 1, unit), *_ratio_cell(row, metric)], str(row.get("run_ids", ""))))  # fmt: skip
+                rows.append(
+                    (
+                        [
+                            config,
+                            f"{label}, {load} load ({rate:g}/s)",
+                            _f(row.get(base), 1, unit),
+                            _f(row.get(spec), 1, unit),
+                            *_ratio_cell(row, metric),
+                        ],
+                        str(row.get("run_ids", "")),
+                    )
+                )
         first = group.iloc[0]
         runs = str(first.get("run_ids", ""))
-        rows.append(([config, f"median TTFT ({first['request_rate']:g}/s)", _f(first.get("base_median_ttft_ms"), 1, " ms"),
-                      _f(first.get("median_ttft_ms"), 1, " ms"), *_ratio_cell(first, "speedup_median_ttft")], runs))  # fmt: skip
+        rows.append(
+            (
+                [
+                    config,
+                    f"median TTFT ({first['request_rate']:g}/s)",
+                    _f(first.get("base_median_ttft_ms"), 1, " ms"),
+                    _f(first.get("median_ttft_ms"), 1, " ms"),
+                    *_ratio_cell(first, "speedup_median_ttft"),
+                ],
+                runs,
+            )
+        )
         text, label = _alpha_cell(first)
         # The table's six columns: acceptance has no baseline and no ratio, only its own figure.
         rows.append(([config, f"acceptance ({first['request_rate']:g}/s)", "—", text, "—", label], runs))
@@ -212,22 +238,30 @@ def method_statement(data: ReportData) -> str:
     if points.empty or opts is None:
         return ""
     runs = int(points["runs"].max()) if "runs" in points else 1
-    basis = ("1 run per point: the bootstrap covers request-to-request variation within the run"
-             if runs == 1 else f"up to {runs} runs per point: the interval covers the spread between runs, then "
-             "requests")  # fmt: skip
+    basis = (
+        "1 run per point: the bootstrap covers request-to-request variation within the run"
+        if runs == 1
+        else f"up to {runs} runs per point: the interval covers the spread between runs, then requests"
+    )
     spread = opts.server_spread
     if is_aa(data.frame):
-        servers = ("This is an A/A sweep: the spread it measures between fresh servers is recorded for the other "
-                   "sweeps of this store. ")  # fmt: skip
+        servers = (
+            "This is an A/A sweep: the spread it measures between fresh servers is recorded for the other "
+            "sweeps of this store. "
+        )
     elif spread and spread.for_metric("speedup_median_tpot"):
-        servers = (f"Where both windows ran on one pair of servers, the spread between server starts measured by "
-                   f"the A/A sweep {spread.source} ({spread.comparisons} comparisons; median TPOT "
-                   f"{100 * spread.sd['speedup_median_tpot']:.1f} %) is added to the interval. ")  # fmt: skip
+        servers = (
+            f"Where both windows ran on one pair of servers, the spread between server starts measured by "
+            f"the A/A sweep {spread.source} ({spread.comparisons} comparisons; median TPOT "
+            f"{100 * spread.sd['speedup_median_tpot']:.1f} %) is added to the interval. "
+        )
     else:
-        servers = ("WARNING: the spread between server starts is not measured for one-server comparisons, so "
-                   "these intervals are too narrow: run `python -m pipeline.sweep +sweep=noise_floor` once with "
-                   "this store, or use repeats.restart=true (on a 2-core CPU, one-run verdicts without it were "
-                   "false alarms in 3 of 10 A/A comparisons). ")  # fmt: skip
+        servers = (
+            "WARNING: the spread between server starts is not measured for one-server comparisons, so "
+            "these intervals are too narrow: run `python -m pipeline.sweep +sweep=noise_floor` once with "
+            "this store, or use repeats.restart=true (on a 2-core CPU, one-run verdicts without it were "
+            "false alarms in 3 of 10 A/A comparisons). "
+        )
     return (
         f"{servers}Every ratio reads estimate [{opts.confidence:.0%} interval]: a bootstrap over requests paired by "
         f"prompt ({opts.resamples} resamples); {basis}. A ratio helps only if its interval lies above "
@@ -256,10 +290,14 @@ def headline(data: ReportData) -> str:
         text = "No point clearly helps in median TPOT. "
     else:
         best = helps.loc[helps["speedup_median_tpot"].idxmax()]
-        text = (f"Best: {_name(best)} at {best['request_rate']:g} req/s, {best['speedup_median_tpot_text']} "
-                f"median TPOT (helps). ")  # fmt: skip
-    text += (f"Speculation helps at {counts[HELPS]} of {len(points)} measured points, hurts at {counts[HURTS]}, "
-             f"inconclusive at {counts[INCONCLUSIVE] + counts[TOO_FEW]}. ")  # fmt: skip
+        text = (
+            f"Best: {_name(best)} at {best['request_rate']:g} req/s, {best['speedup_median_tpot_text']} "
+            f"median TPOT (helps). "
+        )
+    text += (
+        f"Speculation helps at {counts[HELPS]} of {len(points)} measured points, hurts at {counts[HURTS]}, "
+        f"inconclusive at {counts[INCONCLUSIVE] + counts[TOO_FEW]}. "
+    )
     crossed = [c for c in data.crossings if c.rate is not None]
     if crossed:
         text += "Stops paying: " + "; ".join(f"{c.method} k={c.k} {c.text}" for c in crossed) + "."
@@ -272,8 +310,10 @@ def _aa_headline(data: ReportData, counts: dict[str, int]) -> str:
     points = data.points
     opts = data.comparisons.options if data.comparisons else None
     false = counts[HELPS] + counts[HURTS]
-    text = (f"A/A comparison: two identical servers without speculation, the second compared as if it were "
-            f"speculative. {false} of {len(points)} median-TPOT comparisons gave a verdict (each a false alarm). ")  # fmt: skip
+    text = (
+        f"A/A comparison: two identical servers without speculation, the second compared as if it were "
+        f"speculative. {false} of {len(points)} median-TPOT comparisons gave a verdict (each a false alarm). "
+    )
     floors = []
     for row in points.sort_values("request_rate").itertuples():
         decision = data.comparisons.decision(row.point_key, TPOT) if data.comparisons else None
@@ -282,15 +322,20 @@ def _aa_headline(data: ReportData, counts: dict[str, int]) -> str:
             floors.append(f"{reach:.3f}x at {row.request_rate:g} req/s")
     if floors:
         runs = int(points["runs"].max()) if "runs" in points else 1
-        text += (f"Smallest median-TPOT speedup this sweep's windows resolve ({runs} run(s) per point): "
-                 + ", ".join(floors) + ". ")  # fmt: skip
+        text += (
+            f"Smallest median-TPOT speedup this sweep's windows resolve ({runs} run(s) per point): "
+            + ", ".join(floors)
+            + ". "
+        )
     spread = server_spread(aa_log_ratios(data.frame), "this sweep")
     sd = spread.for_metric("speedup_median_tpot") if spread else None
     if opts and spread and sd:
         reach = (1 + opts.floor) * math.exp(float(scipy_stats.t.ppf(1 - opts.alpha / 2, spread.comparisons)) * sd)
-        text += (f"Between fresh servers the median TPOT differed by {100 * sd:.1f} % (RMS over "
-                 f"{spread.comparisons} comparisons): with that spread added, as the other sweeps of this store "
-                 f"add it, one run resolves a speedup of {reach:.2f}x or more.")  # fmt: skip
+        text += (
+            f"Between fresh servers the median TPOT differed by {100 * sd:.1f} % (RMS over "
+            f"{spread.comparisons} comparisons): with that spread added, as the other sweeps of this store "
+            f"add it, one run resolves a speedup of {reach:.2f}x or more."
+        )
     return text
 
 
@@ -305,17 +350,21 @@ def markdown(data: ReportData) -> str:
     lines += ["", "## Predicted against measured speedup (Leviathan et al.)", ""]
     for fit in data.fits:
         lines.append(f"- {fit.engine} {fit.method} at {fit.rate:g} req/s: α={fit.alpha:.3f}, c={fit.c:.3f}")
-        lines += [f"  - k={k}: predicted {p:.2f}x (a model figure, no interval)"
-                  + (f", measured {_measured_text(data, fit, k)}" if k in fit.measured else "")
-                  for k, p in fit.predicted.items()]  # fmt: skip
+        lines += [
+            f"  - k={k}: predicted {p:.2f}x (a model figure, no interval)"
+            + (f", measured {_measured_text(data, fit, k)}" if k in fit.measured else "")
+            for k, p in fit.predicted.items()
+        ]
     lines += ["", "## Advice", ""]
     lines += [f"- **{a.advice}** ({a.rule}: {a.evidence})" for a in data.advice] or ["- no rule triggered"]
     lines += ["", "## k schedule", ""]
     lines += ["Put into vLLM's `--speculative-config` (batch-size bands, inclusive; 0 = no drafting in that band):"]
     lines += [f"```json\n{json.dumps(s)}\n```" for s in data.schedules] or ["not computed"]
     lines += ["", "## Losslessness", ""]
-    lines += [f"- {q.server} vs {q.baseline}: {q.exact}/{q.compared} identical{_divergences(q)}; {q.verdict}"
-              for q in data.lossless] or ["- not measured"]  # fmt: skip
+    lines += [
+        f"- {q.server} vs {q.baseline}: {q.exact}/{q.compared} identical{_divergences(q)}; {q.verdict}"
+        for q in data.lossless
+    ] or ["- not measured"]
     lines += [f"- {name}: output-length KS statistic {stat:.3f}, p={p:.3f}" for name, stat, p in data.length_tests]
     lines += ["", "## Not computed", ""] + ([f"- {n}" for n in data.not_computed] or ["- everything was computed"])
     return "\n".join(lines) + "\n"
@@ -329,8 +378,12 @@ def _divergences(q: object) -> str:
 
 def _measured_text(data: ReportData, fit: Fit, k: int) -> str:
     points = data.points
-    match = points[(points["engine"] == fit.engine) & (points["method"] == fit.method) & (points["k"] == k)
-                   & (points["request_rate"] == fit.rate)]  # fmt: skip
+    match = points[
+        (points["engine"] == fit.engine)
+        & (points["method"] == fit.method)
+        & (points["k"] == k)
+        & (points["request_rate"] == fit.rate)
+    ]
     return str(match.iloc[0]["speedup_median_tpot_text"]) if not match.empty else f"{fit.measured[k]:.2f}x"
 
 

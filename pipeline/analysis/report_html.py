@@ -18,17 +18,26 @@ def _table(header: list[str], rows: list[list[str]], links: list[str] | None = N
     """``links``: a last cell per row, already HTML (the row's runs)."""
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join(
-        "<tr>" + "".join(f'<td class="{html.escape(c.split(" ")[0].strip(":"))}">{html.escape(c)}</td>' if i == len(row) - 1
-                         else f"<td>{html.escape(c)}</td>" for i, c in enumerate(row))
-        + (f"<td>{links[n]}</td>" if links else "") + "</tr>"
+        "<tr>"
+        + "".join(
+            f'<td class="{html.escape(c.split(" ")[0].strip(":"))}">{html.escape(c)}</td>'
+            if i == len(row) - 1
+            else f"<td>{html.escape(c)}</td>"
+            for i, c in enumerate(row)
+        )
+        + (f"<td>{links[n]}</td>" if links else "")
+        + "</tr>"
         for n, row in enumerate(rows)
-    )  # fmt: skip
+    )
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
 def _run_links(run_ids: str, names: dict[str, str], run_url: str) -> str:
-    return " ".join(f'<a href="{html.escape(run_url.format(run=r))}">{html.escape(names.get(r, r[:8]))}</a>'
-                    for r in run_ids.split() if r)  # fmt: skip
+    return " ".join(
+        f'<a href="{html.escape(run_url.format(run=r))}">{html.escape(names.get(r, r[:8]))}</a>'
+        for r in run_ids.split()
+        if r
+    )
 
 
 def page(data: ReportData, figures: dict[str, bytes], interactive: str = "") -> str:
@@ -36,21 +45,29 @@ def page(data: ReportData, figures: dict[str, bytes], interactive: str = "") -> 
     lead = f'<p class="headline">{html.escape(data.lead)}</p>' if data.lead else ""
     looks = look_rows(data)
     names = run_names(data.frame)
-    parts = [f"<h1>{html.escape(data.title)}</h1>{lead}", f'<p class="headline">{html.escape(headline(data))}</p>',
-             f"<p>{html.escape(method_statement(data))}</p>",
-             "<ul>" + "".join(f"<li>{html.escape(c)}</li>" for c in data.conditions) + "</ul>",
-             "<h2>What to look for</h2>",
-             _table(["configuration", "metric", "baseline", "speculation", "ratio", "verdict"]
-                    + (["MLflow runs"] if data.run_url else []), [cells for cells, _ in looks],
-                    [_run_links(runs, names, data.run_url) for _, runs in looks] if data.run_url else None),
-             *([f"<pre>{html.escape(chr(10).join(data.sections))}</pre>"] if data.sections else []),
-             "<h2>Where speculation stops paying</h2><ul>"]  # fmt: skip
+    parts = [
+        f"<h1>{html.escape(data.title)}</h1>{lead}",
+        f'<p class="headline">{html.escape(headline(data))}</p>',
+        f"<p>{html.escape(method_statement(data))}</p>",
+        "<ul>" + "".join(f"<li>{html.escape(c)}</li>" for c in data.conditions) + "</ul>",
+        "<h2>What to look for</h2>",
+        _table(
+            ["configuration", "metric", "baseline", "speculation", "ratio", "verdict"]
+            + (["MLflow runs"] if data.run_url else []),
+            [cells for cells, _ in looks],
+            [_run_links(runs, names, data.run_url) for _, runs in looks] if data.run_url else None,
+        ),
+        *([f"<pre>{html.escape(chr(10).join(data.sections))}</pre>"] if data.sections else []),
+        "<h2>Where speculation stops paying</h2><ul>",
+    ]
     parts += [f"<li>{html.escape(f'{c.engine} {c.method} k={c.k}: {c.text}')}</li>" for c in data.crossings]
     parts.append("</ul>")
     parts.append(interactive)
     for name, png in figures.items():
-        parts.append(f'<h3>{html.escape(name)}</h3><img alt="{html.escape(name)}" '
-                     f'src="data:image/png;base64,{base64.b64encode(png).decode()}">')  # fmt: skip
+        parts.append(
+            f'<h3>{html.escape(name)}</h3><img alt="{html.escape(name)}" '
+            f'src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+        )
     # The rest (model, advice, k schedule, losslessness, gaps) as the Markdown summary has it.
     rest = "## Predicted" + markdown(data).split("## Predicted", 1)[1]
     parts.append(f"<h2>Model, advice, k schedule, losslessness</h2><pre>{html.escape(rest)}</pre>")

@@ -38,8 +38,9 @@ class CapacityCurve:
     run_ids: tuple[str, ...] = ()  # each probe's MLflow run, in the order of ``probes``
 
 
-def capacity(frame: pd.DataFrame, samples: Mapping[str, Sample], target: SloTarget,
-             opts: StatsOptions) -> list[CapacityCurve]:  # fmt: skip
+def capacity(
+    frame: pd.DataFrame, samples: Mapping[str, Sample], target: SloTarget, opts: StatsOptions
+) -> list[CapacityCurve]:
     """Each server's probes (rows with ``capacity_probe``), its boundary, and speculative
     boundaries against the baseline whose first probe shared their rate and workload."""
     if "capacity_probe" not in frame or not target.active:
@@ -76,8 +77,14 @@ def capacity(frame: pd.DataFrame, samples: Mapping[str, Sample], target: SloTarg
             group = rows[rows["server"] == server]
             base_server = next((first_base[str(h)] for h in group["baseline_hash"] if str(h) in first_base), None)
             if base_server is not None:
-                curve = CapacityCurve(curve.label, curve.role, curve.probes, curve.boundary,
-                                      capacity_ratio(curves[base_server].boundary, curve.boundary, opts), curve.run_ids)  # fmt: skip
+                curve = CapacityCurve(
+                    curve.label,
+                    curve.role,
+                    curve.probes,
+                    curve.boundary,
+                    capacity_ratio(curves[base_server].boundary, curve.boundary, opts),
+                    curve.run_ids,
+                )
         out.append(curve)
     return sorted(out, key=lambda c: (c.role != "baseline", c.label))
 
@@ -111,13 +118,17 @@ def capacity_headline(curves: list[CapacityCurve], target: SloTarget) -> str:
 def capacity_lines(curves: list[CapacityCurve], target: SloTarget, opts: StatsOptions) -> list[str]:
     if not curves:
         return []
-    lines = ["## Capacity under the SLO", "",
-             f"SLO: {target.describe()}. Each server's rate was bracketed, then bisected, on that one server. The "
-             f"boundary is where a monotone fit of the SLO's margins across probes crosses zero; its interval "
-             f"({opts.confidence:.0%}) re-fits {opts.resamples} draws of each probe's percentile (its order "
-             f"statistics) and goodput share (exact binomial).", "",
-             "| configuration | max sustainable req/s | against the baseline | probes (rate: p-value of the metric, "
-             "met?) |", "|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "## Capacity under the SLO",
+        "",
+        f"SLO: {target.describe()}. Each server's rate was bracketed, then bisected, on that one server. The "
+        f"boundary is where a monotone fit of the SLO's margins across probes crosses zero; its interval "
+        f"({opts.confidence:.0%}) re-fits {opts.resamples} draws of each probe's percentile (its order "
+        f"statistics) and goodput share (exact binomial).",
+        "",
+        "| configuration | max sustainable req/s | against the baseline | probes (rate: p-value of the metric, met?) |",
+        "|---|---|---|---|",
+    ]
     for curve in curves:
         probes = ", ".join(f"{r:g}: {v:.0f} ms {'met' if ok else 'missed'}" for r, v, ok in curve.probes)
         ratio = curve.ratio.text if curve.ratio is not None else "—"
@@ -147,25 +158,42 @@ def predictions_table(results: Sequence) -> pd.DataFrame:
             first, final = result.first.get((k, rate)), result.final.get((k, rate))
             seen = result.measured.get((k, rate))
             choice = result.choices.get(rate)
-            row: dict[str, object] = {"curve": result.label, "setting_key": result.setting, "k": k,
-                                      "request_rate": rate, "predicted": first is not None, "confirmed": seen is not None,
-                                      "chosen": bool(choice and choice.best.k == k),
-                                      "notes": "; ".join(result.notes),
-                                      # The sweep's model-error term (log-scale sd), in every final interval.
-                                      "model_error_sd": result.model_error[0] if result.model_error else math.nan,
-                                      "model_error_points": result.model_error[1] if result.model_error else 0}  # fmt: skip
+            row: dict[str, object] = {
+                "curve": result.label,
+                "setting_key": result.setting,
+                "k": k,
+                "request_rate": rate,
+                "predicted": first is not None,
+                "confirmed": seen is not None,
+                "chosen": bool(choice and choice.best.k == k),
+                "notes": "; ".join(result.notes),
+                # The sweep's model-error term (log-scale sd), in every final interval.
+                "model_error_sd": result.model_error[0] if result.model_error else math.nan,
+                "model_error_points": result.model_error[1] if result.model_error else 0,
+            }
             if first is not None:
-                row |= {"predicted_length": first.length, "predicted_length_low": first.length_low,
-                        "predicted_length_high": first.length_high, "predicted_tpot_ms": 1000 * first.tpot_s,
-                        "predicted_tpot_ms_low": 1000 * first.tpot_low_s,
-                        "predicted_tpot_ms_high": 1000 * first.tpot_high_s}  # fmt: skip
+                row |= {
+                    "predicted_length": first.length,
+                    "predicted_length_low": first.length_low,
+                    "predicted_length_high": first.length_high,
+                    "predicted_tpot_ms": 1000 * first.tpot_s,
+                    "predicted_tpot_ms_low": 1000 * first.tpot_low_s,
+                    "predicted_tpot_ms_high": 1000 * first.tpot_high_s,
+                }
             if final is not None:
-                row |= {"final_tpot_ms": 1000 * final.tpot_s, "final_tpot_ms_low": 1000 * final.tpot_low_s,
-                        "final_tpot_ms_high": 1000 * final.tpot_high_s, "final_length": final.length,
-                        "anchored": final.anchored}  # fmt: skip
+                row |= {
+                    "final_tpot_ms": 1000 * final.tpot_s,
+                    "final_tpot_ms_low": 1000 * final.tpot_low_s,
+                    "final_tpot_ms_high": 1000 * final.tpot_high_s,
+                    "final_length": final.length,
+                    "anchored": final.anchored,
+                }
             if seen is not None:
-                row |= {"measured_tpot_ms": 1000 * seen.tpot_s, "measured_tpot_ms_low": 1000 * seen.low_s,
-                        "measured_tpot_ms_high": 1000 * seen.high_s}  # fmt: skip
+                row |= {
+                    "measured_tpot_ms": 1000 * seen.tpot_s,
+                    "measured_tpot_ms_low": 1000 * seen.low_s,
+                    "measured_tpot_ms_high": 1000 * seen.high_s,
+                }
                 length = result.measured_length[(k, rate)]
                 row["measured_length"] = length
                 if first is not None:
@@ -179,33 +207,46 @@ def predict_lines(table: pd.DataFrame) -> list[str]:
     """search=predict: the chosen k per rate, then every prediction against what was measured."""
     if table.empty:
         return []
-    lines = ["## Predicted k curve (search=predict)", "",
-             "Measured: the baseline and the largest k at every rate; every other k is predicted from the largest "
-             "k's per-position acceptance and the two step costs, then the predicted best (and any k whose "
-             "interval overlaps it, up to predict.max_confirm servers) is measured on a fresh server. 'predicted' "
-             "is the model from the first two servers alone; 'final' adds the confirmations as anchors. Predicted "
-             "points are never used in a verdict.", ""]  # fmt: skip
+    lines = [
+        "## Predicted k curve (search=predict)",
+        "",
+        "Measured: the baseline and the largest k at every rate; every other k is predicted from the largest "
+        "k's per-position acceptance and the two step costs, then the predicted best (and any k whose "
+        "interval overlaps it, up to predict.max_confirm servers) is measured on a fresh server. 'predicted' "
+        "is the model from the first two servers alone; 'final' adds the confirmations as anchors. Predicted "
+        "points are never used in a verdict.",
+        "",
+    ]
     for curve, group in table.groupby("curve", sort=True):
         chosen = group[group["chosen"].astype(bool)]
-        picks = ", ".join(f"{r.request_rate:g} req/s: k={r.k}" + ("" if r.confirmed else " (predicted, not measured)")
-                          for r in chosen.sort_values("request_rate").itertuples())  # fmt: skip
+        picks = ", ".join(
+            f"{r.request_rate:g} req/s: k={r.k}" + ("" if r.confirmed else " (predicted, not measured)")
+            for r in chosen.sort_values("request_rate").itertuples()
+        )
         lines += [f"**{curve}**: the best k per rate: {picks or 'none'}", ""]
         notes = group["notes"].dropna().astype(str) if "notes" in group else pd.Series(dtype=str)
         lines += [f"- {note}" for note in sorted({n for text in notes for n in text.split("; ") if n})]
         checked = group[group["confirmed"].astype(bool) & group["predicted"].astype(bool)]
         if not checked.empty:
-            lines += [f"Prediction error over {len(checked)} confirmed point(s): acceptance length L median "
-                      f"{100 * float(checked['length_error'].median()):.1f} %, median TPOT median "
-                      f"{100 * float(checked['tpot_error'].median()):.1f} % (worst "
-                      f"{100 * float(checked['tpot_error'].max()):.1f} %).", ""]  # fmt: skip
-        lines += ["| k | rate | predicted L | predicted median TPOT | final (anchored) | measured |",
-                  "|---|---|---|---|---|---|"]  # fmt: skip
+            lines += [
+                f"Prediction error over {len(checked)} confirmed point(s): acceptance length L median "
+                f"{100 * float(checked['length_error'].median()):.1f} %, median TPOT median "
+                f"{100 * float(checked['tpot_error'].median()):.1f} % (worst "
+                f"{100 * float(checked['tpot_error'].max()):.1f} %).",
+                "",
+            ]
+        lines += [
+            "| k | rate | predicted L | predicted median TPOT | final (anchored) | measured |",
+            "|---|---|---|---|---|---|",
+        ]
         for r in group.sort_values(["request_rate", "k"]).itertuples():
-            lines.append(f"| {r.k} | {r.request_rate:g} | {_interval(r, 'predicted_length', '', 2)} | "
-                         f"{_interval(r, 'predicted_tpot_ms', ' ms')} | {_interval(r, 'final_tpot_ms', ' ms')} | "
-                         f"{_interval(r, 'measured_tpot_ms', ' ms')}"
-                         + (f", L {r.measured_length:.2f}" if _finite(getattr(r, 'measured_length', None)) else "")
-                         + " |")  # fmt: skip
+            lines.append(
+                f"| {r.k} | {r.request_rate:g} | {_interval(r, 'predicted_length', '', 2)} | "
+                f"{_interval(r, 'predicted_tpot_ms', ' ms')} | {_interval(r, 'final_tpot_ms', ' ms')} | "
+                f"{_interval(r, 'measured_tpot_ms', ' ms')}"
+                + (f", L {r.measured_length:.2f}" if _finite(getattr(r, "measured_length", None)) else "")
+                + " |"
+            )
         lines.append("")
     return lines
 

@@ -237,22 +237,30 @@ def _pooled_quantile(groups: Sequence[np.ndarray], percentile: float) -> Callabl
     return statistic
 
 
-def request_replicates(log_statistic: Callable[[np.ndarray], np.ndarray], n: int, opts: StatsOptions,
-                        rng: np.random.Generator) -> np.ndarray:  # fmt: skip
+def request_replicates(
+    log_statistic: Callable[[np.ndarray], np.ndarray], n: int, opts: StatsOptions, rng: np.random.Generator
+) -> np.ndarray:
     """The bootstrap distribution of ``log_statistic`` over resamples of n request positions."""
     with warnings.catch_warnings():
         # A window whose values are all equal gives a degenerate (zero-width) distribution:
         # a true answer for that window, not a fault.
         warnings.simplefilter("ignore", scipy_stats.DegenerateDataWarning)
         result = scipy_stats.bootstrap(
-            (np.arange(n),), lambda pos, axis=-1: log_statistic(pos), vectorized=True, n_resamples=opts.resamples,
-            method="percentile", confidence_level=opts.confidence, batch=500, rng=rng,
-        )  # fmt: skip
+            (np.arange(n),),
+            lambda pos, axis=-1: log_statistic(pos),
+            vectorized=True,
+            n_resamples=opts.resamples,
+            method="percentile",
+            confidence_level=opts.confidence,
+            batch=500,
+            rng=rng,
+        )
     return np.asarray(result.bootstrap_distribution, dtype=float)
 
 
-def _over_runs(per_run: np.ndarray, within: np.ndarray | None, opts: StatsOptions,
-               rng: np.random.Generator) -> tuple[np.ndarray, float | None]:  # fmt: skip
+def _over_runs(
+    per_run: np.ndarray, within: np.ndarray | None, opts: StatsOptions, rng: np.random.Generator
+) -> tuple[np.ndarray, float | None]:
     """Replicates of the mean log ratio over runs, the wider of two constructions, and the
     degrees of freedom of its reference distribution (R - 1 where t is the wider, else None):
 
@@ -282,8 +290,9 @@ def _finite_std(values: np.ndarray) -> float:
     return float(finite.std()) if len(finite) else math.inf
 
 
-def _combine_runs(estimates: list[float], replicates: list[np.ndarray], opts: StatsOptions,
-                  rng: np.random.Generator) -> tuple[float, np.ndarray, float | None]:  # fmt: skip
+def _combine_runs(
+    estimates: list[float], replicates: list[np.ndarray], opts: StatsOptions, rng: np.random.Generator
+) -> tuple[float, np.ndarray, float | None]:
     """The estimate over runs (their mean log), its replicates and their df: one run's own
     (a bootstrap: normal reference), or :func:`_over_runs` across several."""
     per_run = np.asarray(estimates)
@@ -294,22 +303,52 @@ def _combine_runs(estimates: list[float], replicates: list[np.ndarray], opts: St
     return float(per_run.mean()), combined, df
 
 
-def interval_from(metric: str, estimate: float, replicates: np.ndarray, opts: StatsOptions, runs: int,
-                  requests: int, df: float | None = None, noise: Noise | None = None) -> Ratio:  # fmt: skip
+def interval_from(
+    metric: str,
+    estimate: float,
+    replicates: np.ndarray,
+    opts: StatsOptions,
+    runs: int,
+    requests: int,
+    df: float | None = None,
+    noise: Noise | None = None,
+) -> Ratio:
     """The percentile interval of ``replicates`` (log scale) around ``estimate``. A replicate of
     +-inf is a censored one (a failure reached the quantile) and counts; NaN is undefined."""
     kept = replicates[~np.isnan(replicates)]
     if len(kept) < 0.9 * len(replicates) or not math.isfinite(estimate):
-        return Ratio(metric, math.exp(estimate) if not math.isnan(estimate) else None, level=opts.confidence,
-                     runs=runs, requests=requests, note="the statistic is undefined in too many resamples",
-                     noise=noise)  # fmt: skip
+        return Ratio(
+            metric,
+            math.exp(estimate) if not math.isnan(estimate) else None,
+            level=opts.confidence,
+            runs=runs,
+            requests=requests,
+            note="the statistic is undefined in too many resamples",
+            noise=noise,
+        )
     low, high = np.quantile(kept, [opts.alpha / 2, 1 - opts.alpha / 2])
-    return Ratio(metric, math.exp(estimate), math.exp(low), math.exp(high), opts.confidence, runs, requests,
-                 log_replicates=kept, df=df, noise=noise)  # fmt: skip
+    return Ratio(
+        metric,
+        math.exp(estimate),
+        math.exp(low),
+        math.exp(high),
+        opts.confidence,
+        runs,
+        requests,
+        log_replicates=kept,
+        df=df,
+        noise=noise,
+    )
 
 
-def paired_ratio(metric: str, base: Sequence[Sample], spec: Sequence[Sample], opts: StatsOptions,
-                 rng: np.random.Generator | None = None, shared_servers: bool = False) -> Ratio:  # fmt: skip
+def paired_ratio(
+    metric: str,
+    base: Sequence[Sample],
+    spec: Sequence[Sample],
+    opts: StatsOptions,
+    rng: np.random.Generator | None = None,
+    shared_servers: bool = False,
+) -> Ratio:
     """The ratio of ``metric`` between two sets of windows; ``base[i]`` pairs with ``spec[i]``
     (the same prompts and schedule: the same repeat).
 
@@ -329,8 +368,16 @@ def paired_ratio(metric: str, base: Sequence[Sample], spec: Sequence[Sample], op
     server_df = float(opts.server_spread.comparisons)
     offset = spread * np.random.default_rng([opts.seed, 7]).standard_t(server_df, len(replicates))
     noise = dataclasses.replace(ratio.noise, server_sd=spread, server_df=server_df) if ratio.noise else None
-    return interval_from(metric, centre, replicates + offset, opts, ratio.runs, ratio.requests,
-                         _sum_df(_finite_std(replicates), ratio.df, spread, server_df), noise)  # fmt: skip
+    return interval_from(
+        metric,
+        centre,
+        replicates + offset,
+        opts,
+        ratio.runs,
+        ratio.requests,
+        _sum_df(_finite_std(replicates), ratio.df, spread, server_df),
+        noise,
+    )
 
 
 def _sum_df(sd_a: float, df_a: float | None, sd_b: float, df_b: float) -> float | None:
@@ -342,8 +389,14 @@ def _sum_df(sd_a: float, df_a: float | None, sd_b: float, df_b: float) -> float 
     return (va + vb) ** 2 / inverse if inverse > 0 else None
 
 
-def _paired_ratio(metric: str, base: Sequence[Sample], spec: Sequence[Sample], opts: StatsOptions,
-                  rng: np.random.Generator, restarted: bool) -> Ratio:  # fmt: skip
+def _paired_ratio(
+    metric: str,
+    base: Sequence[Sample],
+    spec: Sequence[Sample],
+    opts: StatsOptions,
+    rng: np.random.Generator,
+    restarted: bool,
+) -> Ratio:
     if len(base) != len(spec) or not base:
         raise StatsError(f"{metric}: {len(base)} baseline window(s) against {len(spec)} speculative; pair each repeat")
     m = RATIOS[metric]
@@ -358,8 +411,10 @@ def _paired_ratio(metric: str, base: Sequence[Sample], spec: Sequence[Sample], o
             b_stat, s_stat = _quantile_of(b, b_rows, m), _quantile_of(s, s_rows, m)
             size = len(b_rows)
             # Each request's own median gap stands for it in the serial-correlation check.
-            b_req, s_req = ([float(np.median(w.itl[r])) if len(w.itl[r]) else math.nan for r in rows]
-                            for w, rows in ((b, b_rows), (s, s_rows)))  # fmt: skip
+            b_req, s_req = (
+                [float(np.median(w.itl[r])) if len(w.itl[r]) else math.nan for r in rows]
+                for w, rows in ((b, b_rows), (s, s_rows))
+            )
             per_request = np.log(np.array(b_req)) - np.log(np.array(s_req))
             prompts = b.index[b_rows]
         else:
@@ -370,8 +425,13 @@ def _paired_ratio(metric: str, base: Sequence[Sample], spec: Sequence[Sample], o
                 per_request = np.log(b_vals) - np.log(s_vals)
         sizes.append(size)
         if size < opts.min_requests:
-            return Ratio(metric, None, runs=runs, requests=size,
-                         note=f"not enough requests ({size} paired, fewer than {opts.min_requests})")  # fmt: skip
+            return Ratio(
+                metric,
+                None,
+                runs=runs,
+                requests=size,
+                note=f"not enough requests ({size} paired, fewer than {opts.min_requests})",
+            )
 
         def log_ratio(pos: np.ndarray, b_stat=b_stat, s_stat=s_stat) -> np.ndarray:
             with np.errstate(divide="ignore", invalid="ignore"):
@@ -403,8 +463,14 @@ def _noise(estimates: list[float], replicates: list[np.ndarray], requests: int, 
     return Noise(within, requests, server_sd, runs - 1 if server_sd is not None else 0, runs, restarted, run_sd)
 
 
-def _window_level_ratio(metric: str, base: Sequence[Sample], spec: Sequence[Sample], opts: StatsOptions,
-                        rng: np.random.Generator, restarted: bool) -> Ratio:  # fmt: skip
+def _window_level_ratio(
+    metric: str,
+    base: Sequence[Sample],
+    spec: Sequence[Sample],
+    opts: StatsOptions,
+    rng: np.random.Generator,
+    restarted: bool,
+) -> Ratio:
     """Throughput is one number per window: its spread is measured across windows (repeats).
     Resampling a window's requests would not do: the window's span hangs on its slowest
     request, and a bootstrap of a maximum is known to mislead (it came out far too narrow)."""
@@ -416,15 +482,26 @@ def _window_level_ratio(metric: str, base: Sequence[Sample], spec: Sequence[Samp
     restarted = restarted and len(base) >= 2
     noise = Noise(None, requests, run_sd if restarted else None, len(base) - 1, len(base), restarted, run_sd)
     if len(base) < 2:
-        return Ratio(metric, math.exp(per_run[0]), level=opts.confidence, runs=1, requests=requests,
-                     note="throughput is one number per window; repeats.count >= 2 measures its spread",
-                     noise=noise)  # fmt: skip
+        return Ratio(
+            metric,
+            math.exp(per_run[0]),
+            level=opts.confidence,
+            runs=1,
+            requests=requests,
+            note="throughput is one number per window; repeats.count >= 2 measures its spread",
+            noise=noise,
+        )
     replicates, df = _over_runs(per_run, None, opts, rng)
     return interval_from(metric, float(per_run.mean()), replicates, opts, len(base), requests, df, noise)
 
 
-def window_interval(field_name: str, percentile: float, windows: Sequence[Sample], opts: StatsOptions,
-                    rng: np.random.Generator | None = None) -> Ratio:  # fmt: skip
+def window_interval(
+    field_name: str,
+    percentile: float,
+    windows: Sequence[Sample],
+    opts: StatsOptions,
+    rng: np.random.Generator | None = None,
+) -> Ratio:
     """One set of windows' own statistic (e.g. median TPOT in seconds) with its interval:
     the error bar of a point in a plot."""
     rng = rng or np.random.default_rng(opts.seed)
@@ -448,8 +525,9 @@ def window_interval(field_name: str, percentile: float, windows: Sequence[Sample
     return interval_from(field_name, centre, combined, opts, len(windows), int(windows[0].size), df)
 
 
-def acceptance_length_interval(windows: Sequence[Sample], counter_length: float | None, opts: StatsOptions,
-                               rng: np.random.Generator | None = None) -> Ratio:  # fmt: skip
+def acceptance_length_interval(
+    windows: Sequence[Sample], counter_length: float | None, opts: StatsOptions, rng: np.random.Generator | None = None
+) -> Ratio:
     """Acceptance length L with an interval from the requests' tokens per streamed step.
 
     Each engine step streams one chunk per request, so a request's (tokens - 1) / (chunks - 1)
@@ -469,8 +547,10 @@ def acceptance_length_interval(windows: Sequence[Sample], counter_length: float 
 
         estimate = float(log_length(np.arange(len(rows))))
         estimates.append(estimate)
-        replicates.append(estimate + (request_replicates(log_length, len(rows), opts, rng) - estimate)
-                          * _expansion(len(rows), opts.confidence))  # fmt: skip
+        replicates.append(
+            estimate
+            + (request_replicates(log_length, len(rows), opts, rng) - estimate) * _expansion(len(rows), opts.confidence)
+        )
     centre, combined, df = _combine_runs(estimates, replicates, opts, rng)
     if counter_length is not None and math.isfinite(counter_length) and counter_length > 0:
         combined = combined - centre + math.log(counter_length)

@@ -58,8 +58,12 @@ class ByTime(categories.Grouping):
         lo, hi = self.spans[name]
         width = hi - lo
         offered = np.mean([s.size + s.failed for s in base]) / width if width > 0 else math.nan
-        return {"start_s": lo, "end_s": hi, "offered_rate": float(offered),
-                "in_flight": float(np.mean([in_flight(b, lo, hi) for b in base]))}  # fmt: skip
+        return {
+            "start_s": lo,
+            "end_s": hi,
+            "offered_rate": float(offered),
+            "in_flight": float(np.mean([in_flight(b, lo, hi) for b in base])),
+        }
 
 
 def in_flight(sample: Sample, lo: float, hi: float) -> float:
@@ -111,8 +115,10 @@ def lines(table: pd.DataFrame, schedules: Sequence[dict] = ()) -> list[str]:
         for r in group.itertuples(index=False):
             k = schedule_k(schedules, method, r.in_flight)
             band = f"; the k schedule gives k={k} at this batch" if k is not None else ""
-            out.append(f"  - {r.bucket}: {r.offered_rate:.2f} req/s offered, {r.in_flight:.1f} in flight{band}: "
-                       f"{r.text} {r.verdict}")  # fmt: skip
+            out.append(
+                f"  - {r.bucket}: {r.offered_rate:.2f} req/s offered, {r.in_flight:.1f} in flight{band}: "
+                f"{r.text} {r.verdict}"
+            )
         # Only decided stretches count: one with too few requests neither paid nor failed to.
         decided = group[group["verdict"].isin([decisions.HELPS, decisions.HURTS, decisions.INCONCLUSIVE])]
         helps = decided[decided["verdict"] == decisions.HELPS]
@@ -120,6 +126,8 @@ def lines(table: pd.DataFrame, schedules: Sequence[dict] = ()) -> list[str]:
             busiest = group.loc[group["offered_rate"].idxmax()]
             unresolved = len(group) - len(decided)
             left = f" ({unresolved} with too few requests to say)" if unresolved else ""
-            out.append(f"  - speculation paid in {len(helps)} of the {len(decided)} stretches decided{left}; at the "
-                       f"busiest ({busiest['bucket']}, {busiest['offered_rate']:.2f} req/s) it was {busiest['verdict']}")  # fmt: skip
+            out.append(
+                f"  - speculation paid in {len(helps)} of the {len(decided)} stretches decided{left}; at the "
+                f"busiest ({busiest['bucket']}, {busiest['offered_rate']:.2f} req/s) it was {busiest['verdict']}"
+            )
     return [*out, ""]

@@ -33,9 +33,16 @@ LOAD_BOUND = "load-bound"
 LOAD_BOUND_TEXT = "load-bound: not a capacity measure (both servers kept up with the offered load)"
 
 MEDIANS = (
-    "spec_decode_acceptance_rate", "acceptance_length", "acceptance_alpha", "acceptance_k_effective",
-    "median_tpot_ms", "p99_tpot_ms", "output_throughput", "median_ttft_ms", "median_e2el_ms",
-)  # fmt: skip
+    "spec_decode_acceptance_rate",
+    "acceptance_length",
+    "acceptance_alpha",
+    "acceptance_k_effective",
+    "median_tpot_ms",
+    "p99_tpot_ms",
+    "output_throughput",
+    "median_ttft_ms",
+    "median_e2el_ms",
+)
 
 
 def config_label(row: pd.Series) -> str:
@@ -126,8 +133,14 @@ def compare_points(frame: pd.DataFrame, samples: Mapping[str, Sample], opts: Sta
         for j, metric in enumerate(RATIOS):
             if complete:
                 rng = np.random.default_rng([opts.seed, i, j])
-                found[metric] = stats.paired_ratio(metric, base_s, spec_s, opts, rng,  # type: ignore[arg-type]
-                                                   shared_servers=not restarted)  # fmt: skip
+                found[metric] = stats.paired_ratio(
+                    metric,
+                    base_s,
+                    spec_s,
+                    opts,
+                    rng,  # type: ignore[arg-type]
+                    shared_servers=not restarted,
+                )
             else:
                 found[metric] = _summary_only(metric, pairs)
         ratios[str(key)] = found
@@ -139,10 +152,15 @@ def compare_points(frame: pd.DataFrame, samples: Mapping[str, Sample], opts: Sta
         row["run_ids"] = " ".join([str(s["run_id"]) for _, s in pairs] + [str(b["run_id"]) for b, _ in pairs])
         row |= {c: _median(group, c) for c in MEDIANS}
         baseline = pd.DataFrame([b for b, _ in pairs])
-        row |= {f"base_{c}": _median(baseline, c) for c in ("median_tpot_ms", "p99_tpot_ms", "output_throughput",
-                                                            "median_ttft_ms")}  # fmt: skip
-        length = stats.acceptance_length_interval([s for s in spec_s if s is not None], row["acceptance_length"],
-                                                  opts) if complete and _finite(row["acceptance_length"]) else None  # fmt: skip
+        row |= {
+            f"base_{c}": _median(baseline, c)
+            for c in ("median_tpot_ms", "p99_tpot_ms", "output_throughput", "median_ttft_ms")
+        }
+        length = (
+            stats.acceptance_length_interval([s for s in spec_s if s is not None], row["acceptance_length"], opts)
+            if complete and _finite(row["acceptance_length"])
+            else None
+        )
         k_eff = row["acceptance_k_effective"] if _finite(row["acceptance_k_effective"]) else row["k"]
         length = _within_bounds(length, k_eff) if length else None
         row["alpha_low"], row["alpha_high"] = _alpha_bounds(length, k_eff) if length else (None, None)
@@ -152,20 +170,31 @@ def compare_points(frame: pd.DataFrame, samples: Mapping[str, Sample], opts: Sta
     for row in rows:
         for metric, decision in decided[row["point_key"]].items():
             ratio = decision.ratio
-            row |= {metric: ratio.estimate, f"{metric}_low": ratio.low, f"{metric}_high": ratio.high,
-                    f"{metric}_verdict": decision.label, f"{metric}_text": ratio.text,
-                    f"{metric}_detail": decision.detail}  # fmt: skip
+            row |= {
+                metric: ratio.estimate,
+                f"{metric}_low": ratio.low,
+                f"{metric}_high": ratio.high,
+                f"{metric}_verdict": decision.label,
+                f"{metric}_text": ratio.text,
+                f"{metric}_detail": decision.detail,
+            }
         tpot = decided[row["point_key"]][TPOT]
-        row |= {"verdict": tpot.label, "low": tpot.ratio.low, "high": tpot.ratio.high,
-                "basis": _basis(tpot.ratio), "load_bound": load_bound[row["point_key"]]}  # fmt: skip
+        row |= {
+            "verdict": tpot.label,
+            "low": tpot.ratio.low,
+            "high": tpot.ratio.high,
+            "basis": _basis(tpot.ratio),
+            "load_bound": load_bound[row["point_key"]],
+        }
     table = pd.DataFrame(rows)
     if table.empty:
         table = pd.DataFrame(columns=["point_key", *CONFIG, "request_rate", TPOT, "verdict", "low", "high", *MEDIANS])
     return Comparisons(table.sort_values([*CONFIG, "request_rate"]) if not table.empty else table, decided, opts)
 
 
-def _decide(ratios: dict[str, dict[str, Ratio]], load_bound: dict[str, bool],
-            opts: StatsOptions) -> dict[str, dict[str, Decision]]:  # fmt: skip
+def _decide(
+    ratios: dict[str, dict[str, Ratio]], load_bound: dict[str, bool], opts: StatsOptions
+) -> dict[str, dict[str, Decision]]:
     """Each ratio is one family across the sweep, adjusted together (Benjamini-Hochberg)."""
     out: dict[str, dict[str, Decision]] = {key: {} for key in ratios}
     for metric in RATIOS:
@@ -222,13 +251,23 @@ def crossovers(comparisons: Comparisons) -> list[Crossover]:
         decided = [comparisons.decisions[key][TPOT] for key in group["point_key"]]
         cross = decisions.crossing(list(group["request_rate"]), decided, comparisons.options)
         first = group.iloc[0]
-        found.append(Crossover(str(first["engine"]), str(first["method"]), int(first["k"]), cross.rate, cross.text,
-                               cross.low, cross.high))  # fmt: skip
+        found.append(
+            Crossover(
+                str(first["engine"]),
+                str(first["method"]),
+                int(first["k"]),
+                cross.rate,
+                cross.text,
+                cross.low,
+                cross.high,
+            )
+        )
     return found
 
 
-def between_points(frame: pd.DataFrame, samples: Mapping[str, Sample], slower: str, faster: str,
-                   opts: StatsOptions) -> Decision | None:  # fmt: skip
+def between_points(
+    frame: pd.DataFrame, samples: Mapping[str, Sample], slower: str, faster: str, opts: StatsOptions
+) -> Decision | None:
     """Is point ``faster`` resolved faster than point ``slower`` in median TPOT? Two
     speculative windows at one load send the same prompts too, so they pair by repeat.
 

@@ -96,8 +96,9 @@ def parse_scrape(text: str) -> Scrape:
             if sample.name.startswith("vllm:cache_config"):  # the _info suffix, as the parser keeps it or not
                 cache_info.append(sample.labels)
     values = {name: total / counts[name] if name in gauges else total for name, total in totals.items()}
-    return Scrape(values=values, per_position={k: dict(v) for k, v in per_position.items()},
-                  kv_capacity=_kv_capacity(cache_info))  # fmt: skip
+    return Scrape(
+        values=values, per_position={k: dict(v) for k, v in per_position.items()}, kv_capacity=_kv_capacity(cache_info)
+    )
 
 
 @dataclass(frozen=True)

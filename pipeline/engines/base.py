@@ -95,8 +95,10 @@ def inherited(names: tuple[str, ...]) -> dict[str, str]:
     """engine.env_from's values, from this process's environment."""
     missing = [n for n in names if n not in os.environ]
     if missing:
-        raise ServerError(f"engine.env_from names {', '.join(missing)}, which this process's environment lacks; "
-                          f"export it where the server starts (on a cluster: every node)")  # fmt: skip
+        raise ServerError(
+            f"engine.env_from names {', '.join(missing)}, which this process's environment lacks; "
+            f"export it where the server starts (on a cluster: every node)"
+        )
     return {n: os.environ[n] for n in names}
 
 
@@ -185,8 +187,10 @@ class EngineServer:
                 if attempt < PORT_RETRIES and "--port" in self.spec.command and port_taken(self.spec.log_path, offset):
                     taken = self.spec.port
                     self.spec = self.spec.with_port(free_port(self.spec.host))
-                    print(f"[{self.spec.engine}] port {taken} was taken before the server bound it; "
-                          f"retrying on port {self.spec.port}")  # fmt: skip
+                    print(
+                        f"[{self.spec.engine}] port {taken} was taken before the server bound it; "
+                        f"retrying on port {self.spec.port}"
+                    )
                     continue
                 raise
             except BaseException:
@@ -223,8 +227,17 @@ class EngineServer:
         """The command under the watchdog, which stops it if this process dies (SIGKILL too)."""
         if not self.watchdog:
             return command
-        return [sys.executable, "-m", "pipeline.engines.watchdog", "--parent", str(os.getpid()),
-                "--grace", f"{self.grace_s:g}", "--", *command]  # fmt: skip
+        return [
+            sys.executable,
+            "-m",
+            "pipeline.engines.watchdog",
+            "--parent",
+            str(os.getpid()),
+            "--grace",
+            f"{self.grace_s:g}",
+            "--",
+            *command,
+        ]
 
     def wait_ready(self) -> None:
         assert self._proc is not None

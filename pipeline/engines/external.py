@@ -124,8 +124,10 @@ class ExternalServer:
     def __enter__(self) -> ExternalServer:
         self.spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.spec.log_path.open("a") as log:  # the group's server.log says whose log this is not
-            log.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} external server {self.base_url}: not started by "
-                      f"specsweep, so its log is wherever its operator keeps it\n")  # fmt: skip
+            log.write(
+                f"{time.strftime('%Y-%m-%dT%H:%M:%S')} external server {self.base_url}: not started by "
+                f"specsweep, so its log is wherever its operator keeps it\n"
+            )
         problem = _unhealthy(self.base_url, self.timeout_s)
         if problem:
             raise ServerError(f"the external server {self.base_url} {problem}")

@@ -43,12 +43,23 @@ NGRAM_OPTIONS = {
 RECORDED_VERSION = Version("0.5.23")
 RECORDED_FLAGS = frozenset(
     {
-        "--model-path", "--served-model-name", "--host", "--port", "--dtype", "--context-length",
-        "--random-seed", "--tp-size", "--enable-metrics", "--disable-radix-cache",
-        "--speculative-algorithm", "--speculative-draft-model-path", "--speculative-num-steps",
-        *TREE_OPTIONS.values(), *NGRAM_OPTIONS.values(),
+        "--model-path",
+        "--served-model-name",
+        "--host",
+        "--port",
+        "--dtype",
+        "--context-length",
+        "--random-seed",
+        "--tp-size",
+        "--enable-metrics",
+        "--disable-radix-cache",
+        "--speculative-algorithm",
+        "--speculative-draft-model-path",
+        "--speculative-num-steps",
+        *TREE_OPTIONS.values(),
+        *NGRAM_OPTIONS.values(),
     }
-)  # fmt: skip
+)
 RECORDED_ALGORITHMS = frozenset(ALGORITHMS.values())
 COMMON_ENV = {"DO_NOT_TRACK": "1"}
 
@@ -192,16 +203,25 @@ def build_launch(
     model_revision: str | None = None,
 ) -> LaunchPlan:
     cmd = [
-        install.python, "-m", "sglang.launch_server",
-        "--model-path", model_path,
-        "--served-model-name", served_name,
-        "--host", engine.host,
-        "--port", str(port),
-        "--dtype", engine.dtype,
-        "--context-length", str(engine.max_model_len),
-        "--random-seed", str(seed),
+        install.python,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        model_path,
+        "--served-model-name",
+        served_name,
+        "--host",
+        engine.host,
+        "--port",
+        str(port),
+        "--dtype",
+        engine.dtype,
+        "--context-length",
+        str(engine.max_model_len),
+        "--random-seed",
+        str(seed),
         "--enable-metrics",
-    ]  # fmt: skip
+    ]
     if model_revision:
         cmd += ["--revision", model_revision]
     if engine.tensor_parallel_size != 1:

@@ -179,15 +179,24 @@ def build_launch(
 ) -> LaunchPlan:
     eager = engine.enforce_eager if engine.enforce_eager is not None else not on_gpu
     cmd = [
-        install.python, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", model_path,
-        "--served-model-name", served_name,
-        "--host", engine.host,
-        "--port", str(port),
-        "--dtype", engine.dtype,
-        "--max-model-len", str(engine.max_model_len),
-        "--seed", str(seed),
-    ]  # fmt: skip
+        install.python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model_path,
+        "--served-model-name",
+        served_name,
+        "--host",
+        engine.host,
+        "--port",
+        str(port),
+        "--dtype",
+        engine.dtype,
+        "--max-model-len",
+        str(engine.max_model_len),
+        "--seed",
+        str(seed),
+    ]
     if model_revision:  # the weights and the tokenizer of one commit
         cmd += ["--revision", model_revision, "--tokenizer-revision", model_revision]
     if engine.tensor_parallel_size != 1:

@@ -21,10 +21,30 @@ from pipeline.load.items import Item
 
 # Pure-Python standard-library modules whose functions make realistic edit targets.
 _CODE_MODULES = (
-    "textwrap", "shlex", "fnmatch", "bisect", "heapq", "colorsys", "calendar", "posixpath",
-    "string", "difflib", "json.encoder", "json.decoder", "html", "base64", "quopri",
-    "gettext", "netrc", "mimetypes", "statistics", "fractions", "ipaddress", "csv", "pprint",
-)  # fmt: skip
+    "textwrap",
+    "shlex",
+    "fnmatch",
+    "bisect",
+    "heapq",
+    "colorsys",
+    "calendar",
+    "posixpath",
+    "string",
+    "difflib",
+    "json.encoder",
+    "json.decoder",
+    "html",
+    "base64",
+    "quopri",
+    "gettext",
+    "netrc",
+    "mimetypes",
+    "statistics",
+    "fractions",
+    "ipaddress",
+    "csv",
+    "pprint",
+)
 _EDIT_INSTRUCTIONS = (
     "Add type hints to every parameter and the return value of this function. Reply with the full rewritten function only.",
     "Rename the local variables of this function to clearer names, keeping its behaviour. Reply with the full function only.",

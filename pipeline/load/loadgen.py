@@ -99,14 +99,23 @@ class StopRule:
     def check(self, finished: int, errors: int) -> str | None:
         if self.max_error_rate is not None and finished >= self.min_requests:
             if errors / finished > self.max_error_rate:
-                return (f"{errors} of the first {finished} requests failed, more than "
-                        f"load.max_error_rate={self.max_error_rate:g}")  # fmt: skip
+                return (
+                    f"{errors} of the first {finished} requests failed, more than "
+                    f"load.max_error_rate={self.max_error_rate:g}"
+                )
         return None
 
 
 def _not_sent(req: Request, due: float, error: str) -> RequestRecord:
-    return RequestRecord(index=req.index, category=req.category, scheduled_s=due, sent_s=due, error=error,
-                         conversation=req.conversation, turn=req.turn)  # fmt: skip
+    return RequestRecord(
+        index=req.index,
+        category=req.category,
+        scheduled_s=due,
+        sent_s=due,
+        error=error,
+        conversation=req.conversation,
+        turn=req.turn,
+    )
 
 
 def _unfinished(req: Request, due: float, reason: str) -> RequestRecord:
@@ -137,8 +146,10 @@ async def _run(
     indices = {r.index for r in requests}
     orphan = next((r for r in requests if r.after is not None and r.after not in indices), None)
     if orphan is not None:  # a caller's bug, said as such: send such a request with Request.alone()
-        raise ValueError(f"request {orphan.index} is turn {orphan.turn} of conversation {orphan.conversation!r}, "
-                         f"but its previous turn (request {orphan.after}) is not in this window")  # fmt: skip
+        raise ValueError(
+            f"request {orphan.index} is turn {orphan.turn} of conversation {orphan.conversation!r}, "
+            f"but its previous turn (request {orphan.after}) is not in this window"
+        )
     stop = stop or StopRule()
     counts = [0, 0]  # finished, errors
     stopped = asyncio.Event()
@@ -190,14 +201,18 @@ async def _run(
         halt = asyncio.ensure_future(stopped.wait())
         await asyncio.wait([everything, halt], timeout=stop.deadline_s, return_when=asyncio.FIRST_COMPLETED)
         if not everything.done() and not reason:
-            reason.append(f"the window deadline of {stop.deadline_s:g} s passed with "
-                          f"{sum(not t.done() for t in tasks)} request(s) unfinished")  # fmt: skip
+            reason.append(
+                f"the window deadline of {stop.deadline_s:g} s passed with "
+                f"{sum(not t.done() for t in tasks)} request(s) unfinished"
+            )
         for task in (*tasks, everything, halt):
             task.cancel()
         await asyncio.gather(*tasks, everything, halt, return_exceptions=True)
         duration = clock() - start
-        records = [t.result() if t.done() and not t.cancelled() else _unfinished(r, d, reason[0])
-                   for t, r, d in zip(tasks, requests, offsets, strict=True)]  # fmt: skip
+        records = [
+            t.result() if t.done() and not t.cancelled() else _unfinished(r, d, reason[0])
+            for t, r, d in zip(tasks, requests, offsets, strict=True)
+        ]
     return Window(records=tuple(records), duration_s=duration, stopped=reason[0] if reason else None, origin_s=start)
 
 
@@ -318,5 +333,6 @@ def run_window(
             proc.join(timeout=10)
             if proc.is_alive():
                 proc.kill()
-    return Window(records=tuple(sorted(records, key=lambda r: r.index)), duration_s=duration, stopped=reason,
-                  origin_s=t0)  # fmt: skip
+    return Window(
+        records=tuple(sorted(records, key=lambda r: r.index)), duration_s=duration, stopped=reason, origin_s=t0
+    )

@@ -101,11 +101,13 @@ def _line(where: str, record: object, unit: str) -> TraceLine:
     if turn is not None and turn < 1:
         raise TraceError(f"{where}: turn={turn} must be >= 1 (the first turn is 1)")
     delay = record.get("delay_s")
-    if delay is not None and (isinstance(delay, bool) or not isinstance(delay, (int, float)) or not delay >= 0
-                              or math.isinf(delay)):  # fmt: skip
+    if delay is not None and (
+        isinstance(delay, bool) or not isinstance(delay, (int, float)) or not delay >= 0 or math.isinf(delay)
+    ):
         raise TraceError(f"{where}: field 'delay_s' must be a number of seconds >= 0, found {delay!r}")
-    return replace(line, conversation=str(conversation), turn=turn or 0,
-                   delay_s=None if delay is None else float(delay))  # fmt: skip
+    return replace(
+        line, conversation=str(conversation), turn=turn or 0, delay_s=None if delay is None else float(delay)
+    )
 
 
 def _request(where: str, record: object, unit: str) -> TraceLine:
@@ -135,8 +137,10 @@ def _request(where: str, record: object, unit: str) -> TraceLine:
         raise TraceError(f"{where}: output_tokens={output} must be >= 1")
     if "messages" in record:
         messages = _field(record, "messages", list, where)
-        ok = all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                 for m in messages)  # fmt: skip
+        ok = all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages
+        )
         if not messages or not ok:
             raise TraceError(f"{where}: 'messages' must be a non-empty list of {{'role': ..., 'content': ...}} objects")
         kept = tuple({"role": m["role"], "content": m["content"]} for m in messages)
@@ -227,8 +231,11 @@ def slice_lines(lines: Sequence[TraceLine], workload: WorkloadConfig) -> tuple[T
     starts: dict[str, float] = {}
     for line in lines:
         starts.setdefault(line.conversation, line.timestamp_s)
-    kept = tuple(line for line in lines
-                 if workload.start_s <= (starts[line.conversation] if line.conversation else line.timestamp_s) < end)  # fmt: skip
+    kept = tuple(
+        line
+        for line in lines
+        if workload.start_s <= (starts[line.conversation] if line.conversation else line.timestamp_s) < end
+    )
     if not kept:
         span = f"{lines[0].timestamp_s:g}-{lines[-1].timestamp_s:g} s" if lines else "empty"
         raise TraceError(
@@ -326,9 +333,17 @@ def items(replayed: Replay, tokenizer: Tokenizer | None) -> list[Item]:
             prompt = synthesize_prompt(line, tokenizer, vocab)
         else:
             prompt = line.prompt or line.messages[-1]["content"]
-        out.append(Item(prompt=prompt, category=line.category, output_tokens=line.output_tokens,
-                        messages=line.messages, conversation=line.conversation, turn=line.turn,
-                        delay_s=delay))  # fmt: skip
+        out.append(
+            Item(
+                prompt=prompt,
+                category=line.category,
+                output_tokens=line.output_tokens,
+                messages=line.messages,
+                conversation=line.conversation,
+                turn=line.turn,
+                delay_s=delay,
+            )
+        )
     return out
 
 
@@ -340,13 +355,14 @@ _BUNDLED_KINDS = (("code_edit", bundled.code_edit), ("chat", bundled.chat), ("su
 
 # Its conversations: (start s, kind, think time s), three turns each. A code conversation asks
 # for edits of the function just written (n-gram drafts copy it); a chat one, for more words.
-_BUNDLED_CONVERSATIONS = ((8.0, "code_edit", 4.0), (36.0, "chat", 6.0), (94.0, "code_edit", 3.0),
-                          (118.0, "chat", 5.0))  # fmt: skip
+_BUNDLED_CONVERSATIONS = ((8.0, "code_edit", 4.0), (36.0, "chat", 6.0), (94.0, "code_edit", 3.0), (118.0, "chat", 5.0))
 _FOLLOW_UPS = {
-    "code_edit": ("Now add a short docstring to the function you wrote. Reply with the full function only.",
-                  "Finally, give the function a clearer name. Reply with the full function only."),
+    "code_edit": (
+        "Now add a short docstring to the function you wrote. Reply with the full function only.",
+        "Finally, give the function a clearer name. Reply with the full function only.",
+    ),
     "chat": ("Tell me more about that, in a few sentences.", "Now sum it all up in one sentence."),
-}  # fmt: skip
+}
 
 
 def _bundled_conversations() -> list[TraceLine]:
@@ -355,9 +371,17 @@ def _bundled_conversations() -> list[TraceLine]:
         first = dict(_BUNDLED_KINDS)[kind](random.Random(f"bundled-conversation:{n}"), 1)[0]
         turns = (first.prompt, *_FOLLOW_UPS[kind])
         for turn, prompt in enumerate(turns, start=1):
-            lines.append(TraceLine(start + (turn - 1) * think, first.category, prompt=prompt,
-                                   output_tokens=first.output_tokens, conversation=f"bundled-{n + 1}", turn=turn,
-                                   delay_s=think if turn > 1 else None))  # fmt: skip
+            lines.append(
+                TraceLine(
+                    start + (turn - 1) * think,
+                    first.category,
+                    prompt=prompt,
+                    output_tokens=first.output_tokens,
+                    conversation=f"bundled-{n + 1}",
+                    turn=turn,
+                    delay_s=think if turn > 1 else None,
+                )
+            )
     return lines
 
 

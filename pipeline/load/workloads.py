@@ -60,7 +60,7 @@ def to_requests(items: Sequence[Item], workload: WorkloadConfig, tokenizer: Toke
                 turn=item.turn,
                 after=last_turn.get(item.conversation) if item.delay_s is not None else None,
                 delay_s=item.delay_s or 0.0,
-            )  # fmt: skip
+            )
         )
         if item.conversation:
             last_turn[item.conversation] = i

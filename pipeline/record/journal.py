@@ -29,8 +29,17 @@ import pandas as pd
 JOURNAL_NAME = "mlflow-journal.jsonl"
 PLACEHOLDER = "pending-"
 JOURNAL_RUN_TAG = "specsweep.journal_run"  # a replayed run's placeholder id: what finds it again
-WRITES = ("start_run", "end_run", "log_params", "log_metrics", "set_tags", "log_text", "log_json", "log_file",
-          "log_table")  # fmt: skip
+WRITES = (
+    "start_run",
+    "end_run",
+    "log_params",
+    "log_metrics",
+    "set_tags",
+    "log_text",
+    "log_json",
+    "log_file",
+    "log_table",
+)
 
 
 class JournaledTracker:
@@ -49,14 +58,19 @@ class JournaledTracker:
             try:
                 return getattr(self.tracker, op)(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - the measurement is safe on disk; MLflow gets it later
-                print(f"MLflow: {op} failed ({type(exc).__name__}: {str(exc)[:300]}); this and every later write "
-                      f"go to {self.path} (the sweep retries them at its end; `python -m pipeline.sync` later)",
-                      file=sys.stderr)  # fmt: skip
+                print(
+                    f"MLflow: {op} failed ({type(exc).__name__}: {str(exc)[:300]}); this and every later write "
+                    f"go to {self.path} (the sweep retries them at its end; `python -m pipeline.sync` later)",
+                    file=sys.stderr,
+                )
         result = PLACEHOLDER + uuid.uuid4().hex if op == "start_run" else None
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if not self.path.exists():
-            header = {"tracking_uri": self.tracker.store.tracking_uri, "experiment_id": self.tracker.experiment_id,
-                      "artifact_root": self.tracker.store.artifact_root}  # fmt: skip
+            header = {
+                "tracking_uri": self.tracker.store.tracking_uri,
+                "experiment_id": self.tracker.experiment_id,
+                "artifact_root": self.tracker.store.artifact_root,
+            }
             self.path.write_text(json.dumps(header) + "\n")
         with self.path.open("a") as fh:
             entry = {"op": op, "args": _encode(op, args), "kwargs": kwargs, "result": result}
@@ -112,10 +126,15 @@ def _entries(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
             entries.append(json.loads(line))
         except json.JSONDecodeError as exc:
             if number != len(lines):
-                raise ValueError(f"{path}: line {number} is not a journaled write ({exc}); the journal is damaged, "
-                                 "replay the lines before it by hand or delete it") from exc  # fmt: skip
-            print(f"MLflow: {path}: its last line was cut short (the process died while writing it); that write is "
-                  "left out", file=sys.stderr)  # fmt: skip
+                raise ValueError(
+                    f"{path}: line {number} is not a journaled write ({exc}); the journal is damaged, "
+                    "replay the lines before it by hand or delete it"
+                ) from exc
+            print(
+                f"MLflow: {path}: its last line was cut short (the process died while writing it); that write is "
+                "left out",
+                file=sys.stderr,
+            )
     return header, entries
 
 
@@ -143,8 +162,11 @@ def replay(paths: Iterable[Path], make_tracker: Any) -> tuple[int, int]:
             try:
                 result = _make(tracker, entry, args, ids, interrupted)
             except Exception as exc:  # noqa: BLE001 - still down: keep what was done, say what is left
-                print(f"MLflow: replaying {path} stopped at write {i + 1} of {len(entries)} ({type(exc).__name__}: "
-                      f"{str(exc)[:200]})", file=sys.stderr)  # fmt: skip
+                print(
+                    f"MLflow: replaying {path} stopped at write {i + 1} of {len(entries)} ({type(exc).__name__}: "
+                    f"{str(exc)[:200]})",
+                    file=sys.stderr,
+                )
                 left += len(entries) - i
                 break
             if entry["result"]:

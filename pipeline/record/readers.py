@@ -72,8 +72,9 @@ class SweepReader:
         ids = [e.experiment_id for e in self.client.search_experiments()]
         if not ids:
             return None
-        runs = self.client.search_runs(ids, f"tags.role = 'sweep' and metrics.{key} > 0",
-                                       order_by=["attributes.start_time DESC"], max_results=1)  # fmt: skip
+        runs = self.client.search_runs(
+            ids, f"tags.role = 'sweep' and metrics.{key} > 0", order_by=["attributes.start_time DESC"], max_results=1
+        )
         if not runs:
             return None
         run = runs[0]
@@ -116,8 +117,11 @@ class HistoryReader(SweepReader):
         """The sweep's finished point runs (gate confirmations included: they carry a tag)."""
         experiment = self.experiment_of(parent_id)
         runs = self.client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent_id}'", max_results=5000)
-        return [ChildRun(r.info.run_id, r.info.run_name or r.info.run_id, dict(r.data.tags), dict(r.data.metrics))
-                for r in runs if r.info.status == "FINISHED"]  # fmt: skip
+        return [
+            ChildRun(r.info.run_id, r.info.run_name or r.info.run_id, dict(r.data.tags), dict(r.data.metrics))
+            for r in runs
+            if r.info.status == "FINISHED"
+        ]
 
     def past_sweeps(self, parent_id: str) -> list[str]:
         """Finished runs of the same sweep that started before this one, newest first."""
@@ -126,8 +130,9 @@ class HistoryReader(SweepReader):
         runs = self.client.search_runs(
             [run.info.experiment_id],
             f"tags.role = 'sweep' and attributes.status = 'FINISHED' and attributes.start_time < {run.info.start_time}",
-            order_by=["attributes.start_time DESC"], max_results=500,
-        )  # fmt: skip
+            order_by=["attributes.start_time DESC"],
+            max_results=500,
+        )
         return [r.info.run_id for r in runs if r.data.tags.get("sweep_name") == name]
 
     def started_ms(self, run_id: str) -> int:
@@ -145,8 +150,10 @@ class HistoryReader(SweepReader):
             )
             return
         self.client.set_experiment_tag(experiment_id, PIN_TAG, run_id)
-        note = (f"Regression gate reference: sweep run `{run_id}` (pinned {time.strftime('%Y-%m-%d %H:%M')}). "
-                f"Unpin with `python -m pipeline.gate unpin {run_id}`.")  # fmt: skip
+        note = (
+            f"Regression gate reference: sweep run `{run_id}` (pinned {time.strftime('%Y-%m-%d %H:%M')}). "
+            f"Unpin with `python -m pipeline.gate unpin {run_id}`."
+        )
         self.client.set_experiment_tag(experiment_id, "mlflow.note.content", note)
 
     def sweep_run(self, run_id: str) -> None:
@@ -168,5 +175,5 @@ class HistoryReader(SweepReader):
             f"tags.role = 'sweep' and attributes.status = 'FINISHED' and tags.fingerprint = '{fingerprint}' "
             f"and tags.`engine.versions` = '{engine_versions}'",
             max_results=1,
-        )  # fmt: skip
+        )
         return runs[0].info.run_id if runs else None

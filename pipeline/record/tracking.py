@@ -25,13 +25,6 @@ from mlflow.tracking import MlflowClient
 from pipeline.config import JobConfig, TrackingConfig
 from pipeline.record.redact import MASK, is_secret_name, shell_line
 
-# A progress bar per downloaded artifact buries the report's and the gate's output.
-os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-# MLflow retries a write to an unreachable server for minutes by default; a sweep journals the
-# write instead (pipeline/record/journal.py) and keeps measuring, so a few seconds of retries do.
-os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")
-os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
-
 DB_NAME = "mlflow.db"
 # On a point the regression gate re-measured: the run id it confirms. Such runs are not the
 # point's measurement (resume and the gate's history skip them).
@@ -126,8 +119,13 @@ def check_reachable(store: Store, timeout_s: float = 5.0) -> None:
     try:
         httpx.get(base + "/health", timeout=timeout_s, trust_env=False).raise_for_status()
         # /health answers everyone; a search is what MLflow's basic-auth app asks credentials for.
-        search = httpx.get(base + "/api/2.0/mlflow/experiments/search", params={"max_results": 1},
-                           auth=_credentials(), timeout=timeout_s, trust_env=False)  # fmt: skip
+        search = httpx.get(
+            base + "/api/2.0/mlflow/experiments/search",
+            params={"max_results": 1},
+            auth=_credentials(),
+            timeout=timeout_s,
+            trust_env=False,
+        )
     except httpx.HTTPError as exc:
         raise TrackingUnreachable(
             f"tracking.uri={store.tracking_uri} does not answer ({type(exc).__name__}: {exc}); start it with "
@@ -225,9 +223,17 @@ class Tracker:
         runs = self.client.search_runs(
             [self.experiment_id], f"tags.mlflow.parentRunId = '{parent_id}'", max_results=5000
         )
-        return [PointRun(r.info.run_id, r.data.tags.get("point_hash", ""), r.info.status,
-                         r.data.tags.get("status") == "finished", r.data.tags.get(CONFIRMATION_TAG),
-                         dict(r.data.metrics)) for r in runs]  # fmt: skip
+        return [
+            PointRun(
+                r.info.run_id,
+                r.data.tags.get("point_hash", ""),
+                r.info.status,
+                r.data.tags.get("status") == "finished",
+                r.data.tags.get(CONFIRMATION_TAG),
+                dict(r.data.metrics),
+            )
+            for r in runs
+        ]
 
     def finished_points(self) -> dict[str, FinishedPoint]:
         """Points measured to the end by earlier runs of this experiment, by point hash."""

@@ -31,8 +31,13 @@ FILE_NAME = "vllm_result.json"
 # Our endpoint -> vLLM bench serve's --backend for it.
 BACKENDS = {"chat": "openai-chat", "completions": "openai", "generate": "sglang"}
 DETAILED = ("input_lens", "output_lens", "ttfts", "itls", "start_times", "generated_texts", "errors")
-SPEC_KEYS = ("spec_decode_acceptance_rate", "spec_decode_acceptance_length", "spec_decode_num_drafts",
-             "spec_decode_draft_tokens", "spec_decode_accepted_tokens")  # fmt: skip
+SPEC_KEYS = (
+    "spec_decode_acceptance_rate",
+    "spec_decode_acceptance_length",
+    "spec_decode_num_drafts",
+    "spec_decode_draft_tokens",
+    "spec_decode_accepted_tokens",
+)
 
 
 @dataclass(frozen=True)
@@ -51,14 +56,29 @@ class Setup:
 
 def setup_of(job: JobConfig, label: str, num_prompts: int) -> Setup:
     load = job.load
-    return Setup(job.workload.endpoint, job.model.id, job.model.id, num_prompts, load.request_rate, load.burstiness,
-                 load.max_concurrency, label)  # fmt: skip
+    return Setup(
+        job.workload.endpoint,
+        job.model.id,
+        job.model.id,
+        num_prompts,
+        load.request_rate,
+        load.burstiness,
+        load.max_concurrency,
+        label,
+    )
 
 
-def write(path: Path, job: JobConfig, label: str, summary: Mapping[str, float], records: Sequence[RequestRecord],
-          prompt_lens: Mapping[int, int | None] | None = None) -> None:  # fmt: skip
-    data = result(setup_of(job, label, len(records)), summary, records, job.tracking.vllm_result == "detailed",
-                  prompt_lens)  # fmt: skip
+def write(
+    path: Path,
+    job: JobConfig,
+    label: str,
+    summary: Mapping[str, float],
+    records: Sequence[RequestRecord],
+    prompt_lens: Mapping[int, int | None] | None = None,
+) -> None:
+    data = result(
+        setup_of(job, label, len(records)), summary, records, job.tracking.vllm_result == "detailed", prompt_lens
+    )
     path.write_text(json.dumps(data, allow_nan=False))
 
 
@@ -67,8 +87,13 @@ def _number(value: object) -> float:
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else 0.0
 
 
-def result(setup: Setup, summary: Mapping[str, float], records: Sequence[RequestRecord], detailed: bool,
-           prompt_lens: Mapping[int, int | None] | None = None) -> dict:  # fmt: skip
+def result(
+    setup: Setup,
+    summary: Mapping[str, float],
+    records: Sequence[RequestRecord],
+    detailed: bool,
+    prompt_lens: Mapping[int, int | None] | None = None,
+) -> dict:
     """``prompt_lens``: each request's prompt length by the model's tokenizer (by request index),
     for the requests that failed before the server said (vLLM's dataset count)."""
     backend = BACKENDS[setup.endpoint]
@@ -115,8 +140,9 @@ def result(setup: Setup, summary: Mapping[str, float], records: Sequence[Request
         positions = sorted(
             int(k.rsplit("_", 1)[1]) for k in summary if k.startswith("spec_decode_acceptance_rate_pos_")
         )
-        out["spec_decode_per_position_acceptance_rates"] = [summary[f"spec_decode_acceptance_rate_pos_{i}"]
-                                                            for i in positions]  # fmt: skip
+        out["spec_decode_per_position_acceptance_rates"] = [
+            summary[f"spec_decode_acceptance_rate_pos_{i}"] for i in positions
+        ]
     for metric in ("ttft", "tpot", "itl", "e2el"):
         for stat in ("mean", "median", "std", *(f"p{p}" for p in PERCENTILES)):
             out[f"{stat}_{metric}_ms"] = _number(summary[f"{stat}_{metric}_ms"])

@@ -27,8 +27,9 @@ def with_server_spread(reader: SweepReader, parent_id: str, frame: pd.DataFrame,
     if verdicts.is_aa(frame):
         spread = server_spread(verdicts.aa_log_ratios(frame), reader.title(parent_id))
         if spread is not None:
-            reader.log_metrics(parent_id, {AA_COUNT: float(spread.comparisons),
-                                           **{AA_PREFIX + m: v for m, v in spread.sd.items()}})  # fmt: skip
+            reader.log_metrics(
+                parent_id, {AA_COUNT: float(spread.comparisons), **{AA_PREFIX + m: v for m, v in spread.sd.items()}}
+            )
         return opts
     spread = stored_server_spread(reader)
     return opts if spread is None else replace(opts, server_spread=spread)
@@ -55,8 +56,12 @@ def window_sample(reader: SweepReader, run_id: str, duration: float, work: Path)
 
 def stats_options(stats: StatsConfig, reader: SweepReader) -> StatsOptions:
     """The sweep's decision settings, with the store's newest A/A spread between fresh servers."""
-    return StatsOptions(confidence=stats.confidence, floor=stats.floor, resamples=stats.resamples,
-                        server_spread=stored_server_spread(reader))  # fmt: skip
+    return StatsOptions(
+        confidence=stats.confidence,
+        floor=stats.floor,
+        resamples=stats.resamples,
+        server_spread=stored_server_spread(reader),
+    )
 
 
 def window_requests(reader: SweepReader, frame: pd.DataFrame, work: Path) -> dict[str, tuple[pd.DataFrame, float]]:

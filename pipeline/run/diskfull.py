@@ -18,5 +18,7 @@ def message(exc: OSError, folder: Path | None = None) -> str:
     """``folder``: what was being written, where the error does not say (pandas' writes do not)."""
     path = exc.filename or folder
     where = f" writing {path}" if path else ""
-    return (f"{PREFIX} ({exc.strerror or exc}{where}); free space on that disk, or point hydra.sweep.dir "
-            f"(hydra.run.dir for a single run) at another one, and run the sweep again: it resumes")  # fmt: skip
+    return (
+        f"{PREFIX} ({exc.strerror or exc}{where}); free space on that disk, or point hydra.sweep.dir "
+        f"(hydra.run.dir for a single run) at another one, and run the sweep again: it resumes"
+    )

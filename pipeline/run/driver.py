@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pipeline import startup
 from pipeline.analysis.search_report import PREDICTIONS_CSV
 from pipeline.config import ConfigError, JobConfig
 from pipeline.engines.models import ModelError
@@ -25,7 +26,7 @@ from pipeline.engines.vllm import EngineNotInstalled
 from pipeline.load.workloads import load_items
 from pipeline.record.journal import JOURNAL_NAME, JournaledTracker
 from pipeline.record.redact import redact_args, redact_mapping
-from pipeline.run import cluster, diskfull, predict_plan, progress_display, quiet, search_capacity, search_predict
+from pipeline.run import cluster, diskfull, predict_plan, progress_display, search_capacity, search_predict
 from pipeline.run.errors import LaunchError, Unreachable
 from pipeline.run.group import run_group
 from pipeline.run.job import Target, resolve_target, server_spec
@@ -120,7 +121,7 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
         targets = {g.index: resolve_target(g.server_job, build=False, plan_only=first.dry_run) for g in plan.groups}
     except (ConfigError, EngineNotInstalled, ModelError) as exc:
         return _error(str(exc))
-    quiet.apply(first.verbose)  # before Ray starts: its workers inherit the environment
+    startup.configure(first.verbose)  # before Ray starts: its workers inherit the environment
     on_gpu = any(t.on_gpu for t in targets.values())
     if first.dry_run:
         shown = predict_plan.first_phase(plan) if first.search == "predict" else plan
@@ -147,8 +148,18 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
     channel = progress_display.channel_name()
 
     def tasks_of(part: SweepPlan, parent_id: str) -> list[GroupTask]:
-        return [GroupTask(g, store, tracker.experiment_id, parent_id, targets[g.index].engine_gpus(g.server_job),
-                          capacity=capacity, progress=channel) for g in part.groups]  # fmt: skip
+        return [
+            GroupTask(
+                g,
+                store,
+                tracker.experiment_id,
+                parent_id,
+                targets[g.index].engine_gpus(g.server_job),
+                capacity=capacity,
+                progress=channel,
+            )
+            for g in part.groups
+        ]
 
     tasks = tasks_of(todo, "")
     try:
@@ -168,8 +179,10 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
     if first.gate.skip_if_done:
         earlier = readers.HistoryReader(store.tracking_uri).ran_before(tracker.experiment_id, *identity)
         if earlier:
-            print(f"skipped: engine {identity[1]} already ran this sweep's fingerprint (sweep run {earlier}); "
-                  f"gate.skip_if_done=false measures it again")  # fmt: skip
+            print(
+                f"skipped: engine {identity[1]} already ran this sweep's fingerprint (sweep run {earlier}); "
+                f"gate.skip_if_done=false measures it again"
+            )
             return 0
 
     skipped = len(plan.points) - len(todo.points)
@@ -183,8 +196,10 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
     )
     started = time.monotonic()
     name = f"{first.sweep_name} {time.strftime('%Y-%m-%d %H:%M:%S')}"  # one parent run per invocation
-    parent = tracker.start_run(name, {"role": "sweep", "sweep_name": first.sweep_name, "fingerprint": identity[0],
-                                      "engine.versions": identity[1]})  # fmt: skip
+    parent = tracker.start_run(
+        name,
+        {"role": "sweep", "sweep_name": first.sweep_name, "fingerprint": identity[0], "engine.versions": identity[1]},
+    )
     # How the report and the gate decide, kept with the sweep: `python -m pipeline.report` and
     # `python -m pipeline.gate` decide the same way later (the gate with this run's floors and history).
     tracker.log_params(
@@ -202,12 +217,15 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
                 reader = readers.SweepReader(store.tracking_uri)
                 resumed = {h: PointOutcome(h, f.run_id, f.metrics, resumed=True) for h, f in done.items()}
                 predicted = search_predict.run(
-                    plan, lambda part: executor.run(tasks_of(part.without(done), parent)),
+                    plan,
+                    lambda part: executor.run(tasks_of(part.without(done), parent)),
                     search_predict.download_samples(reader),
                     functools.partial(search_predict.log_predicted, tracker, parent),
-                    stats_options(first.stats, reader), first.predict.max_confirm, resumed,
+                    stats_options(first.stats, reader),
+                    first.predict.max_confirm,
+                    resumed,
                     first.predict.check_model,
-                )  # fmt: skip
+                )
                 outcomes = predicted.outcomes
             else:
                 outcomes = executor.run(tasks_of(todo, parent))
@@ -282,7 +300,13 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
     return EXIT_FAILED_POINT if failed else code
 
 
-def _confirm_task(store: Any, experiment_id: str, parent: str, targets: dict[int, Target], group: ServerGroup,
-                  confirms: dict[str, str]) -> GroupTask:  # fmt: skip
+def _confirm_task(
+    store: Any,
+    experiment_id: str,
+    parent: str,
+    targets: dict[int, Target],
+    group: ServerGroup,
+    confirms: dict[str, str],
+) -> GroupTask:
     gpus = targets[group.index].engine_gpus(group.server_job)
     return GroupTask(group, store, experiment_id, parent, gpus, confirms)

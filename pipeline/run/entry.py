@@ -27,9 +27,12 @@ def run(main: Callable[[], object]) -> None:
         main()
     except SystemExit as exc:
         if exc.code == 1 and not _entered:
-            print("error: the command line could not be composed into a config (Hydra's message is above); check "
-                  "the key and group names and the value types (`python -m pipeline.sweep --cfg job` prints the "
-                  "config with every key)", file=sys.stderr)  # fmt: skip
+            print(
+                "error: the command line could not be composed into a config (Hydra's message is above); check "
+                "the key and group names and the value types (`python -m pipeline.sweep --cfg job` prints the "
+                "config with every key)",
+                file=sys.stderr,
+            )
             sys.exit(EXIT_BAD_INPUT)
         if signals.exit_code() is not None:  # stopped by SIGTERM: 143, whatever code the exit took on the way
             sys.exit(signals.exit_code())

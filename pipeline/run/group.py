@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from pipeline import startup
 from pipeline.config import JobConfig
 from pipeline.engines.base import EngineServer, Server, ServerError
 from pipeline.engines.external import ExternalServer
@@ -34,6 +35,8 @@ from pipeline.run.point import finish_run, measure_point, point_tags
 
 def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
     group = task.group
+    # On a node of a cluster this is the worker's first call; a local Ray's inherit it anyway.
+    startup.configure(group.server_job.verbose)
     out_dir = out_dir / group.label
     tracker = JournaledTracker(Tracker(task.store, task.experiment_id), out_dir / JOURNAL_NAME)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -62,8 +65,9 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
 
     def open_run(p: Point) -> Point:
         tags = point_tags(p, target, spec.engine_version, task.confirms.get(p.hash))
-        run_ids[p.hash] = tracker.start_run(p.label, tags | ({"search": "capacity"} if task.capacity else {}),
-                                            task.parent_run_id)  # fmt: skip
+        run_ids[p.hash] = tracker.start_run(
+            p.label, tags | ({"search": "capacity"} if task.capacity else {}), task.parent_run_id
+        )
         tracker.log_params(run_ids[p.hash], flatten_params(p.job))
         points.append(p)
         return p
@@ -84,12 +88,15 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
             started = f"in {server.startup_s:.1f} s " if server.startup_s is not None else "(already running) "
             print(f"[{group.label}] server ready {started}at {server.base_url}")
             if (server.niceness() or 0) > 0:
-                print(f"[{group.label}] warning: the server runs at niceness {server.niceness()} and yields the "
-                      f"CPU to other processes; on a Ray cluster start its nodes with RAY_worker_niceness=0")  # fmt: skip
+                print(
+                    f"[{group.label}] warning: the server runs at niceness {server.niceness()} and yields the "
+                    f"CPU to other processes; on a Ray cluster start its nodes with RAY_worker_niceness=0"
+                )
 
             def measure_one(point: Point, first: bool) -> PointOutcome:
-                results[point.hash] = measure_point(point, server, tokenizer, tracker, run_ids, out_dir, first,
-                                                    reporter)  # fmt: skip
+                results[point.hash] = measure_point(
+                    point, server, tokenizer, tracker, run_ids, out_dir, first, reporter
+                )
                 reporter.emit("point_done", point.label, failed=results[point.hash].error is not None)
                 reported.add(point.hash)
                 return results[point.hash]
@@ -129,10 +136,18 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
             finish_run(tracker, outcome, out_dir, interrupted)
             if p.hash not in reported:  # never measured: its server failed, or the disk filled, first
                 reporter.emit("point_done", p.label, failed=True)
-    startup = server.startup_s if server else None
+    startup_s = server.startup_s if server else None
     outcomes = tuple(kept.values()) + tuple(results[p.hash] for p in points)
-    return GroupOutcome(group.index, outcomes, started=True, startup_s=startup, probe=probe, probe_s=probe_s,
-                        probed=tuple(points) if task.capacity else (), restarts=restarts)  # fmt: skip
+    return GroupOutcome(
+        group.index,
+        outcomes,
+        started=True,
+        startup_s=startup_s,
+        probe=probe,
+        probe_s=probe_s,
+        probed=tuple(points) if task.capacity else (),
+        restarts=restarts,
+    )
 
 
 LOST = (
@@ -160,13 +175,21 @@ def _earlier_attempt(task: GroupTask, tracker: JournaledTracker) -> dict[str, Po
         elif run.finished and not task.capacity and run.point_hash not in kept:
             kept[run.point_hash] = PointOutcome(run.point_hash, run.run_id, run.metrics)
     if runs:
-        print(f"[{task.group.label}] an earlier attempt at this group died: {len(kept)} finished point(s) kept, "
-              f"{sum(r.status == 'RUNNING' for r in runs)} run(s) it left running ended as lost")  # fmt: skip
+        print(
+            f"[{task.group.label}] an earlier attempt at this group died: {len(kept)} finished point(s) kept, "
+            f"{sum(r.status == 'RUNNING' for r in runs)} run(s) it left running ended as lost"
+        )
     return kept
 
 
-def _measure_all(group: ServerGroup, server: Server, measure_one: Any, tracker: JournaledTracker,
-                 run_ids: dict[str, str], results: dict[str, PointOutcome]) -> int:  # fmt: skip
+def _measure_all(
+    group: ServerGroup,
+    server: Server,
+    measure_one: Any,
+    tracker: JournaledTracker,
+    run_ids: dict[str, str],
+    results: dict[str, PointOutcome],
+) -> int:
     """Each point in turn. A server that dies or hangs during a window fails that point, with
     its log tail; it is then restarted for the rest (engine.restart_on_crash), or the rest fail.
     Returns the number of restarts."""
@@ -186,16 +209,20 @@ def _measure_all(group: ServerGroup, server: Server, measure_one: Any, tracker: 
         if fault is None:
             continue
         tail = log_tail(server.spec.log_path)
-        results[point.hash] = replace(outcome, error=f"{outcome.error or 'measured'}; {fault}\n"
-                                                     f"--- last lines of the server log ---\n{tail}")  # fmt: skip
+        results[point.hash] = replace(
+            outcome, error=f"{outcome.error or 'measured'}; {fault}\n--- last lines of the server log ---\n{tail}"
+        )
         tracker.set_tags(run_ids[point.hash], {"server.fault": fault})
         rest = group.points[i + 1 :]
         if not rest:
             break
         if not point.job.engine.restart_on_crash:
             for later in rest:
-                results[later.hash] = PointOutcome(later.hash, run_ids[later.hash], error=(
-                    f"not measured: {fault} at {point.label}, and engine.restart_on_crash=false"))  # fmt: skip
+                results[later.hash] = PointOutcome(
+                    later.hash,
+                    run_ids[later.hash],
+                    error=(f"not measured: {fault} at {point.label}, and engine.restart_on_crash=false"),
+                )
             break
         print(f"[{group.label}] {fault}; restarting it for the {len(rest)} point(s) left")
         server.restart()
@@ -224,9 +251,13 @@ def lossless_probe(base_url: str, job: JobConfig, tokenizer: Any) -> tuple[Probe
     prompts = point_requests(replace(job, repeat=0), tokenizer).requests[: job.lossless.prompts]
     prompts = tuple(replace(r.alone(), max_tokens=min(r.max_tokens, job.lossless.max_tokens)) for r in prompts)
     opts = ClientOptions(
-        base_url=base_url, model=job.model.id, endpoint=job.workload.endpoint, temperature=0.0,
-        ignore_eos=job.workload.ignore_eos, timeout_s=job.load.request_timeout_s,
-    )  # fmt: skip
+        base_url=base_url,
+        model=job.model.id,
+        endpoint=job.workload.endpoint,
+        temperature=0.0,
+        ignore_eos=job.workload.ignore_eos,
+        timeout_s=job.load.request_timeout_s,
+    )
     outputs = []
     for request in prompts:
         record = run_window([request], [0.0], opts).records[0]

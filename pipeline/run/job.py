@@ -112,8 +112,10 @@ def _trace_requests(job: JobConfig, tokenizer: Tokenizer | None) -> PointRequest
     replayed = traces.load_replay(job.workload, job.load.request_rate)
     requests = to_requests(traces.items(replayed, tokenizer), job.workload, tokenizer)
     # A warm-up request stands alone: a conversation's turn is sent as its user text only.
-    warmup = [replace(r.alone(), index=i, max_tokens=min(r.max_tokens, WARMUP_MAX_TOKENS))
-              for i, r in enumerate(requests[::-1][: job.load.warmup_requests])]  # fmt: skip
+    warmup = [
+        replace(r.alone(), index=i, max_tokens=min(r.max_tokens, WARMUP_MAX_TOKENS))
+        for i, r in enumerate(requests[::-1][: job.load.warmup_requests])
+    ]
     metrics = {
         "trace_requests": float(len(requests)),
         "trace_mean_rate": replayed.own_mean_rate,  # the slice's own, before scaling

@@ -126,9 +126,13 @@ def fill_prefix_cache(requests: Sequence[Request], opts: ClientOptions) -> None:
 
 
 def _run_reported(
-    label: str, requests: Sequence[Request], offsets: Sequence[float], opts: ClientOptions, load: LoadConfig,
+    label: str,
+    requests: Sequence[Request],
+    offsets: Sequence[float],
+    opts: ClientOptions,
+    load: LoadConfig,
     reporter: Reporter,
-) -> Window:  # fmt: skip
+) -> Window:
     errors = tokens = done = 0
     started = time.perf_counter()
     reporter.window(label, 0, len(requests), 0, 0.0)
@@ -142,9 +146,14 @@ def _run_reported(
 
     stop = StopRule(deadline_s=load.window_timeout_s, max_error_rate=load.max_error_rate)
     return run_window(
-        requests, offsets, opts, on_done, max_concurrency=load.max_concurrency, workers=load.client_workers,
+        requests,
+        offsets,
+        opts,
+        on_done,
+        max_concurrency=load.max_concurrency,
+        workers=load.client_workers,
         stop=stop,
-    )  # fmt: skip
+    )
 
 
 def measure(

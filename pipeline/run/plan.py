@@ -20,19 +20,48 @@ from pipeline.load import traces
 from pipeline.load.loadgen import schedule
 
 # Settings of the whole sweep: a grid may not vary them, and no point's identity includes them.
-SWEEP_LEVEL = ("tracking", "sweep_name", "dry_run", "force", "ray", "repeats", "lossless", "stats", "aa", "gate",
-               "search", "predict", "capacity", "verbose", "progress_every_s")  # fmt: skip
+SWEEP_LEVEL = (
+    "tracking",
+    "sweep_name",
+    "dry_run",
+    "force",
+    "ray",
+    "repeats",
+    "lossless",
+    "stats",
+    "aa",
+    "gate",
+    "search",
+    "predict",
+    "capacity",
+    "verbose",
+    "progress_every_s",
+)
 # Keys that say how or where a sweep runs, not what it measures (Hydra gives each job its own output_dir).
 _VOLATILE = ("output_dir", *SWEEP_LEVEL)
 # What a server's command line is made of; everything else (load, workload, SLOs) is per point.
 # replica tells an A/A twin from its original; repeat joins them with repeats.restart=true
 # (otherwise repeats share a server and vary only the prompts and arrivals).
-_NOT_MEASURED = (("slo", "percentile"), ("slo", "min_goodput"), ("load", "max_error_rate"),
-                 ("load", "window_timeout_s"), ("engine", "restart_on_crash"))  # fmt: skip
-_NEWER = (("engine", "allow_remote", False), ("engine", "env_from", []), ("workload", "timestamp_unit", "auto"),
-          ("workload", "time_scale", 1.0), ("workload", "start_s", 0.0), ("workload", "duration_s", None),
-          ("workload", "sort", False), ("workload", "think_time_s", None),
-          ("engine", "url", None), ("engine", "baseline_url", None), ("model", "revision", None))  # fmt: skip
+_NOT_MEASURED = (
+    ("slo", "percentile"),
+    ("slo", "min_goodput"),
+    ("load", "max_error_rate"),
+    ("load", "window_timeout_s"),
+    ("engine", "restart_on_crash"),
+)
+_NEWER = (
+    ("engine", "allow_remote", False),
+    ("engine", "env_from", []),
+    ("workload", "timestamp_unit", "auto"),
+    ("workload", "time_scale", 1.0),
+    ("workload", "start_s", 0.0),
+    ("workload", "duration_s", None),
+    ("workload", "sort", False),
+    ("workload", "think_time_s", None),
+    ("engine", "url", None),
+    ("engine", "baseline_url", None),
+    ("model", "revision", None),
+)
 _SERVER_KEYS = ("engine", "model", "spec", "seed", "replica")
 
 # Rough costs, measured with the embedded 135M model on 2 cores: eager CPU servers start in
@@ -249,8 +278,10 @@ def describe(plan: SweepPlan, servers: Sequence[ServerLine], on_gpu: bool) -> st
         if group.server_job.replica:
             role, what = "A/A twin", "no speculation, compared as if speculative"
         if group.server_job.engine.name == "external":
-            lines.append(f"server {group.index}/{n} {role} ({what}), already running at {server.args[-1]} "
-                         f"(version: {server.version}):")  # fmt: skip
+            lines.append(
+                f"server {group.index}/{n} {role} ({what}), already running at {server.args[-1]} "
+                f"(version: {server.version}):"
+            )
         else:
             lines.append(f"server {group.index}/{n} {role} ({what}), {server.engine} {server.version}:")
             lines.append("  " + shell_line(server.args).replace("'<free port>'", "<free port>"))
@@ -279,10 +310,14 @@ def describe(plan: SweepPlan, servers: Sequence[ServerLine], on_gpu: bool) -> st
 def search_note(first: JobConfig) -> str:
     """What a search other than the grid does beyond the plan printed for it."""
     if first.search == "predict":
-        return (f"search=predict: the baseline and the largest k of each method are measured first; then at most "
-                f"{first.predict.max_confirm} more server(s) per method confirm the predicted best k")  # fmt: skip
+        return (
+            f"search=predict: the baseline and the largest k of each method are measured first; then at most "
+            f"{first.predict.max_confirm} more server(s) per method confirm the predicted best k"
+        )
     if first.search == "capacity":
         c = first.capacity
-        return (f"search=capacity: each server probes from {c.start_rate:g} req/s (bracketing, then bisection to "
-                f"{c.resolution:.0%}), at most {c.max_probes} windows per server")  # fmt: skip
+        return (
+            f"search=capacity: each server probes from {c.start_rate:g} req/s (bracketing, then bisection to "
+            f"{c.resolution:.0%}), at most {c.max_probes} windows per server"
+        )
     return ""

@@ -103,8 +103,14 @@ def measure_point(
         (point_dir / "summary.json").write_text(json.dumps(metrics, indent=2, default=str))
         (point_dir / "config.json").write_text(json.dumps(flatten_params(point.job), indent=2))
         if point.job.tracking.vllm_result != "off":
-            vllm_result.write(point_dir / vllm_result.FILE_NAME, point.job, point.label, metrics,
-                              measurement.window.records, {r.index: r.prompt_tokens for r in sends.requests})  # fmt: skip
+            vllm_result.write(
+                point_dir / vllm_result.FILE_NAME,
+                point.job,
+                point.label,
+                metrics,
+                measurement.window.records,
+                {r.index: r.prompt_tokens for r in sends.requests},
+            )
     except OSError as exc:
         if not diskfull.is_disk_full(exc):
             raise

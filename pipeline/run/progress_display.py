@@ -58,8 +58,10 @@ class SweepState:
 
     def lines(self, now: float) -> list[str]:
         failed = f" ({self.failed} failed)" if self.failed else ""
-        head = (f"progress: {self.done}/{self.planned} points done{failed}, {_duration(now - self.started)} "
-                f"elapsed, ~{_duration(self.eta_s(now))} left")  # fmt: skip
+        head = (
+            f"progress: {self.done}/{self.planned} points done{failed}, {_duration(now - self.started)} "
+            f"elapsed, ~{_duration(self.eta_s(now))} left"
+        )
         out = [head]
         for group, since in sorted(self.starting.items()):
             out.append(f"  [{group}] server starting, {_duration(now - since)} so far")
@@ -72,8 +74,14 @@ class Display:
     """Feed it events (any thread); ``close`` stops it. ``stream``: where it draws (stdout);
     ``clock``: the time its lines are drawn at (wall-clock seconds, as events' ``at``)."""
 
-    def __init__(self, state: SweepState, stream: Any = None, interactive: bool | None = None,
-                 every_s: float | None = None, clock: Callable[[], float] = time.time) -> None:  # fmt: skip
+    def __init__(
+        self,
+        state: SweepState,
+        stream: Any = None,
+        interactive: bool | None = None,
+        every_s: float | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.state = state
         self.clock = clock
         self.every_s = every_s or PLAIN_EVERY_S
@@ -86,8 +94,14 @@ class Display:
             from rich.console import Console
             from rich.live import Live
 
-            self._live = Live(self._render(), console=Console(file=self.stream), refresh_per_second=2,
-                              redirect_stdout=True, redirect_stderr=True, get_renderable=self._render)  # fmt: skip
+            self._live = Live(
+                self._render(),
+                console=Console(file=self.stream),
+                refresh_per_second=2,
+                redirect_stdout=True,
+                redirect_stderr=True,
+                get_renderable=self._render,
+            )
             self._live.start()
         else:
             self._thread = threading.Thread(target=self._plain, name="specsweep-progress", daemon=True)

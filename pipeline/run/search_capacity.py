@@ -47,8 +47,13 @@ def _rounded(rate: float) -> float:
     return float(f"{rate:.3g}")
 
 
-def probe(seed: Point, open_run: Callable[[Point], Point], measure: Callable[[Point, bool], object],
-          out_dir: Path, log: Callable[[Point, dict[str, float]], None]) -> list[tuple[float, bool]]:  # fmt: skip
+def probe(
+    seed: Point,
+    open_run: Callable[[Point], Point],
+    measure: Callable[[Point, bool], object],
+    out_dir: Path,
+    log: Callable[[Point, dict[str, float]], None],
+) -> list[tuple[float, bool]]:
     """Run the search from ``seed`` (already given a run); returns (rate, passed) per probe.
     A probe that fails to measure (an error, not an SLO miss) ends the search."""
     target, settings = slo_target(seed.job), search_settings(seed.job)
@@ -62,8 +67,10 @@ def probe(seed: Point, open_run: Callable[[Point], Point], measure: Callable[[Po
         passed = window_passes(Sample.from_requests(frame, outcome.metrics["duration"]), target)  # type: ignore[attr-defined]
         history.append((point.job.load.request_rate, passed))
         log(point, {"capacity_probe": float(len(history)), "slo_passed": float(passed)})
-        print(f"[{point.label}] capacity probe {len(history)}: {target.describe()} "
-              f"{'met' if passed else 'missed'} at {point.job.load.request_rate:g} req/s")  # fmt: skip
+        print(
+            f"[{point.label}] capacity probe {len(history)}: {target.describe()} "
+            f"{'met' if passed else 'missed'} at {point.job.load.request_rate:g} req/s"
+        )
         rate = next_rate(history, settings)
         if rate is None or not math.isfinite(rate):
             break

@@ -104,12 +104,15 @@ def _common_rows(windows: Mapping[int, Sample]) -> dict[int, np.ndarray]:
     """Each window's row of every prompt that all of them answered with a defined TPOT, in one prompt order."""
     defined = [set(w.index[np.isfinite(w.values["tpot"])].tolist()) for w in windows.values()]
     common = sorted(set.intersection(*defined)) if defined else []
-    return {k: np.array([{int(i): j for j, i in enumerate(w.index)}[p] for p in common], dtype=int)
-            for k, w in windows.items()}  # fmt: skip
+    return {
+        k: np.array([{int(i): j for j, i in enumerate(w.index)}[p] for p in common], dtype=int)
+        for k, w in windows.items()
+    }
 
 
-def _over_servers(estimates: list[float], replicates: list[np.ndarray],
-                  rng: np.random.Generator) -> tuple[float, np.ndarray]:  # fmt: skip
+def _over_servers(
+    estimates: list[float], replicates: list[np.ndarray], rng: np.random.Generator
+) -> tuple[float, np.ndarray]:
     """One window's estimate over its repeats (their mean log) and replicates: the within-window
     part stays paired (the mean of the runs' paired replicates); the part between server
     starts, sd^2 = max(runs' variance - within variance, 0), enters as a t(R - 1) offset of
@@ -126,9 +129,14 @@ def _over_servers(estimates: list[float], replicates: list[np.ndarray],
 
 def _trim(*windows: predict.Window) -> list[predict.Window]:
     size = min(len(w.tpot_log_reps) for w in windows)
-    return [dataclasses.replace(w, tpot_log_reps=w.tpot_log_reps[:size],
-                                length_log_reps=None if w.length_log_reps is None else w.length_log_reps[:size])
-            for w in windows]  # fmt: skip
+    return [
+        dataclasses.replace(
+            w,
+            tpot_log_reps=w.tpot_log_reps[:size],
+            length_log_reps=None if w.length_log_reps is None else w.length_log_reps[:size],
+        )
+        for w in windows
+    ]
 
 
 @dataclass(frozen=True)
@@ -152,8 +160,13 @@ class CurveResult:
 class Predictor:
     """Builds each curve's inputs from measured points and runs the model on them."""
 
-    def __init__(self, plan: SweepPlan, opts: StatsOptions, samples: Callable[[Sequence[PointOutcome]],
-                 list[Sample | None]], check_model: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        plan: SweepPlan,
+        opts: StatsOptions,
+        samples: Callable[[Sequence[PointOutcome]], list[Sample | None]],
+        check_model: bool = False,
+    ) -> None:
         self.plan, self.opts, self.samples = plan, opts, samples
         self.check_model = check_model  # predict.check_model: see predict.to_confirm
         spread = opts.server_spread
@@ -170,8 +183,14 @@ class Predictor:
             return None
         return Measured(tuple(w for w in windows if w is not None), tuple(o.metrics for o in found if o is not None))
 
-    def curve(self, setting: str, points: Sequence[Point], outcomes: Mapping[str, PointOutcome],
-              first: Mapping[tuple[int, float], predict.Prediction] | None, cap: int) -> CurveResult:  # fmt: skip
+    def curve(
+        self,
+        setting: str,
+        points: Sequence[Point],
+        outcomes: Mapping[str, PointOutcome],
+        first: Mapping[tuple[int, float], predict.Prediction] | None,
+        cap: int,
+    ) -> CurveResult:
         """Predict every unmeasured (k, rate) of the curve from what ``outcomes`` measured."""
         top_k = k_max(points)
         by_key: dict[str, list[Point]] = {}
@@ -185,8 +204,12 @@ class Predictor:
         lengths: dict[tuple[int, float], float] = {}
         notes: list[str] = []
         for i, rate in enumerate(rates):
-            at_rate = {k: reps for reps in by_key.values() if (reps[0].job.load.request_rate == rate)
-                       for k in [reps[0].job.spec.k]}  # fmt: skip
+            at_rate = {
+                k: reps
+                for reps in by_key.values()
+                if (reps[0].job.load.request_rate == rate)
+                for k in [reps[0].job.spec.k]
+            }
             per_position: tuple[float, ...] = ()
             found: dict[int, Measured] = {}
             for k, reps in sorted(at_rate.items()):
@@ -198,8 +221,10 @@ class Predictor:
                     per_position = tuple(got.mean(f"spec_decode_acceptance_rate_pos_{j}") or 0.0 for j in range(k))
                     short = got.mean("acceptance_k_effective")
                     if short is not None and short < top_k - 0.05:
-                        notes.append(f"at {rate:g} req/s the k={top_k} drafts averaged {short:.2f} tokens of {top_k} "
-                                     "(ngram finds shorter matches): the step cost assumes full drafts")  # fmt: skip
+                        notes.append(
+                            f"at {rate:g} req/s the k={top_k} drafts averaged {short:.2f} tokens of {top_k} "
+                            "(ngram finds shorter matches): the step cost assumes full drafts"
+                        )
             baseline = [base_points[p.baseline_hash] for p in at_rate.get(top_k, []) if p.baseline_hash in base_points]
             base = self._measured(baseline, outcomes)
             group = ({0: base} if base else {}) | found
@@ -209,8 +234,10 @@ class Predictor:
                 measured[(k, rate)] = _estimate(window, True, self.opts)
                 lengths[(k, rate)] = window.length
             if base_window is None or top_k not in windows:
-                notes.append(f"at {rate:g} req/s: no prediction (the baseline or k={top_k} has no measurement "
-                             "with enough requests)")  # fmt: skip
+                notes.append(
+                    f"at {rate:g} req/s: no prediction (the baseline or k={top_k} has no measurement "
+                    "with enough requests)"
+                )
                 continue
             anchors = [w for k, w in windows.items() if k != top_k]
             base_window, top, *anchors = _trim(base_window, windows[top_k], *anchors)
@@ -221,8 +248,9 @@ class Predictor:
                 continue
             for k in ks:
                 if k not in windows:
-                    predictions[(k, rate)] = predict.predict(inputs, k, self.opts, self.server_sd, self.server_df,
-                                                             self.model_error)  # fmt: skip
+                    predictions[(k, rate)] = predict.predict(
+                        inputs, k, self.opts, self.server_sd, self.server_df, self.model_error
+                    )
         choices = {}
         for rate in rates:
             estimates = [m for (k, r), m in measured.items() if r == rate]
@@ -231,8 +259,18 @@ class Predictor:
                 choices[rate] = predict.choose(rate, estimates, self.opts.alpha)
         confirm, left_out = predict.to_confirm(list(choices.values()), cap, self.check_model)
         job = points[0].job
-        return CurveResult(setting, f"{job.engine.name} {job.spec.method}", dict(first or predictions), predictions,
-                           measured, lengths, choices, confirm, left_out, tuple(notes))  # fmt: skip
+        return CurveResult(
+            setting,
+            f"{job.engine.name} {job.spec.method}",
+            dict(first or predictions),
+            predictions,
+            measured,
+            lengths,
+            choices,
+            confirm,
+            left_out,
+            tuple(notes),
+        )
 
 
 def _estimate(source: predict.Window | predict.Prediction, is_measured: bool, opts: StatsOptions) -> predict.Estimate:
@@ -240,12 +278,12 @@ def _estimate(source: predict.Window | predict.Prediction, is_measured: bool, op
         finite = source.tpot_log_reps[np.isfinite(source.tpot_log_reps)]
         low, high = np.exp(np.quantile(finite, [opts.alpha / 2, 1 - opts.alpha / 2]))
         return predict.Estimate(source.k, source.tpot_s, float(low), float(high), is_measured, source.tpot_log_reps)
-    return predict.Estimate(source.k, source.tpot_s, source.tpot_low_s, source.tpot_high_s, is_measured,
-                            source.tpot_log_reps)  # fmt: skip
+    return predict.Estimate(
+        source.k, source.tpot_s, source.tpot_low_s, source.tpot_high_s, is_measured, source.tpot_log_reps
+    )
 
 
-def predicted_metrics(prediction: predict.Prediction,
-                      model_error: tuple[float, int] | None = None) -> dict[str, float]:  # fmt: skip
+def predicted_metrics(prediction: predict.Prediction, model_error: tuple[float, int] | None = None) -> dict[str, float]:
     """A predicted point's MLflow metrics: the sweep table's names, each with its interval, and
     ``model_error_sd``, the log-scale model-error term its interval carries (where there is one)."""
     error = {} if model_error is None else {"model_error_sd": model_error[0]}
@@ -271,9 +309,16 @@ class PredictRun:
     table: pd.DataFrame
 
 
-def run(plan: SweepPlan, executor_run: Callable[[SweepPlan], list[GroupOutcome]],
-        samples: Callable[[Sequence[PointOutcome]], list[Sample | None]], log_predicted: Callable[[Point, dict[str, float]], str],
-        opts: StatsOptions, cap: int, done: Mapping[str, PointOutcome], check_model: bool = False) -> PredictRun:  # fmt: skip
+def run(
+    plan: SweepPlan,
+    executor_run: Callable[[SweepPlan], list[GroupOutcome]],
+    samples: Callable[[Sequence[PointOutcome]], list[Sample | None]],
+    log_predicted: Callable[[Point, dict[str, float]], str],
+    opts: StatsOptions,
+    cap: int,
+    done: Mapping[str, PointOutcome],
+    check_model: bool = False,
+) -> PredictRun:
     """Measure, predict, confirm; then predict what is left with the confirmations as anchors."""
     outcomes = executor_run(first_phase(plan))
     by_hash = dict(done) | {p.hash: p for o in outcomes for p in o.points}
@@ -293,12 +338,15 @@ def run(plan: SweepPlan, executor_run: Callable[[SweepPlan], list[GroupOutcome]]
     if predictor.model_error is not None:
         sd, count = predictor.model_error
         results = [predictor.curve(r.setting, curves(plan)[r.setting], by_hash, r.first, cap) for r in firsts]
-        note = (f"model error {sd:.1%} (RMS of log measured / first-predicted TPOT over {count} confirmed point(s)), "
-                "added to the final intervals")  # fmt: skip
-        results = [dataclasses.replace(r, notes=(*r.notes, note), model_error=predictor.model_error)
-                   for r in results]  # fmt: skip
-    results = [dataclasses.replace(r, confirm=f.confirm, left_out=f.left_out, notes=r.notes + _left_out(f, cap))
-               for r, f in zip(results, firsts, strict=True)]  # fmt: skip
+        note = (
+            f"model error {sd:.1%} (RMS of log measured / first-predicted TPOT over {count} confirmed point(s)), "
+            "added to the final intervals"
+        )
+        results = [dataclasses.replace(r, notes=(*r.notes, note), model_error=predictor.model_error) for r in results]
+    results = [
+        dataclasses.replace(r, confirm=f.confirm, left_out=f.left_out, notes=r.notes + _left_out(f, cap))
+        for r, f in zip(results, firsts, strict=True)
+    ]
     for result in results:
         for note in result.notes:
             print(f"predict: {result.label}: {note}")
@@ -316,8 +364,12 @@ def model_error(results: Sequence[CurveResult]) -> tuple[float, int] | None:
     """The model's own error, from the points it predicted first and then measured: the RMS of
     log(measured / predicted) median TPOT, and how many points it rests on (None: none).
     It errs wide: each measured point carries its window's own noise too."""
-    errors = [math.log(seen.tpot_s / r.first[key].tpot_s) for r in results for key, seen in r.measured.items()
-              if key in r.first and seen.tpot_s > 0 and r.first[key].tpot_s > 0]  # fmt: skip
+    errors = [
+        math.log(seen.tpot_s / r.first[key].tpot_s)
+        for r in results
+        for key, seen in r.measured.items()
+        if key in r.first and seen.tpot_s > 0 and r.first[key].tpot_s > 0
+    ]
     return (math.sqrt(float(np.mean(np.square(errors)))), len(errors)) if errors else None
 
 
@@ -331,16 +383,24 @@ def _left_out(result: CurveResult, cap: int) -> tuple[str, ...]:
 def download_samples(reader: SweepReader) -> Callable[[Sequence[PointOutcome]], list[Sample | None]]:
     """Each outcome's window, from its run's requests.csv in MLflow."""
     folder = Path(tempfile.mkdtemp(prefix="specsweep-predict-"))
-    return lambda found: [window_sample(reader, o.run_id or "", o.metrics.get("duration", math.nan), folder)
-                          for o in found]  # fmt: skip
+    return lambda found: [
+        window_sample(reader, o.run_id or "", o.metrics.get("duration", math.nan), folder) for o in found
+    ]
 
 
 def log_predicted(tracker: Tracker, parent: str, point: Point, metrics: dict[str, float]) -> str:
     """A predicted point as a child run of its own: no requests, never status 'finished'."""
     job = point.job
-    tags = {"role": point.role, "predicted": "true", "status": "predicted", "search": "predict",
-            "engine": job.engine.name, "spec.method": job.spec.method, "point_hash": point.hash,
-            **({"baseline_hash": point.baseline_hash} if point.baseline_hash else {})}  # fmt: skip
+    tags = {
+        "role": point.role,
+        "predicted": "true",
+        "status": "predicted",
+        "search": "predict",
+        "engine": job.engine.name,
+        "spec.method": job.spec.method,
+        "point_hash": point.hash,
+        **({"baseline_hash": point.baseline_hash} if point.baseline_hash else {}),
+    }
     run_id = tracker.start_run(f"{point.label} (predicted)", tags, parent)
     tracker.log_params(run_id, flatten_params(job))
     tracker.log_metrics(run_id, metrics)

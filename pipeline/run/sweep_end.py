@@ -31,8 +31,11 @@ def sync_journals(out_dir: Path) -> dict[str, str] | None:
         return {}
     made, left = replay(found, make_tracker)
     if left:
-        print(f"MLflow: {left} write(s) could not be made and are kept in {len(found)} journal(s) under {out_dir}; "
-              f"once the tracking server answers: python -m pipeline.sync {out_dir}", file=sys.stderr)  # fmt: skip
+        print(
+            f"MLflow: {left} write(s) could not be made and are kept in {len(found)} journal(s) under {out_dir}; "
+            f"once the tracking server answers: python -m pipeline.sync {out_dir}",
+            file=sys.stderr,
+        )
         return None
     print(f"MLflow: {made} write(s) that failed during the sweep were made at its end")
     return placeholders(found)
@@ -47,8 +50,9 @@ def sweep_identity(plan: SweepPlan, targets: dict[int, Target]) -> tuple[str, st
     from pipeline.engines.models import revision
     from pipeline.gate import HARDWARE_KEYS
 
-    versions = sorted({server_spec(targets[g.index], g.server_job, Path("server.log"), port=0).engine_version
-                       for g in plan.groups})  # fmt: skip
+    versions = sorted(
+        {server_spec(targets[g.index], g.server_job, Path("server.log"), port=0).engine_version for g in plan.groups}
+    )
     # The same hardware keys as a point's fingerprint in the gate (the kernel string left out).
     tags = hardware_tags(any(t.on_gpu for t in targets.values()))
     hardware = {k: tags[k] for k in HARDWARE_KEYS if k in tags}
@@ -57,8 +61,16 @@ def sweep_identity(plan: SweepPlan, targets: dict[int, Target]) -> tuple[str, st
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16], ",".join(versions)
 
 
-def gate_sweep(first: JobConfig, tracking_uri: str, parent: str, plan: SweepPlan, by_hash: dict[str, PointOutcome],
-               executor: Executor, confirm_task: Callable[..., GroupTask], out_dir: Path) -> int:  # fmt: skip
+def gate_sweep(
+    first: JobConfig,
+    tracking_uri: str,
+    parent: str,
+    plan: SweepPlan,
+    by_hash: dict[str, PointOutcome],
+    executor: Executor,
+    confirm_task: Callable[..., GroupTask],
+    out_dir: Path,
+) -> int:
     """gate.enabled: judge this run against its reference; with gate.confirm, re-measure the
     flagged points once on fresh servers and judge again."""
     from pipeline import gate
@@ -75,16 +87,21 @@ def gate_sweep(first: JobConfig, tracking_uri: str, parent: str, plan: SweepPlan
             originals = {h: o.run_id for h, o in by_hash.items() if o.run_id in flagged}
             print(f"gate: {len(originals)} point(s) flagged; re-measuring them on fresh servers to confirm")
             again = plan.without(p.hash for p in plan.points if p.hash not in originals)
-            tasks = [confirm_task(g, {h: originals[h] for h in originals if h in {p.hash for p in g.points}})
-                     for g in again.groups]  # fmt: skip
+            tasks = [
+                confirm_task(g, {h: originals[h] for h in originals if h in {p.hash for p in g.points}})
+                for g in again.groups
+            ]
             executor.run(tasks)
             result, summary = gate.run(reader, parent, first.gate, opts, out_dir)
     except Exception as exc:
         try:
             check_reachable(Store(tracking_uri, None))
         except TrackingError:  # the server went away: infrastructure; the measurements are in MLflow
-            print(f"gate: not decided, the tracking server failed ({type(exc).__name__}: {exc}); once it is back, "
-                  f"run `python -m pipeline.gate {parent} --tracking-uri {tracking_uri}`", file=sys.stderr)  # fmt: skip
+            print(
+                f"gate: not decided, the tracking server failed ({type(exc).__name__}: {exc}); once it is back, "
+                f"run `python -m pipeline.gate {parent} --tracking-uri {tracking_uri}`",
+                file=sys.stderr,
+            )
             return gate.EXIT_INFRA
         raise
     print(summary)
@@ -102,11 +119,15 @@ def log_probes(tracker: Any, parent: str, plan: SweepPlan, outcomes: Sequence[Gr
         job = group.server_job
         base_hash = group.points[0].baseline_hash
         record = {
-            "group": group.label, "role": group.role, "engine": job.engine.name, "method": job.spec.method,
-            "k": job.spec.k, "dtype": job.engine.dtype,
+            "group": group.label,
+            "role": group.role,
+            "engine": job.engine.name,
+            "method": job.spec.method,
+            "k": job.spec.k,
+            "dtype": job.engine.dtype,
             "baseline_group": group_of[base_hash].label if base_hash in group_of else None,
             "outputs": [dataclasses.asdict(o) for o in outcome.probe],
-        }  # fmt: skip
+        }
         tracker.log_json(parent, record, f"lossless/{group.label}.json")
 
 

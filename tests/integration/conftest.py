@@ -107,8 +107,9 @@ def rest_of_output(proc: subprocess.Popen[str], timeout_s: float = 600) -> str:
     return "".join(seen)
 
 
-def sigterm_once_serving(args: list[str], cwd: Path, timeout: float = 180, sig: int | None = None,
-                         moment: str = "server ready") -> subprocess.CompletedProcess[str]:  # fmt: skip
+def sigterm_once_serving(
+    args: list[str], cwd: Path, timeout: float = 180, sig: int | None = None, moment: str = "server ready"
+) -> subprocess.CompletedProcess[str]:
     """Start the entry point, wait until a server is ready (or the output line ``moment``: "server
     starting"), then send what a scheduler sends (SIGTERM), or ``sig`` (SIGINT: Ctrl-C)."""
     import signal

@@ -35,14 +35,19 @@ REPO = Path(__file__).resolve().parents[2]
 # One rate, no losslessness probe, fewer resamples: the nights test the schedule and the
 # gate's path, which a smaller night exercises as fully.
 SMALL = [
-    "load.num_requests=8", "load.warmup_requests=1", "workload.max_tokens=16", "load.request_rate=1",
-    *TEST_SERVER, "lossless.prompts=0", "stats.resamples=500",
+    "load.num_requests=8",
+    "load.warmup_requests=1",
+    "workload.max_tokens=16",
+    "load.request_rate=1",
+    *TEST_SERVER,
+    "lossless.prompts=0",
+    "stats.resamples=500",
     # Not the nightly's confirmation: with two past nights the history's spread has one or two
     # degrees of freedom, and a re-measured point regresses "on the same metric" again only by
     # luck (seen: a 10x slower TPOT judged inconclusive at df 1). The gate's power is its own
     # issue; a confirmation end to end needs a gate that can see it first.
     "gate.confirm=false",
-]  # fmt: skip
+]
 SPREAD = [f"+ray.resources_per_group.{cluster.SLOT}=1"]
 
 
@@ -54,8 +59,9 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[cluster.Cl
     assert not cluster._cluster_processes(ray_cluster.temp_dir), "Ray processes outlived the cluster"
 
 
-def _submit(setup: tuple[cluster.Cluster, cluster.TrackingServer], name: str,
-            *extra: str) -> tuple[subprocess.CompletedProcess[str], dict]:  # fmt: skip
+def _submit(
+    setup: tuple[cluster.Cluster, cluster.TrackingServer], name: str, *extra: str
+) -> tuple[subprocess.CompletedProcess[str], dict]:
     ray_cluster, server = setup
     before = vllm_server_pids()
     entry = ["python", "-m", "pipeline.sweep", "+sweep=nightly", f"tracking.uri={server.uri}", *SMALL, *extra]
@@ -100,8 +106,13 @@ def nights(setup: tuple[cluster.Cluster, cluster.TrackingServer]) -> Nights:
         return Night(proc, details, _parents(server.uri)[-1])
 
     first = night(1)
-    gate_cli = subprocess.run([sys.executable, "-m", "pipeline.gate", "nightly", "--tracking-uri", server.uri],
-                              capture_output=True, text=True, timeout=300, cwd=REPO)  # fmt: skip
+    gate_cli = subprocess.run(
+        [sys.executable, "-m", "pipeline.gate", "nightly", "--tracking-uri", server.uri],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     unchanged = night(2)
     # Engine steps ~5x as long, on every server that becomes ready: far past the spread of 2 nights.
     with cluster.stutter(ray_cluster.processes, paused=0.8):
@@ -161,8 +172,9 @@ def _small(num_requests: int) -> list[str]:
     return [a for a in SMALL if not a.startswith("load.num_requests")] + [f"load.num_requests={num_requests}"]
 
 
-def _serving(ray_cluster: cluster.Cluster, ready: set[int], node_port: int | None,
-             timeout_s: float = 300) -> tuple[int, psutil.Process]:  # fmt: skip
+def _serving(
+    ray_cluster: cluster.Cluster, ready: set[int], node_port: int | None, timeout_s: float = 300
+) -> tuple[int, psutil.Process]:
     """A server of the cluster that answers /health (on the node whose raylet has
     ``node_port``, if given): its API server's pid and its node's raylet."""
     deadline = time.monotonic() + timeout_s
@@ -202,7 +214,7 @@ def _start(setup: tuple[cluster.Cluster, cluster.TrackingServer], sweep_name: st
 
 def test_sigkill_of_a_job_submitted_through_ray_jobs_stops_its_server(
     setup: tuple[cluster.Cluster, cluster.TrackingServer],
-) -> None:  # fmt: skip
+) -> None:
     ray_cluster, _ = setup
     before = vllm_server_pids()
     name = _start(setup, "kill9job", "spec=none", *_small(num_requests=60))
@@ -222,7 +234,7 @@ def test_sigkill_of_a_job_submitted_through_ray_jobs_stops_its_server(
 
 def test_a_node_lost_mid_window_has_its_group_run_again_on_another_and_loses_no_point(
     setup: tuple[cluster.Cluster, cluster.TrackingServer],
-) -> None:  # fmt: skip
+) -> None:
     """Last in this module: the joining node stays lost."""
     ray_cluster, server = setup
     before = vllm_server_pids()

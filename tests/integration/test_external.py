@@ -41,10 +41,23 @@ def test_two_running_servers_are_measured_on_the_same_requests_and_left_running(
         EngineServer(server_spec(target, spec_job, tmp_path / "spec.log")) as spec,
     ):
         drafts_before = _drafts(spec.base_url)
-        args = [sys.executable, "-m", "pipeline.sweep", f"hydra.run.dir={tmp_path}/out", "sweep_name=ext",
-                "engine=external", f"engine.url={spec.base_url}", f"engine.baseline_url={base.base_url}/v1",
-                "spec=ngram", "spec.k=3", "load.num_requests=6", "load.request_rate=4", "load.warmup_requests=1",
-                "workload.max_tokens=48", "lossless.prompts=2"]  # fmt: skip
+        args = [
+            sys.executable,
+            "-m",
+            "pipeline.sweep",
+            f"hydra.run.dir={tmp_path}/out",
+            "sweep_name=ext",
+            "engine=external",
+            f"engine.url={spec.base_url}",
+            f"engine.baseline_url={base.base_url}/v1",
+            "spec=ngram",
+            "spec.k=3",
+            "load.num_requests=6",
+            "load.request_rate=4",
+            "load.warmup_requests=1",
+            "workload.max_tokens=48",
+            "lossless.prompts=2",
+        ]
         sweep = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         started: list[str] = []  # any vLLM process under the sweep, sampled while it runs
         deadline = time.monotonic() + 600

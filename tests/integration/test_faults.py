@@ -22,13 +22,24 @@ from tests.integration.conftest import SERVER_PATTERN, TEST_SERVER, read_until, 
 
 pytestmark = pytest.mark.integration
 
-SMALL = [*TEST_SERVER, "load.num_requests=40", "load.request_rate=1", "load.warmup_requests=1",
-         "workload.max_tokens=32", "lossless.prompts=0"]  # fmt: skip
+SMALL = [
+    *TEST_SERVER,
+    "load.num_requests=40",
+    "load.request_rate=1",
+    "load.warmup_requests=1",
+    "workload.max_tokens=32",
+    "lossless.prompts=0",
+]
 
 
 def _start_until_serving(args: list[str], cwd: Path) -> tuple[subprocess.Popen[str], list[str]]:
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.sweep", *args], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.sweep", *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     seen: list[str] = []
     if read_until(proc, "server ready", seen):
         return proc, seen
@@ -61,8 +72,9 @@ def test_sigkill_of_the_driver_stops_its_server(tmp_path: Path) -> None:
 
 def test_sigkill_of_the_ray_worker_stops_its_server(tmp_path: Path) -> None:
     before = vllm_server_pids()
-    proc, seen = _start_until_serving(["-m", f"hydra.sweep.dir={tmp_path}/multi", "spec=none", "sweep_name=kill9ray",
-                                       *SMALL], tmp_path)  # fmt: skip
+    proc, seen = _start_until_serving(
+        ["-m", f"hydra.sweep.dir={tmp_path}/multi", "spec=none", "sweep_name=kill9ray", *SMALL], tmp_path
+    )
     try:
         pid = next(int(m.group(1)) for line in seen if (m := re.search(r"_job_in_worker pid=(\d+)", line)))
         (worker,) = [p for p in procs.descendants(proc.pid) if p.pid == pid]  # this sweep's worker, no other
@@ -94,8 +106,11 @@ def _warmed_up(proc: subprocess.Popen[str], requests: int = 1, timeout_s: float 
                 text = httpx.get(f"http://127.0.0.1:{ports.pop()}/metrics", timeout=10, trust_env=False).text
             except httpx.HTTPError:
                 text = ""
-            done = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                       if line.startswith("vllm:request_success_total"))  # fmt: skip
+            done = sum(
+                float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines()
+                if line.startswith("vllm:request_success_total")
+            )
             if done >= requests:
                 return
         time.sleep(0.5)
@@ -103,8 +118,11 @@ def _warmed_up(proc: subprocess.Popen[str], requests: int = 1, timeout_s: float 
 
 
 def _api_ports(proc: subprocess.Popen[str]) -> set[str]:
-    return {args[args.index("--port") + 1] for args in map(procs.cmdline, procs.matching([proc.pid], API_SERVER))
-            if "--port" in args[:-1]}  # fmt: skip
+    return {
+        args[args.index("--port") + 1]
+        for args in map(procs.cmdline, procs.matching([proc.pid], API_SERVER))
+        if "--port" in args[:-1]
+    }
 
 
 def _next_core(proc: subprocess.Popen[str], old: set[int], timeout_s: float = 300) -> list[psutil.Process]:
@@ -132,9 +150,17 @@ def faulted(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
     decoy = procs.start_decoy()
     try:
         before = vllm_server_pids()
-        args = ["-m", f"hydra.sweep.dir={tmp_path}/multi", "hydra/launcher=basic", "spec=none", "sweep_name=faults",
-                "load.request_rate=1,2,3", "load.num_requests=16", "load.window_timeout_s=40",
-                *[a for a in SMALL if not a.startswith(("load.request_rate", "load.num_requests"))]]  # fmt: skip
+        args = [
+            "-m",
+            f"hydra.sweep.dir={tmp_path}/multi",
+            "hydra/launcher=basic",
+            "spec=none",
+            "sweep_name=faults",
+            "load.request_rate=1,2,3",
+            "load.num_requests=16",
+            "load.window_timeout_s=40",
+            *[a for a in SMALL if not a.startswith(("load.request_rate", "load.num_requests"))],
+        ]
         proc, seen = _start_until_serving(args, tmp_path)
         crashed = procs.matching([proc.pid], ENGINE_CORE)
         assert crashed, "no engine core process found"
@@ -189,11 +215,24 @@ def test_a_tracking_server_gone_mid_sweep_loses_no_measurement(tmp_path: Path) -
     root, port = tmp_path / "mlflow", free_port()
     first = mlflow_server(root, port)
     server = first.__enter__()
-    args = ["-m", f"hydra.sweep.dir={tmp_path}/multi", "hydra/launcher=basic", "spec.k=3", f"tracking.uri={server.uri}",
-            "sweep_name=outage", "load.num_requests=8", "load.request_rate=2",
-            *[a for a in SMALL if not a.startswith(("load.request_rate", "load.num_requests"))]]  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.sweep", *args], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    args = [
+        "-m",
+        f"hydra.sweep.dir={tmp_path}/multi",
+        "hydra/launcher=basic",
+        "spec.k=3",
+        f"tracking.uri={server.uri}",
+        "sweep_name=outage",
+        "load.num_requests=8",
+        "load.request_rate=2",
+        *[a for a in SMALL if not a.startswith(("load.request_rate", "load.num_requests"))],
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.sweep", *args],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     seen: list[str] = []
     try:  # the baseline is measured and recorded; then the server goes away
         read_until(proc, "ngram-k3] server ready", seen)
@@ -222,9 +261,21 @@ def test_a_tracking_server_gone_mid_sweep_loses_no_measurement(tmp_path: Path) -
         assert parent.info.status == "FINISHED"
         again_sync = subprocess.run(sync, capture_output=True, text=True, timeout=300)
         assert again_sync.returncode == 0 and len(client.search_runs([experiment.experiment_id])) == len(runs)
-        report = subprocess.run([sys.executable, "-m", "pipeline.report", parent.info.run_id, "--tracking-uri",
-                                 again.uri, "--out", str(tmp_path / "report")], capture_output=True, text=True,
-                                timeout=300)  # fmt: skip
+        report = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pipeline.report",
+                parent.info.run_id,
+                "--tracking-uri",
+                again.uri,
+                "--out",
+                str(tmp_path / "report"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert report.returncode == 0, report.stderr[-2000:]
 
 
@@ -234,9 +285,16 @@ def test_a_full_output_disk_is_one_message_and_exit_4_and_keeps_the_numbers_in_m
     from mlflow.tracking import MlflowClient
 
     before = vllm_server_pids()
-    args = ["-m", f"hydra.sweep.dir={tmp_path}/multi", "hydra/launcher=basic", "spec=none", "sweep_name=full",
-            "load.request_rate=1,2", "load.num_requests=16",
-            *[a for a in SMALL if not a.startswith(("load.request_rate", "load.num_requests"))]]  # fmt: skip
+    args = [
+        "-m",
+        f"hydra.sweep.dir={tmp_path}/multi",
+        "hydra/launcher=basic",
+        "spec=none",
+        "sweep_name=full",
+        "load.request_rate=1,2",
+        "load.num_requests=16",
+        *[a for a in SMALL if not a.startswith(("load.request_rate", "load.num_requests"))],
+    ]
     proc, seen = _start_until_serving(args, tmp_path)
     (command,) = (tmp_path / "multi").rglob("server_command.txt")
     (command.parent / "baseline-r1").mkdir()
@@ -249,8 +307,11 @@ def test_a_full_output_disk_is_one_message_and_exit_4_and_keeps_the_numbers_in_m
     client = MlflowClient(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
     experiment = client.get_experiment_by_name("full")
     assert experiment is not None
-    points = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])
-              if r.data.tags.get("role") == "baseline"}  # fmt: skip
+    points = {
+        r.info.run_name: r
+        for r in client.search_runs([experiment.experiment_id])
+        if r.data.tags.get("role") == "baseline"
+    }
     first, second = points["baseline-r1"], points["baseline-r2"]
     assert first.info.status == "FAILED" and "output disk is full" in first.data.tags["error"]
     assert first.data.metrics["completed"] == 16  # measured, and kept where there was room

@@ -21,11 +21,27 @@ pytestmark = pytest.mark.integration
 
 def test_each_cache_policy_shows_in_the_window_hit_rate(tmp_path: Path, no_leftover_servers: None) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "pipeline.sweep", "-m", "spec=none", "engine.prefix_cache=cold,warm,off",
-         "sweep_name=icache", "load.num_requests=6", "load.request_rate=4", "load.warmup_requests=1",
-         "workload.max_tokens=16", "lossless.prompts=0", "hydra/launcher=basic", *TEST_SERVER],
-        cwd=tmp_path, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pipeline.sweep",
+            "-m",
+            "spec=none",
+            "engine.prefix_cache=cold,warm,off",
+            "sweep_name=icache",
+            "load.num_requests=6",
+            "load.request_rate=4",
+            "load.warmup_requests=1",
+            "workload.max_tokens=16",
+            "lossless.prompts=0",
+            "hydra/launcher=basic",
+            *TEST_SERVER,
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count("server ready") == 2, proc.stdout[-3000:]  # cold and warm share a server
 

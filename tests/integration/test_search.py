@@ -20,15 +20,17 @@ from tests.integration.conftest import TEST_SERVER, vllm_server_pids
 
 pytestmark = pytest.mark.integration
 
-SMALL = ["load.num_requests=10", "load.warmup_requests=1", "workload.max_tokens=32", *TEST_SERVER,
-         "lossless.prompts=0"]  # fmt: skip
+SMALL = ["load.num_requests=10", "load.warmup_requests=1", "workload.max_tokens=32", *TEST_SERVER, "lossless.prompts=0"]
 
 
 def multirun(project: Path, *overrides: str, timeout: float = 1200) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "pipeline.sweep", "-m", *overrides],
-        cwd=project, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _runs(project: Path, experiment: str) -> list:
@@ -40,8 +42,16 @@ def _runs(project: Path, experiment: str) -> list:
 
 def test_predict_starts_at_most_three_servers_and_sets_prediction_against_measurement(tmp_path: Path) -> None:
     before = vllm_server_pids()
-    proc = multirun(tmp_path, "search=predict", "spec.k=1,2,3", "load.request_rate=2", "predict.max_confirm=1",
-                    "predict.check_model=true", "sweep_name=ipredict", *SMALL)  # fmt: skip
+    proc = multirun(
+        tmp_path,
+        "search=predict",
+        "spec.k=1,2,3",
+        "load.request_rate=2",
+        "predict.max_confirm=1",
+        "predict.check_model=true",
+        "sweep_name=ipredict",
+        *SMALL,
+    )
     assert not vllm_server_pids() - before, "server processes outlived the sweep"
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     runs = _runs(tmp_path, "ipredict")
@@ -81,15 +91,24 @@ def test_predict_starts_at_most_three_servers_and_sets_prediction_against_measur
 
 def test_capacity_search_on_the_baseline_stays_within_its_probe_cap(tmp_path: Path) -> None:
     before = vllm_server_pids()
-    proc = multirun(tmp_path, "search=capacity", "spec=none", "slo.tpot_ms=150", "capacity.start_rate=1",
-                    "capacity.max_probes=4", "load.duration_s=5", "sweep_name=icapacity",
-                    *[o for o in SMALL if not o.startswith("load.num_requests")])  # fmt: skip
+    proc = multirun(
+        tmp_path,
+        "search=capacity",
+        "spec=none",
+        "slo.tpot_ms=150",
+        "capacity.start_rate=1",
+        "capacity.max_probes=4",
+        "load.duration_s=5",
+        "sweep_name=icapacity",
+        *[o for o in SMALL if not o.startswith("load.num_requests")],
+    )
     assert not vllm_server_pids() - before, "server processes outlived the sweep"
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     runs = _runs(tmp_path, "icapacity")
     (parent,) = [r for r in runs if r.data.tags.get("role") == "sweep"]
-    probes = sorted((r for r in runs if r.data.tags.get("search") == "capacity"),
-                    key=lambda r: r.data.metrics["capacity_probe"])  # fmt: skip
+    probes = sorted(
+        (r for r in runs if r.data.tags.get("search") == "capacity"), key=lambda r: r.data.metrics["capacity_probe"]
+    )
     assert parent.data.metrics["server_starts"] == 1  # every probe on the one server
     assert 2 <= len(probes) <= 4
     assert [r.data.metrics["capacity_probe"] for r in probes] == list(range(1, len(probes) + 1))

@@ -25,21 +25,29 @@ pytestmark = pytest.mark.integration
 
 GRID = ["spec.k=3,5", "load.request_rate=2,4"]
 SMALL = [
-    "load.num_requests=6", "load.warmup_requests=1", "workload.max_tokens=48", "sweep_name=isweep",
+    "load.num_requests=6",
+    "load.warmup_requests=1",
+    "workload.max_tokens=48",
+    "sweep_name=isweep",
     # Two repeats: throughput's interval is measured across windows.
     "repeats.count=2",
     # float32: greedy outputs must then match the baseline's exactly (bf16 may differ by numerics).
-    *TEST_SERVER, "lossless.prompts=2", "lossless.max_tokens=32",
+    *TEST_SERVER,
+    "lossless.prompts=2",
+    "lossless.max_tokens=32",
     # Off a terminal the live display prints a line this often (10 s by default).
     "progress_every_s=2",
-]  # fmt: skip
+]
 
 
 def multirun(project: Path, *overrides: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "pipeline.sweep", "-m", *overrides],
-        cwd=project, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _chromium() -> str:
@@ -219,8 +227,11 @@ def test_mlflow_ui_shows_the_child_runs_in_a_browser(
     chromium = _chromium()
     ui = subprocess.Popen(
         [sys.executable, "-m", "pipeline.ui", "--project", str(project), "--experiment", "isweep"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
     try:
         assert ui.stdout is not None
         line = ui.stdout.readline()
@@ -265,7 +276,10 @@ def test_report_first_screen_answers_with_the_verdict_table(
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
     assert {"report/report.html", "report/report.md"} <= artifacts
     assert {a.path for a in client.list_artifacts(parent.info.run_id, "lossless")} >= {
-        "lossless/01-baseline.json", "lossless/02-ngram-k3.json", "lossless/03-ngram-k5.json"}  # fmt: skip
+        "lossless/01-baseline.json",
+        "lossless/02-ngram-k3.json",
+        "lossless/03-ngram-k5.json",
+    }
     md = Path(client.download_artifacts(parent.info.run_id, "report/report.md", str(tmp_path))).read_text()
     # float32, greedy, one at a time: speculation must not change a single token.
     assert md.count("2/2 identical") == 2 and "CORRECTNESS FAILURE" not in md
@@ -278,10 +292,20 @@ def test_report_first_screen_answers_with_the_verdict_table(
     assert "Benjamini-Hochberg" in md
     # Re-analysed from MLflow alone, by the report command.
     proc = subprocess.run(
-        [sys.executable, "-m", "pipeline.report", parent.info.run_id, "--project", str(project),
-         "--out", str(tmp_path / "again")],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pipeline.report",
+            parent.info.run_id,
+            "--project",
+            str(project),
+            "--out",
+            str(tmp_path / "again"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     html_path = tmp_path / "again" / "report" / "report.html"
     assert html_path.is_file()
@@ -315,9 +339,14 @@ SPEEDUP_FIGURE = "Median-TPOT speedup against request rate"  # found by its head
 
 # Headless Chromium on a machine without network: no background connections, no sandbox (root).
 CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync",
-]  # fmt: skip
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def test_sigterm_to_a_ray_sweep_stops_the_server_in_the_worker(tmp_path: Path) -> None:

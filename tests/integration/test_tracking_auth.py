@@ -21,24 +21,46 @@ from tests.integration.conftest import TEST_SERVER, vllm_server_pids
 pytestmark = pytest.mark.integration
 
 PASSWORD = "mlflow-pw-sentinel-5f1c"
-SECRETS = {"MLFLOW_TRACKING_PASSWORD": PASSWORD, "HF_TOKEN": "hf_sentinel_token_93ab",
-           "SPECSWEEP_TEST_SECRET": "server-secret-sentinel-77d2"}  # fmt: skip
-SMALL = ["spec=none", *TEST_SERVER, "load.num_requests=4", "load.request_rate=2", "load.warmup_requests=1",
-         "workload.max_tokens=16", "lossless.prompts=0"]  # fmt: skip
+SECRETS = {
+    "MLFLOW_TRACKING_PASSWORD": PASSWORD,
+    "HF_TOKEN": "hf_sentinel_token_93ab",
+    "SPECSWEEP_TEST_SECRET": "server-secret-sentinel-77d2",
+}
+SMALL = [
+    "spec=none",
+    *TEST_SERVER,
+    "load.num_requests=4",
+    "load.request_rate=2",
+    "load.warmup_requests=1",
+    "workload.max_tokens=16",
+    "lossless.prompts=0",
+]
 
 
 def _sweep(tmp_path: Path, uri: str, env: dict[str, str], *extra: str) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_TRACKING_")}
     return subprocess.run(
-        [sys.executable, "-m", "pipeline.sweep", f"hydra.run.dir={tmp_path}/out", f"tracking.uri={uri}",
-         "sweep_name=auth", *SMALL, *extra],
-        cwd=tmp_path, env=clean | env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pipeline.sweep",
+            f"hydra.run.dir={tmp_path}/out",
+            f"tracking.uri={uri}",
+            "sweep_name=auth",
+            *SMALL,
+            *extra,
+        ],
+        cwd=tmp_path,
+        env=clean | env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_a_basic_auth_server_takes_the_credentials_from_the_environment_and_no_secret_is_written(
     tmp_path: Path,
-) -> None:  # fmt: skip
+) -> None:
     with mlflow_server(tmp_path / "mlflow", admin_password=PASSWORD) as server:
         anonymous = httpx.get(f"{server.uri}/api/2.0/mlflow/experiments/search", params={"max_results": 1})
         assert anonymous.status_code == 401  # nobody in without signing in

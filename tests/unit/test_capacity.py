@@ -28,10 +28,14 @@ def window(tpot: np.ndarray, ttft: np.ndarray | None = None, failed: int = 0) ->
     n = len(tpot)
     ttft = np.full(n, 0.1) if ttft is None else ttft
     return Sample(
-        index=np.arange(n), values={"tpot": np.asarray(tpot, float), "ttft": ttft, "e2el": ttft + 100 * tpot},
-        itl=tuple(np.empty(0) for _ in range(n)), output_tokens=np.full(n, 100.0), chunks=np.full(n, 100.0),
-        duration_s=10.0, failed=failed,
-    )  # fmt: skip
+        index=np.arange(n),
+        values={"tpot": np.asarray(tpot, float), "ttft": ttft, "e2el": ttft + 100 * tpot},
+        itl=tuple(np.empty(0) for _ in range(n)),
+        output_tokens=np.full(n, 100.0),
+        chunks=np.full(n, 100.0),
+        duration_s=10.0,
+        failed=failed,
+    )
 
 
 def search(boundary_rate: float, settings: SearchSettings) -> list[tuple[float, bool]]:
@@ -230,8 +234,10 @@ def probes(rates: list[float], limit: float, n: int = 1000, seed: int = 0, goodp
     its p99 reaches 10 ms x e^(0.3 z_0.99) = 20 ms exactly at rate = limit."""
     target = SloTarget(tpot_s=0.010 * math.exp(0.3 * 2.3263), min_goodput=goodput)
     rng = np.random.default_rng(seed)
-    return [capacity.probe(r, lognormal_window(int(rng.integers(1e9)), n, 0.01 * r / limit), target, OPTS, rng)
-            for r in rates]  # fmt: skip
+    return [
+        capacity.probe(r, lognormal_window(int(rng.integers(1e9)), n, 0.01 * r / limit), target, OPTS, rng)
+        for r in rates
+    ]
 
 
 def test_the_boundary_is_where_the_fitted_margin_crosses_zero_between_the_probes() -> None:
@@ -272,8 +278,13 @@ def test_an_open_upper_end_with_a_finite_estimate_prints_at_least_the_highest_pr
     observed = np.array([[-1.0, -0.5, 0.5]])
     replicates = np.repeat(observed[:, :, None], b, axis=2) + np.random.default_rng(0).normal(0, 0.05, (1, 3, b))
     replicates[0, 2, : b // 10] = -0.2
-    found = boundary([Probe(r, m < 0, np.array([m]), replicates[:, i]) for i, (r, m) in
-                      enumerate(zip([1.0, 2.0, 4.0], observed[0], strict=True))], OPTS)  # fmt: skip
+    found = boundary(
+        [
+            Probe(r, m < 0, np.array([m]), replicates[:, i])
+            for i, (r, m) in enumerate(zip([1.0, 2.0, 4.0], observed[0], strict=True))
+        ],
+        OPTS,
+    )
     assert found.estimate is not None and 2.0 < found.estimate < 4.0 and found.high == math.inf
     assert found.low is not None and 2.0 < found.low <= found.estimate
     assert found.text == f"{found.estimate:.2f} req/s [{found.low:.2f}, ≥ 4.00]"

@@ -16,20 +16,49 @@ def _window(tpot: dict[str, float], n: int, seed: int) -> Sample:
     cat = np.array([names[i % len(names)] for i in range(n * len(names))], dtype=object)
     values = np.array([tpot[c] for c in cat]) * rng.lognormal(0, 0.05, len(cat))
     tokens = np.full(len(cat), 33.0)
-    return Sample(index=np.arange(len(cat)), values={"tpot": values, "ttft": values * 5, "e2el": values * 40},
-                  itl=tuple(np.full(16, v) for v in values), output_tokens=tokens, chunks=np.full(len(cat), 17.0),
-                  duration_s=20.0, scheduled=np.linspace(0, 10, len(cat)), category=cat)  # fmt: skip
+    return Sample(
+        index=np.arange(len(cat)),
+        values={"tpot": values, "ttft": values * 5, "e2el": values * 40},
+        itl=tuple(np.full(16, v) for v in values),
+        output_tokens=tokens,
+        chunks=np.full(len(cat), 17.0),
+        duration_s=20.0,
+        scheduled=np.linspace(0, 10, len(cat)),
+        category=cat,
+    )
 
 
 def _frame() -> pd.DataFrame:
     """A baseline point and a speculative one paired with it."""
-    return pd.DataFrame([
-        {"role": "baseline", "status": "finished", "run_id": "b", "point_hash": "pb", "point_key": "kb",
-         "engine": "vllm", "method": "none", "k": 0, "request_rate": 1.0, "point": "baseline-r1"},
-        {"role": "speculative", "status": "finished", "run_id": "s", "point_hash": "ps", "point_key": "ks",
-         "baseline_hash": "pb", "engine": "vllm", "method": "ngram", "k": 3, "request_rate": 1.0,
-         "point": "ngram-k3-r1"},
-    ])  # fmt: skip
+    return pd.DataFrame(
+        [
+            {
+                "role": "baseline",
+                "status": "finished",
+                "run_id": "b",
+                "point_hash": "pb",
+                "point_key": "kb",
+                "engine": "vllm",
+                "method": "none",
+                "k": 0,
+                "request_rate": 1.0,
+                "point": "baseline-r1",
+            },
+            {
+                "role": "speculative",
+                "status": "finished",
+                "run_id": "s",
+                "point_hash": "ps",
+                "point_key": "ks",
+                "baseline_hash": "pb",
+                "engine": "vllm",
+                "method": "ngram",
+                "k": 3,
+                "request_rate": 1.0,
+                "point": "ngram-k3-r1",
+            },
+        ]
+    )
 
 
 def test_a_category_that_gains_beside_one_that_loses_is_told_apart_and_routed() -> None:

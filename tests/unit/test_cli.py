@@ -12,18 +12,31 @@ import pytest
 def _sweep(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "pipeline.sweep", f"hydra.run.dir={tmp_path}/out", *overrides],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_dry_run_prints_exact_commands_and_starts_nothing(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     proc = subprocess.run(
-        [sys.executable, "-m", "pipeline.sweep", f"hydra.run.dir={tmp_path}/out", "dry_run=true",
-         "spec.k=5", "engine.env_from=[HF_TOKEN]"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "pipeline.sweep",
+            f"hydra.run.dir={tmp_path}/out",
+            "dry_run=true",
+            "spec.k=5",
+            "engine.env_from=[HF_TOKEN]",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={**__import__("os").environ, "SPECSWEEP_CACHE": str(cache), "HF_TOKEN": "hf_secret_value"},
-    )  # fmt: skip
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     assert "server 1/2 baseline" in out and "server 2/2 speculative (ngram k=5)" in out
@@ -37,8 +50,11 @@ def test_dry_run_prints_exact_commands_and_starts_nothing(tmp_path: Path) -> Non
 def _multirun(tmp_path: Path, *overrides: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "pipeline.sweep", "-m", f"hydra.sweep.dir={tmp_path}/multi", *overrides],
-        cwd=tmp_path, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_multirun_dry_run_plans_one_server_per_k_and_one_baseline(tmp_path: Path) -> None:
@@ -58,8 +74,9 @@ def test_multirun_dry_run_plans_one_server_per_k_and_one_baseline(tmp_path: Path
         (["tracking.uri=http://127.0.0.1:9"], "does not answer", 4),  # infrastructure, not input
     ],
 )
-def test_multirun_refusals_outside_the_input_table(tmp_path: Path, overrides: list[str], message: str,
-                                                   code: int) -> None:  # fmt: skip
+def test_multirun_refusals_outside_the_input_table(
+    tmp_path: Path, overrides: list[str], message: str, code: int
+) -> None:
     proc = _multirun(tmp_path, "spec.k=3", *overrides)
     assert proc.returncode == code, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert message in proc.stderr, proc.stderr[-3000:]
@@ -84,9 +101,13 @@ def test_multirun_dead_ray_address_fails_within_its_deadline(tmp_path: Path) -> 
 
 def test_dry_run_across_engines_prints_both_engines_commands(tmp_path: Path) -> None:
     proc = _multirun(
-        tmp_path, "engine=vllm,sglang", "spec=eagle3,ngram", "spec.k=3,5",
-        "model.id=meta-llama/Llama-3.1-8B-Instruct", "dry_run=true",
-    )  # fmt: skip
+        tmp_path,
+        "engine=vllm,sglang",
+        "spec=eagle3,ngram",
+        "spec.k=3,5",
+        "model.id=meta-llama/Llama-3.1-8B-Instruct",
+        "dry_run=true",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert "10 server start(s)" in out  # a baseline per engine, 4 speculative servers per engine
@@ -98,8 +119,14 @@ def test_dry_run_across_engines_prints_both_engines_commands(tmp_path: Path) -> 
 
 def test_a_gpu_sweeps_dry_run_works_from_a_machine_without_a_gpu(tmp_path: Path) -> None:
     """As a user plans their cluster's sweep from a laptop: the GPU commands and Ray requests."""
-    proc = _multirun(tmp_path, "engine.device=gpu", "engine.tensor_parallel_size=2", "spec.k=3",
-                     "+ray.resources_per_group.gpu_node=1", "dry_run=true")  # fmt: skip
+    proc = _multirun(
+        tmp_path,
+        "engine.device=gpu",
+        "engine.tensor_parallel_size=2",
+        "spec.k=3",
+        "+ray.resources_per_group.gpu_node=1",
+        "dry_run=true",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert "--tensor-parallel-size 2" in out and "--enforce-eager" not in out  # compiled, as on GPUs
@@ -112,8 +139,14 @@ def test_your_own_method_group_sweeps_beside_ngram_as_docs_methods_says(tmp_path
     own = tmp_path / "my_conf" / "spec"
     own.mkdir(parents=True)
     (own / "eagle3_70b.yaml").write_text("method: eagle3\nk: 3\ndraft_model: yuhuili/EAGLE3-LLaMA3.3-Instruct-70B\n")
-    proc = _multirun(tmp_path, f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]", "engine.device=gpu",
-                     "model.id=meta-llama/Llama-3.3-70B-Instruct", "spec=ngram,eagle3_70b", "dry_run=true")  # fmt: skip
+    proc = _multirun(
+        tmp_path,
+        f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]",
+        "engine.device=gpu",
+        "model.id=meta-llama/Llama-3.3-70B-Instruct",
+        "spec=ngram,eagle3_70b",
+        "dry_run=true",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "3 server start(s)" in proc.stdout and '"model":"yuhuili/EAGLE3-LLaMA3.3-Instruct-70B"' in proc.stdout
     wrong = _multirun(tmp_path, "spec=ngram,eagle3", "spec.draft_model=/heads/x", "dry_run=true")

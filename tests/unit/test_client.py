@@ -108,7 +108,7 @@ def test_completions_endpoint_reads_text() -> None:
                 steps=[(0.0, chat_chunk("a")), (0.0, '{"choices": [], "usage": {"prompt_tokens": 3}}'), (0.0, "[DONE]")]
             ),
             "no usage.completion_tokens",
-        ),  # fmt: skip
+        ),
         (Script(steps=[(0.0, chat_chunk("a")), (0.0, "not json")]), "malformed stream chunk"),
     ],
     ids=["http-500", "dropped-mid-stream", "no-usage", "usage-without-completion-tokens", "malformed-chunk"],
@@ -179,10 +179,22 @@ def test_open_loop_sends_on_schedule_not_after_completion() -> None:
 def test_per_request_acceptance_is_read_off_the_usage_chunk() -> None:
     """vLLM 0.32's --per-request-spec-decode-metrics summary: the stats ride on the final usage
     chunk as metrics.speculative_decoding, beside fields the client does not read."""
-    spec = {"mean_acceptance_length": 2.5, "draft_acceptance_rate": 0.5, "acceptance_histogram": [1, 0, 1, 2],
-            "num_spec_steps": 4, "num_accepted_draft_tokens": 6, "num_draft_tokens": 12, "num_spec_tokens": 3}  # fmt: skip
-    usage = json.dumps({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 11},
-                        "metrics": {"time_to_first_token_ms": 3.0, "speculative_decoding": spec}})  # fmt: skip
+    spec = {
+        "mean_acceptance_length": 2.5,
+        "draft_acceptance_rate": 0.5,
+        "acceptance_histogram": [1, 0, 1, 2],
+        "num_spec_steps": 4,
+        "num_accepted_draft_tokens": 6,
+        "num_draft_tokens": 12,
+        "num_spec_tokens": 3,
+    }
+    usage = json.dumps(
+        {
+            "choices": [],
+            "usage": {"prompt_tokens": 7, "completion_tokens": 11},
+            "metrics": {"time_to_first_token_ms": 3.0, "speculative_decoding": spec},
+        }
+    )
     script = chat_script(["a", "b"], completion_tokens=11)
     script.steps[-2] = (0.0, usage)
     with FakeServer(lambda body: script) as url:

@@ -44,8 +44,10 @@ def test_every_config_group_option_composes(group: str, option: str) -> None:
     path = CONF / group / f"{option}.yaml"
     # A trace is read at compose (its own rate is fixed there): the bundled one stands in.
     # engine=external needs the two servers' addresses, which no file can know.
-    given = {"trace": ["workload.path=bundled"], "external": ["engine.url=http://10.0.0.6:8000",
-                                                              "engine.baseline_url=http://10.0.0.5:8000"]}  # fmt: skip
+    given = {
+        "trace": ["workload.path=bundled"],
+        "external": ["engine.url=http://10.0.0.6:8000", "engine.baseline_url=http://10.0.0.5:8000"],
+    }
     job = _compose([f"{group}={option}", *given.get(option, [])])
     # Composed, and with the option's own values in the job (not the schema's defaults).
     section = getattr(job, group)

@@ -50,16 +50,23 @@ def test_systemd_analyze_verifies_the_units(tmp_path: Path) -> None:
         pytest.skip(missing)
     for name in ("specsweep-nightly.service", "specsweep-nightly.timer"):
         shutil.copy(DEPLOY / "systemd" / name, tmp_path / name)
-    done = subprocess.run(["systemd-analyze", "verify", str(tmp_path / "specsweep-nightly.timer")],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        ["systemd-analyze", "verify", str(tmp_path / "specsweep-nightly.timer")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     # A missing ExecStart binary at /opt/... is expected on a test machine; syntax errors are not.
     errors = [line for line in done.stderr.splitlines() if "Unknown" in line or "syntax" in line.lower()]
     assert not errors, done.stderr
 
 
 def test_cron_line_and_submit_script() -> None:
-    lines = [ln for ln in (DEPLOY / "cron" / "specsweep-nightly.cron").read_text().splitlines()
-             if ln.strip() and not ln.startswith("#")]  # fmt: skip
+    lines = [
+        ln
+        for ln in (DEPLOY / "cron" / "specsweep-nightly.cron").read_text().splitlines()
+        if ln.strip() and not ln.startswith("#")
+    ]
     assert len(lines) == 1 and len(lines[0].split(None, 5)) == 6 and "submit-nightly.sh" in lines[0]
     script = DEPLOY / "submit-nightly.sh"
     assert script.stat().st_mode & 0o111
@@ -82,11 +89,17 @@ def test_submit_script_passes_the_operators_model_and_experiment_as_overrides(tm
 
     seen = tmp_path / "args"
     fake_ray = tmp_path / "ray"  # records `job submit`; `job status` says no such job yet
-    fake_ray.write_text(f'#!/usr/bin/env bash\n[ "$2" = submit ] && printf "%s\\n" "$@" > {seen}\n'
-                        '[ "$2" = submit ] || exit 1\n')  # fmt: skip
+    fake_ray.write_text(
+        f'#!/usr/bin/env bash\n[ "$2" = submit ] && printf "%s\\n" "$@" > {seen}\n[ "$2" = submit ] || exit 1\n'
+    )
     fake_ray.chmod(0o755)
-    env = {**os.environ, "RAY_BIN": str(fake_ray), "RAY_DASHBOARD": "http://127.0.0.1:9",
-           "SPECSWEEP_MODEL": "meta-llama/Llama-3.1-70B-Instruct", "SPECSWEEP_EXPERIMENT": "team-a"}  # fmt: skip
+    env = {
+        **os.environ,
+        "RAY_BIN": str(fake_ray),
+        "RAY_DASHBOARD": "http://127.0.0.1:9",
+        "SPECSWEEP_MODEL": "meta-llama/Llama-3.1-70B-Instruct",
+        "SPECSWEEP_EXPERIMENT": "team-a",
+    }
     done = subprocess.run([str(DEPLOY / "submit-nightly.sh")], capture_output=True, text=True, timeout=180, env=env)
     assert done.returncode == 4  # the fake dashboard never answers for the job's exit code
     args = seen.read_text().splitlines()

@@ -15,8 +15,13 @@ PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
 
 def _tracked() -> list[Path]:
-    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return [REPO / f for f in out.splitlines() if (REPO / f).is_file() and f != "tests/unit/test_docs.py"]
 
 
@@ -27,8 +32,11 @@ def test_nothing_points_outside_the_repository() -> None:
             text = path.read_text()
         except UnicodeDecodeError:
             continue
-        found += [f"{path.relative_to(REPO)}:{n}: {line.strip()[:100]}" for n, line in enumerate(text.splitlines(), 1)
-                  if OUTSIDE.search(line)]  # fmt: skip
+        found += [
+            f"{path.relative_to(REPO)}:{n}: {line.strip()[:100]}"
+            for n, line in enumerate(text.splitlines(), 1)
+            if OUTSIDE.search(line)
+        ]
     assert not found, "\n".join(found)
 
 
@@ -50,8 +58,24 @@ def test_every_relative_link_and_named_module_exists() -> None:
     assert not missing, missing
 
 
-GROUPS = ("engine", "spec", "load", "workload", "slo", "tracking", "gate", "stats", "repeats", "lossless", "ray",
-          "predict", "capacity", "model", "aa", "search")  # fmt: skip
+GROUPS = (
+    "engine",
+    "spec",
+    "load",
+    "workload",
+    "slo",
+    "tracking",
+    "gate",
+    "stats",
+    "repeats",
+    "lossless",
+    "ray",
+    "predict",
+    "capacity",
+    "model",
+    "aa",
+    "search",
+)
 
 
 def _settings() -> set[str]:

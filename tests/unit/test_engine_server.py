@@ -156,8 +156,9 @@ def test_sigkill_of_the_parent_stops_the_server_and_its_children(tmp_path: Path)
     child_file = tmp_path / "child.pid"
     spec = _spec(tmp_path, ["0", str(child_file)])
     fields = {k: v for k, v in spec.__dict__.items() if k != "log_path"}
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, json.dumps(fields), str(spec.log_path)],
-                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, json.dumps(fields), str(spec.log_path)], stdout=subprocess.PIPE, text=True
+    )
     assert parent.stdout is not None
     watchdog = int(parent.stdout.readline())  # the server is ready
     grandchild = int(child_file.read_text())
@@ -178,8 +179,9 @@ def test_a_sigkilled_watchdog_still_stops_its_server(tmp_path: Path) -> None:
 
     spec = _spec(tmp_path, ["0", str(tmp_path / "child.pid")])
     fields = {k: v for k, v in spec.__dict__.items() if k != "log_path"}
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, json.dumps(fields), str(spec.log_path)],
-                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, json.dumps(fields), str(spec.log_path)], stdout=subprocess.PIPE, text=True
+    )
     assert parent.stdout is not None
     watchdog = int(parent.stdout.readline())
     (server,) = psutil.Process(watchdog).children()
@@ -194,8 +196,17 @@ def test_a_sigkilled_watchdog_still_stops_its_server(tmp_path: Path) -> None:
 def test_watchdog_passes_on_the_servers_exit_code(tmp_path: Path) -> None:
     import subprocess
 
-    command = [sys.executable, "-m", "pipeline.engines.watchdog", "--parent", str(os.getpid()), "--",
-               sys.executable, "-c", "import sys; sys.exit(3)"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pipeline.engines.watchdog",
+        "--parent",
+        str(os.getpid()),
+        "--",
+        sys.executable,
+        "-c",
+        "import sys; sys.exit(3)",
+    ]
     assert subprocess.run(command, timeout=30).returncode == 3
 
 
@@ -221,16 +232,30 @@ def test_a_port_taken_before_the_server_binds_it_is_retried_on_a_new_port(tmp_pa
         held.bind(("127.0.0.1", 0))
         held.listen()
         taken = held.getsockname()[1]
-        spec = ServerSpec("fake", "0", (sys.executable, str(script), "--port", str(taken)), "127.0.0.1", taken,
-                          tmp_path / "server.log", 30.0)  # fmt: skip
+        spec = ServerSpec(
+            "fake",
+            "0",
+            (sys.executable, str(script), "--port", str(taken)),
+            "127.0.0.1",
+            taken,
+            tmp_path / "server.log",
+            30.0,
+        )
         with EngineServer(spec, poll_s=0.05) as server:
             assert server.spec.port != taken and server.base_url.endswith(f":{server.spec.port}")
         assert "Address already in use" in spec.log_path.read_text()
 
 
 def test_other_start_failures_are_not_retried(tmp_path: Path) -> None:
-    spec = ServerSpec("fake", "0", (sys.executable, "-c", "import sys; print('bad flag'); sys.exit(2)", "--port", "1"),
-                      "127.0.0.1", 1, tmp_path / "server.log", 30.0)  # fmt: skip
+    spec = ServerSpec(
+        "fake",
+        "0",
+        (sys.executable, "-c", "import sys; print('bad flag'); sys.exit(2)", "--port", "1"),
+        "127.0.0.1",
+        1,
+        tmp_path / "server.log",
+        30.0,
+    )
     with pytest.raises(ServerError, match="exited with code 2"):
         with EngineServer(spec, poll_s=0.05):
             pass
@@ -244,10 +269,25 @@ def test_the_watchdog_sigkills_a_server_that_ignores_sigterm_once_its_grace_is_o
     import psutil
 
     ready = tmp_path / "ready"
-    stubborn = (f"import pathlib, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-                f"pathlib.Path({str(ready)!r}).write_text('up'); time.sleep(600)")  # fmt: skip
-    watchdog = subprocess.Popen([sys.executable, "-m", "pipeline.engines.watchdog", "--parent", str(os.getpid()),
-                                 "--grace", "2", "--", sys.executable, "-c", stubborn])  # fmt: skip
+    stubborn = (
+        f"import pathlib, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        f"pathlib.Path({str(ready)!r}).write_text('up'); time.sleep(600)"
+    )
+    watchdog = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pipeline.engines.watchdog",
+            "--parent",
+            str(os.getpid()),
+            "--grace",
+            "2",
+            "--",
+            sys.executable,
+            "-c",
+            stubborn,
+        ]
+    )
     server = None
     try:
         deadline = time.monotonic() + 60

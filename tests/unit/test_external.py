@@ -24,7 +24,7 @@ def _job() -> JobConfig:
     return JobConfig(
         engine=EngineConfig(
             name="external", url="http://127.0.0.1:8", baseline_url="http://127.0.0.1:9", prefix_cache="as_is"
-        ),  # fmt: skip
+        ),
         spec=SpecConfig(method="ngram", k=3),
         load=LoadConfig(num_requests=3, request_rate=50.0, warmup_requests=0),
         workload=WorkloadConfig(max_tokens=4),

@@ -33,8 +33,14 @@ from pipeline.gate import fingerprint, main, recorded_config
 OPTS = StatsOptions(resamples=1000)
 
 
-def night(i: int, key: str, tpot: float, throughput: float = 50.0, acceptance: float | None = None,
-          sample: Sample | None = None) -> PointRun:  # fmt: skip
+def night(
+    i: int,
+    key: str,
+    tpot: float,
+    throughput: float = 50.0,
+    acceptance: float | None = None,
+    sample: Sample | None = None,
+) -> PointRun:
     values = {
         "median_tpot_ms": tpot,
         "p99_tpot_ms": 1.5 * tpot,
@@ -115,8 +121,17 @@ def test_no_history_is_insufficient_never_a_pass() -> None:
 
 def _sample(rng: np.random.Generator, tpot: float, n: int = 40) -> Sample:
     tpots = tpot * np.exp(0.05 * rng.standard_normal(n)) / 1000
-    frame = pd.DataFrame({"index": np.arange(n), "ttft_s": 0.1, "tpot_s": tpots, "e2el_s": 0.1 + 30 * tpots,
-                          "output_tokens": 31, "num_chunks": 31, "error": None})  # fmt: skip
+    frame = pd.DataFrame(
+        {
+            "index": np.arange(n),
+            "ttft_s": 0.1,
+            "tpot_s": tpots,
+            "e2el_s": 0.1 + 30 * tpots,
+            "output_tokens": 31,
+            "num_chunks": 31,
+            "error": None,
+        }
+    )
     return Sample.from_requests(frame, 20.0)
 
 
@@ -139,8 +154,9 @@ def test_a_regression_stands_only_if_the_confirmation_shows_it_again() -> None:
     assert first.points == {"run9-spec": REGRESSED}
     gone = judge([PointRun("again", "parent9", "spec", "spec-r1", dict(past["spec"][0].values))], past, OPTS, Floors())
     assert confirm(first, gone, {"run9-spec": "again"}).points == {"run9-spec": SUSPECT}
-    seen = judge([PointRun("again", "parent9", "spec", "spec-r1", night(0, "spec", 150, 64, 40).values)], past, OPTS,
-                 Floors())  # fmt: skip
+    seen = judge(
+        [PointRun("again", "parent9", "spec", "spec-r1", night(0, "spec", 150, 64, 40).values)], past, OPTS, Floors()
+    )
     assert confirm(first, seen, {"run9-spec": "again"}).points == {"run9-spec": REGRESSED}
 
 
@@ -163,8 +179,14 @@ def test_false_alarms_and_power_on_simulated_nights() -> None:
 
 
 def test_fingerprint_keys_on_point_hardware_and_weights_not_engine_version() -> None:
-    tags = {"point_hash": "abc", "hardware.cpu": "EPYC", "hardware.device": "cpu", "model.revision": "r1",
-            "engine.version": "0.32.0", "hardware.platform": "Linux-6.1"}  # fmt: skip
+    tags = {
+        "point_hash": "abc",
+        "hardware.cpu": "EPYC",
+        "hardware.device": "cpu",
+        "model.revision": "r1",
+        "engine.version": "0.32.0",
+        "hardware.platform": "Linux-6.1",
+    }
     assert fingerprint(tags) == fingerprint({**tags, "engine.version": "0.33.0", "hardware.platform": "Linux-6.2"})
     assert fingerprint(tags) != fingerprint({**tags, "model.revision": "r2"})
     assert fingerprint(tags) != fingerprint({**tags, "hardware.cpu": "Xeon"})
@@ -184,10 +206,26 @@ def _store(tmp_path: Path, nights: list[float], params: dict[str, str] | None = 
     parents, child = [], ""
     for i, tpot in enumerate(nights):
         parent = tracker.start_run(f"nightly {i}", {"role": "sweep", "sweep_name": "nightly"})
-        child = tracker.start_run("baseline-r1", {"role": "baseline", "point_hash": "h1", "status": "finished",
-                                                  "hardware.cpu": "cpu", "model.revision": "m"}, parent)  # fmt: skip
-        tracker.log_metrics(child, {"median_tpot_ms": tpot, "p99_tpot_ms": 1.4 * tpot, "median_ttft_ms": 90.0,
-                                    "output_throughput": 10_000 / tpot})  # fmt: skip
+        child = tracker.start_run(
+            "baseline-r1",
+            {
+                "role": "baseline",
+                "point_hash": "h1",
+                "status": "finished",
+                "hardware.cpu": "cpu",
+                "model.revision": "m",
+            },
+            parent,
+        )
+        tracker.log_metrics(
+            child,
+            {
+                "median_tpot_ms": tpot,
+                "p99_tpot_ms": 1.4 * tpot,
+                "median_ttft_ms": 90.0,
+                "output_throughput": 10_000 / tpot,
+            },
+        )
         tracker.end_run(child)
         if params and i == len(nights) - 1:
             tracker.log_params(parent, params)
@@ -228,8 +266,9 @@ def test_gate_command_line_exit_codes_on_a_real_store(tmp_path: Path, capsys: py
     assert "pinned sweep run" not in capsys.readouterr().out  # the gate no longer uses it
 
 
-def test_gate_judges_again_with_the_floors_the_sweep_recorded(tmp_path: Path,
-                                                               capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_gate_judges_again_with_the_floors_the_sweep_recorded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A night 30 % slower regresses under the default floors (5 %, 10 % for p99), but the sweep
     ran with 50 % floors: `python -m pipeline.gate` must judge it as the sweep did, a pass."""
     loose = GateConfig(floor_median=0.5, floor_p99=0.5, history=3)
@@ -252,8 +291,12 @@ def test_gate_judges_again_with_the_floors_the_sweep_recorded(tmp_path: Path,
 
 
 def test_gate_on_an_unreachable_tracking_server_exits_4() -> None:
-    proc = subprocess.run([sys.executable, "-m", "pipeline.gate", "nightly", "--tracking-uri", "http://127.0.0.1:9"],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipeline.gate", "nightly", "--tracking-uri", "http://127.0.0.1:9"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 4, proc.stderr
     assert "http://127.0.0.1:9 does not answer" in proc.stderr
 
@@ -264,13 +307,19 @@ def test_gate_on_an_unreachable_tracking_server_exits_4() -> None:
 def test_decision_flips_are_changes_to_or_from_a_decision() -> None:
     from pipeline.analysis.gate import decision_flips, flips_markdown
 
-    now = {"a": ("ngram-k3-r1", "r1", "inconclusive"), "b": ("ngram-k3-r4", "r2", "hurts"),
-           "c": ("ngram-k5-r1", "r3", "helps"), "d": ("ngram-k5-r4", "r4", "not enough requests"),
-           "e": ("new-point", "r5", "helps")}  # fmt: skip
+    now = {
+        "a": ("ngram-k3-r1", "r1", "inconclusive"),
+        "b": ("ngram-k3-r4", "r2", "hurts"),
+        "c": ("ngram-k5-r1", "r3", "helps"),
+        "d": ("ngram-k5-r4", "r4", "not enough requests"),
+        "e": ("new-point", "r5", "helps"),
+    }
     before = {"a": ("helps", "p1"), "b": ("hurts", "p1"), "c": ("inconclusive", "p1"), "d": ("inconclusive", "p1")}
     flips = decision_flips(now, before)
     assert [(f.label, f.run_id, f.before, f.after) for f in flips] == [
-        ("ngram-k3-r1", "r1", "helps", "inconclusive"), ("ngram-k5-r1", "r3", "inconclusive", "helps")]  # fmt: skip
+        ("ngram-k3-r1", "r1", "helps", "inconclusive"),
+        ("ngram-k5-r1", "r3", "inconclusive", "helps"),
+    ]
     text = flips_markdown(flips, compared=len(before))
     assert "changed** on 2 of 4" in text and "- ngram-k3-r1: helps → **inconclusive** (reference: sweep run p1)" in text
     assert "unchanged since the reference on all 4" in flips_markdown([], 4)
@@ -278,9 +327,19 @@ def test_decision_flips_are_changes_to_or_from_a_decision() -> None:
 
 def _window(rng: np.random.Generator, tpot_s: float, n: int = 30) -> pd.DataFrame:
     tpot = tpot_s * np.exp(rng.normal(0, 0.05, n))
-    return pd.DataFrame({"index": range(n), "ttft_s": 0.05, "tpot_s": tpot, "e2el_s": 0.05 + 31 * tpot,
-                         "output_tokens": 32, "num_chunks": 32, "scheduled_s": np.arange(n) * 0.5,
-                         "chunk_s": "[]", "category": "code_edit"})  # fmt: skip
+    return pd.DataFrame(
+        {
+            "index": range(n),
+            "ttft_s": 0.05,
+            "tpot_s": tpot,
+            "e2el_s": 0.05 + 31 * tpot,
+            "output_tokens": 32,
+            "num_chunks": 32,
+            "scheduled_s": np.arange(n) * 0.5,
+            "chunk_s": "[]",
+            "category": "code_edit",
+        }
+    )
 
 
 def _sweep_with_verdict(tracker: object, i: int, speedup: float, work: Path, rng: np.random.Generator) -> str:
@@ -289,8 +348,14 @@ def _sweep_with_verdict(tracker: object, i: int, speedup: float, work: Path, rng
     parent = tracker.start_run(f"nightly {i}", {"role": "sweep", "sweep_name": "nightly"})  # type: ignore[attr-defined]
     rows = []
     for role, point_hash, tpot in (("baseline", "hb", 0.04), ("speculative", "hs", 0.04 / speedup)):
-        tags = {"role": role, "point_hash": point_hash, "status": "finished", "hardware.cpu": "cpu",
-                "model.revision": "m", **({"baseline_hash": "hb"} if role == "speculative" else {})}  # fmt: skip
+        tags = {
+            "role": role,
+            "point_hash": point_hash,
+            "status": "finished",
+            "hardware.cpu": "cpu",
+            "model.revision": "m",
+            **({"baseline_hash": "hb"} if role == "speculative" else {}),
+        }
         label = "baseline-r1" if role == "baseline" else "ngram-k3-r1"
         run = tracker.start_run(label, tags, parent)  # type: ignore[attr-defined]
         window = _window(rng, tpot)
@@ -298,15 +363,33 @@ def _sweep_with_verdict(tracker: object, i: int, speedup: float, work: Path, rng
         folder.mkdir(parents=True)
         window.to_csv(folder / "requests.csv", index=False)
         tracker.log_file(run, folder / "requests.csv")  # type: ignore[attr-defined]
-        metrics = {"median_tpot_ms": 1000 * float(window["tpot_s"].median()), "duration": 16.0,
-                   "p99_tpot_ms": 1000 * float(window["tpot_s"].quantile(0.99)), "median_ttft_ms": 50.0,
-                   "output_throughput": 60.0}  # fmt: skip
+        metrics = {
+            "median_tpot_ms": 1000 * float(window["tpot_s"].median()),
+            "duration": 16.0,
+            "p99_tpot_ms": 1000 * float(window["tpot_s"].quantile(0.99)),
+            "median_ttft_ms": 50.0,
+            "output_throughput": 60.0,
+        }
         tracker.log_metrics(run, metrics)  # type: ignore[attr-defined]
         tracker.end_run(run)  # type: ignore[attr-defined]
-        rows.append({"point": label, "role": role, "engine": "vllm", "method": "ngram" if tags["role"] != "baseline"
-                     else "none", "k": 3, "request_rate": 2.0, "repeat": 0, "status": "finished", "run_id": run,
-                     "point_hash": point_hash, "point_key": point_hash, "baseline_hash": tags.get("baseline_hash", ""),
-                     "replica": 0, **metrics})  # fmt: skip
+        rows.append(
+            {
+                "point": label,
+                "role": role,
+                "engine": "vllm",
+                "method": "ngram" if tags["role"] != "baseline" else "none",
+                "k": 3,
+                "request_rate": 2.0,
+                "repeat": 0,
+                "status": "finished",
+                "run_id": run,
+                "point_hash": point_hash,
+                "point_key": point_hash,
+                "baseline_hash": tags.get("baseline_hash", ""),
+                "replica": 0,
+                **metrics,
+            }
+        )
     pd.DataFrame(rows).to_csv(work / f"summary{i}.csv", index=False)
     (work / f"s{i}").mkdir()
     (work / f"s{i}" / "summary.csv").write_bytes((work / f"summary{i}.csv").read_bytes())
@@ -337,7 +420,10 @@ def test_the_gate_summary_flags_a_point_whose_speculation_verdict_changed(
     assert "ngram-k3-r1: helps → **inconclusive**" in out
     assert code in (0, 1)  # the flag is reported beside the gate's decision, which alone sets the exit code
     client = MlflowClient(store.tracking_uri)
-    spec = [r for r in client.search_runs(client.get_run(latest).info.experiment_id)
-            if r.data.tags.get("mlflow.parentRunId") == latest and r.data.tags.get("role") == "speculative"]  # fmt: skip
+    spec = [
+        r
+        for r in client.search_runs(client.get_run(latest).info.experiment_id)
+        if r.data.tags.get("mlflow.parentRunId") == latest and r.data.tags.get("role") == "speculative"
+    ]
     assert spec[0].data.tags[FLIP_TAG].startswith("helps -> inconclusive")
     assert client.get_run(latest).data.tags["gate.decision_flips"] == "1"

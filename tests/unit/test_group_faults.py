@@ -143,9 +143,12 @@ class EarlierRuns:
 def test_a_group_run_again_after_its_node_died_keeps_what_finished_and_ends_what_was_left_running() -> None:
     group = _group()
     a, b, c = group.points
-    runs = [PointRun("b1", b.hash, "RUNNING", False, None, {}), PointRun("a1", a.hash, "FINISHED", True, None,
-            {"completed": 6.0}), PointRun("c1", c.hash, "FAILED", False, None, {}),
-            PointRun("x", "other-hash", "RUNNING", False, None, {})]  # fmt: skip
+    runs = [
+        PointRun("b1", b.hash, "RUNNING", False, None, {}),
+        PointRun("a1", a.hash, "FINISHED", True, None, {"completed": 6.0}),
+        PointRun("c1", c.hash, "FAILED", False, None, {}),
+        PointRun("x", "other-hash", "RUNNING", False, None, {}),
+    ]
     task = GroupTask(group, None, "0", "parent", 0)  # type: ignore[arg-type]
     mlflow = EarlierRuns(runs)
     kept = _earlier_attempt(task, mlflow)  # type: ignore[arg-type]

@@ -113,8 +113,12 @@ def test_a_window_with_too_many_errors_stops_after_the_minimum_and_says_why() ->
     failing = Script(status=500)
     offsets = [i * 0.02 for i in range(40)]
     with FakeServer(lambda body: failing) as url:
-        window = run_window(_requests(40), offsets, ClientOptions(base_url=url, model="m"),
-                            stop=StopRule(max_error_rate=0.5, min_requests=10))  # fmt: skip
+        window = run_window(
+            _requests(40),
+            offsets,
+            ClientOptions(base_url=url, model="m"),
+            stop=StopRule(max_error_rate=0.5, min_requests=10),
+        )
     assert window.stopped is not None and "load.max_error_rate=0.5" in window.stopped
     assert len(window.records) == 40  # every request has a record: answered, or marked not finished
     unfinished = [r for r in window.records if r.error and r.error.startswith("not finished")]
@@ -126,8 +130,9 @@ def test_errors_under_the_rate_let_the_window_run_to_its_end() -> None:
 
     good = chat_script(["a"], 1)
     with FakeServer(lambda body: Script(status=500) if body["messages"][0]["content"] == "p3" else good) as url:
-        window = run_window(_requests(20), [0.0] * 20, ClientOptions(base_url=url, model="m"),
-                            stop=StopRule(max_error_rate=0.5))  # fmt: skip
+        window = run_window(
+            _requests(20), [0.0] * 20, ClientOptions(base_url=url, model="m"), stop=StopRule(max_error_rate=0.5)
+        )
     assert window.stopped is None and sum(not r.ok for r in window.records) == 1
 
 
@@ -135,8 +140,13 @@ def test_errors_under_the_rate_let_the_window_run_to_its_end() -> None:
 def test_a_hung_server_ends_the_window_at_its_deadline(workers: int) -> None:
     hang = chat_script(["a"], 1, first_s=30.0)
     with FakeServer(lambda body: hang) as url:
-        window = run_window(_requests(4), [0.0] * 4, ClientOptions(base_url=url, model="m"), workers=workers,
-                            stop=StopRule(deadline_s=1.0))  # fmt: skip
+        window = run_window(
+            _requests(4),
+            [0.0] * 4,
+            ClientOptions(base_url=url, model="m"),
+            workers=workers,
+            stop=StopRule(deadline_s=1.0),
+        )
     assert window.stopped is not None and "deadline of 1 s" in window.stopped
     assert [r.index for r in window.records] == [0, 1, 2, 3] and not any(r.ok for r in window.records)
 
@@ -174,8 +184,10 @@ def test_a_turn_whose_predecessor_failed_is_not_sent() -> None:
     def script(body: dict) -> Script:
         return Script(status=500) if len(body["messages"]) == 1 else chat_script(["x"], 1)
 
-    requests = [Request(0, "first", "chat", 8, conversation="c", turn=1),
-                Request(1, "second", "chat", 8, conversation="c", turn=2, after=0)]  # fmt: skip
+    requests = [
+        Request(0, "first", "chat", 8, conversation="c", turn=1),
+        Request(1, "second", "chat", 8, conversation="c", turn=2, after=0),
+    ]
     with FakeServer(script) as url:
         window = run_window(requests, [0.0, 0.0], ClientOptions(base_url=url, model="m"))
     failed, skipped = sorted(window.records, key=lambda r: r.index)

@@ -20,8 +20,9 @@ def project(tmp_path: Path) -> Path:
 
 
 def make(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["make", "--no-print-directory", *args], cwd=project, capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+    return subprocess.run(
+        ["make", "--no-print-directory", *args], cwd=project, capture_output=True, text=True, timeout=60
+    )
 
 
 def stamp(project: Path, device: str) -> None:

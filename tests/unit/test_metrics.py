@@ -11,9 +11,15 @@ from pipeline.load.metrics import compare, summarize
 
 def rec(i: int, sent: float, chunks: list[float], tokens: int | None, error: str | None = None) -> RequestRecord:
     return RequestRecord(
-        index=i, category="c", scheduled_s=sent, sent_s=sent, chunk_s=tuple(chunks),
-        prompt_tokens=10, output_tokens=tokens, error=error,
-    )  # fmt: skip
+        index=i,
+        category="c",
+        scheduled_s=sent,
+        sent_s=sent,
+        chunk_s=tuple(chunks),
+        prompt_tokens=10,
+        output_tokens=tokens,
+        error=error,
+    )
 
 
 def test_summary_definitions() -> None:
@@ -91,8 +97,18 @@ def test_per_category_summaries_when_the_window_mixes_kinds() -> None:
 
 def test_per_request_acceptance_sums_over_every_request_that_reported_it() -> None:
     def rec(i: int, steps: int | None, accepted: int, drafted: int, error: str | None = None) -> RequestRecord:
-        return RequestRecord(index=i, category="c", scheduled_s=0, sent_s=0, chunk_s=(0.1, 0.2), output_tokens=5,
-                             spec_steps=steps, spec_accepted_tokens=accepted, spec_draft_tokens=drafted, error=error)  # fmt: skip
+        return RequestRecord(
+            index=i,
+            category="c",
+            scheduled_s=0,
+            sent_s=0,
+            chunk_s=(0.1, 0.2),
+            output_tokens=5,
+            spec_steps=steps,
+            spec_accepted_tokens=accepted,
+            spec_draft_tokens=drafted,
+            error=error,
+        )
 
     # A failed request's steps count too: the counters it is checked against count them.
     records = [rec(0, 4, 6, 12), rec(1, 2, 1, 6, error="timed out"), rec(2, None, 0, 0)]

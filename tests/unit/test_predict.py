@@ -184,8 +184,11 @@ def test_to_confirm_ranks_unmeasured_candidates_and_caps_them() -> None:
 
 
 def test_check_model_confirms_the_best_prediction_where_a_measured_k_won_outright() -> None:
-    told_apart = [Estimate(3, 0.010, 0.0098, 0.0102, measured=True), Estimate(1, 0.015, 0.0148, 0.0152, False),
-                  Estimate(2, 0.012, 0.0118, 0.0122, False)]  # fmt: skip
+    told_apart = [
+        Estimate(3, 0.010, 0.0098, 0.0102, measured=True),
+        Estimate(1, 0.015, 0.0148, 0.0152, False),
+        Estimate(2, 0.012, 0.0118, 0.0122, False),
+    ]
     choice = choose(2.0, told_apart)
     assert [e.k for e in choice.candidates] == [3] and choice.best_predicted and choice.best_predicted.k == 2
     assert to_confirm([choice], cap=1) == ({}, ())  # the choice needs no measurement

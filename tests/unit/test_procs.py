@@ -58,8 +58,12 @@ class Sweep:
 @pytest.fixture()
 def sweep() -> Iterator[Sweep]:
     port = cluster.free_port()
-    root = subprocess.Popen([sys.executable, "-c", FAKE_SWEEP, FAKE_SERVER, str(port)], stdout=subprocess.PIPE,
-                            text=True, start_new_session=True)  # fmt: skip
+    root = subprocess.Popen(
+        [sys.executable, "-c", FAKE_SWEEP, FAKE_SERVER, str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         assert root.stdout is not None
         server, core = (psutil.Process(int(p)) for p in root.stdout.readline().split())

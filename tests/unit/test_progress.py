@@ -39,8 +39,10 @@ def test_a_scripted_group_drives_the_sweep_state_through_an_in_process_channel()
     # Throttled, not one per request: with no time passing, the first update and each window's last
     # arrive, and nothing between (the throttle is the reporter's: the second window's first update too).
     assert [(e.point, e.done) for e in seen if e.kind == "window"] == [
-        ("ngram-k3-r1", 0), ("ngram-k3-r1", 8), ("ngram-k3-r2", 8)
-    ]  # fmt: skip
+        ("ngram-k3-r1", 0),
+        ("ngram-k3-r1", 8),
+        ("ngram-k3-r2", 8),
+    ]
     head = state.lines(1030.0)[0]  # 30 s after the sweep began: 15 s a point, one point left
     assert head == "progress: 2/3 points done (1 failed), 30 s elapsed, ~15 s left", head
 
@@ -59,8 +61,10 @@ def test_mid_window_updates_pass_once_a_throttle_interval_has_gone_by(monkeypatc
 def test_mid_window_lines_name_the_point_requests_errors_and_rate() -> None:
     state = SweepState(planned=4, estimate_s=120, started=1000.0)
     state.apply(Event("server_starting", "01-baseline", at=1000.0))
-    assert state.lines(1042.0) == ["progress: 0/4 points done, 42 s elapsed, ~78 s left",
-                                   "  [01-baseline] server starting, 42 s so far"]  # fmt: skip
+    assert state.lines(1042.0) == [
+        "progress: 0/4 points done, 42 s elapsed, ~78 s left",
+        "  [01-baseline] server starting, 42 s so far",
+    ]
     state.apply(Event("server_ready", "01-baseline", at=1045.0))
     state.apply(Event("window", "01-baseline", "baseline-r4", done=12, total=32, errors=1, tok_s=118.4))
     assert state.lines(1050.0)[1] == "  [baseline-r4] 12/32 requests, 1 errors, 118 tok/s"
@@ -84,8 +88,9 @@ class _Lines(io.StringIO):
 def test_plain_lines_come_every_interval_and_are_never_redrawn(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(progress_display, "PLAIN_EVERY_S", 0.05)
     out = _Lines(want=3)
-    display = Display(SweepState(planned=1, estimate_s=60, started=1000.0), stream=out, interactive=False,
-                      clock=lambda: 1000.0)  # fmt: skip
+    display = Display(
+        SweepState(planned=1, estimate_s=60, started=1000.0), stream=out, interactive=False, clock=lambda: 1000.0
+    )
     display(Event("server_starting", "00-baseline", at=1000.0))
     try:
         # Three lines at 0.05 s apart; the deadline only bounds a display that never prints again.

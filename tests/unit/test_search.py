@@ -25,8 +25,13 @@ OPTS = StatsOptions(resamples=400)
 
 
 def grid(ks: tuple[int, ...], rates: tuple[float, ...], method: str = "ngram") -> SweepPlan:
-    jobs = [dataclasses.replace(JobConfig(), search="predict", spec=SpecConfig(method=method, k=k),
-                                load=LoadConfig(request_rate=r)) for k in ks for r in rates]  # fmt: skip
+    jobs = [
+        dataclasses.replace(
+            JobConfig(), search="predict", spec=SpecConfig(method=method, k=k), load=LoadConfig(request_rate=r)
+        )
+        for k in ks
+        for r in rates
+    ]
     return plan_sweep(jobs)
 
 
@@ -35,7 +40,11 @@ def test_first_phase_measures_the_baseline_and_the_largest_k_at_every_rate() -> 
     first = predict_plan.first_phase(plan)
     assert len(plan.groups) == 4 and len(first.groups) == 2
     assert sorted((p.role, p.job.spec.k, p.job.load.request_rate) for p in first.points) == [
-        ("baseline", 0, 1.0), ("baseline", 0, 4.0), ("speculative", 3, 1.0), ("speculative", 3, 4.0)]  # fmt: skip
+        ("baseline", 0, 1.0),
+        ("baseline", 0, 4.0),
+        ("speculative", 3, 1.0),
+        ("speculative", 3, 4.0),
+    ]
 
 
 def test_a_curve_with_one_k_is_refused() -> None:
@@ -93,9 +102,14 @@ def window(tpot: float, length: float, seed: int, n: int = 40) -> Sample:
     values = tpot * np.exp(rng.normal(0, 0.05, n))
     tokens = np.full(n, 65.0)
     steps = np.round(64 / length) * np.ones(n)
-    return Sample(index=np.arange(n), values={"tpot": values, "ttft": values * 3, "e2el": values * 64},
-                  itl=tuple(np.full(3, v) for v in values), output_tokens=tokens, chunks=steps + 1,
-                  duration_s=10.0)  # fmt: skip
+    return Sample(
+        index=np.arange(n),
+        values={"tpot": values, "ttft": values * 3, "e2el": values * 64},
+        itl=tuple(np.full(3, v) for v in values),
+        output_tokens=tokens,
+        chunks=steps + 1,
+        duration_s=10.0,
+    )
 
 
 def measured_outcomes(plan: SweepPlan, ks: set[int]) -> tuple[dict[str, PointOutcome], dict[str, Sample]]:
@@ -120,7 +134,7 @@ def test_predictor_predicts_every_unmeasured_k_and_proposes_the_best_for_confirm
     # A confirmation runs on a fresh server: with an A/A spread, k=3's 3 % edge is not resolved.
     spread = dataclasses.replace(OPTS, server_spread=ServerSpread({"speedup_median_tpot": 0.05}, 10, "aa"))
     predictor = search_predict.Predictor(plan, spread, lambda found: [samples.get(str(o.run_id)) for o in found])
-    (setting, points), = predict_plan.curves(plan).items()  # fmt: skip
+    ((setting, points),) = predict_plan.curves(plan).items()
     result = predictor.curve(setting, points, outcomes, None, cap=1)
     # Without it, the paired replicates tell k=3 from the measured k=4: nothing to confirm.
     plain = search_predict.Predictor(plan, OPTS, lambda found: [samples.get(str(o.run_id)) for o in found])
@@ -141,10 +155,11 @@ def test_predictor_predicts_every_unmeasured_k_and_proposes_the_best_for_confirm
 def test_confirmations_become_anchors_and_the_table_sets_prediction_against_measurement() -> None:
     plan = grid((1, 2, 3, 4), (2.0,))
     outcomes, samples = measured_outcomes(plan, {2, 4})
-    first_outcomes = {h: o for h, o in outcomes.items() if not any(p.hash == h and p.job.spec.k == 2
-                                                                     for p in plan.points)}  # fmt: skip
+    first_outcomes = {
+        h: o for h, o in outcomes.items() if not any(p.hash == h and p.job.spec.k == 2 for p in plan.points)
+    }
     predictor = search_predict.Predictor(plan, OPTS, lambda found: [samples.get(str(o.run_id)) for o in found])
-    (setting, points), = predict_plan.curves(plan).items()  # fmt: skip
+    ((setting, points),) = predict_plan.curves(plan).items()
     first = predictor.curve(setting, points, first_outcomes, None, cap=2)
     final = predictor.curve(setting, points, outcomes, first.first, cap=2)
     assert (2, 2.0) in first.final and (2, 2.0) not in final.final  # measured now, no longer predicted
@@ -155,8 +170,19 @@ def test_confirmations_become_anchors_and_the_table_sets_prediction_against_meas
     assert "Prediction error over 1 confirmed point(s)" in lines and "| 2 | 2 |" in lines
     # The interactive k curve: a measured point links to its run, a predicted one says it has none.
     table = search_report.predictions_table([final])
-    frame = pd.DataFrame([{"run_id": f"run-k{k}", "setting_key": setting, "k": k, "request_rate": 2.0,
-                           "role": "speculative", "status": "finished"} for k in (2, 4)])  # fmt: skip
+    frame = pd.DataFrame(
+        [
+            {
+                "run_id": f"run-k{k}",
+                "setting_key": setting,
+                "k": k,
+                "request_rate": 2.0,
+                "role": "speculative",
+                "status": "finished",
+            }
+            for k in (2, 4)
+        ]
+    )
     figure = iplots_search.k_curve(table, frame, {}, lambda run: f"http://ui/#/runs/{run}")
     seen = [c for trace in figure.data if trace.name.endswith("measured") for c in trace.customdata]
     guessed = [c for trace in figure.data if trace.name.endswith("predicted") for c in trace.customdata]
@@ -175,24 +201,39 @@ def capacity_sample(rate: float, scale: float, n: int = 30, seed: int = 0, noise
     tpot = 0.040 * (rate / scale) * np.exp(rng.normal(0, noise, n))
     # Arrivals at the offered rate; the window ends with its last request: it kept up.
     scheduled = np.arange(n) / rate
-    return Sample(index=np.arange(n), values={"tpot": tpot, "ttft": tpot, "e2el": tpot * 10},
-                  itl=tuple(np.full(2, v) for v in tpot), output_tokens=np.full(n, 10.0), chunks=np.full(n, 10.0),
-                  duration_s=float(scheduled[-1] + tpot[-1] * 10), scheduled_end_s=float(scheduled[-1]),
-                  scheduled=scheduled)  # fmt: skip
+    return Sample(
+        index=np.arange(n),
+        values={"tpot": tpot, "ttft": tpot, "e2el": tpot * 10},
+        itl=tuple(np.full(2, v) for v in tpot),
+        output_tokens=np.full(n, 10.0),
+        chunks=np.full(n, 10.0),
+        duration_s=float(scheduled[-1] + tpot[-1] * 10),
+        scheduled_end_s=float(scheduled[-1]),
+        scheduled=scheduled,
+    )
 
 
 def write_requests(folder: Path, sample: Sample) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     scheduled = sample.scheduled if len(sample.scheduled) == sample.size else np.zeros(sample.size)
-    rows = {"index": sample.index, "error": [None] * sample.size, "output_tokens": sample.output_tokens,
-            "num_chunks": sample.chunks, "scheduled_s": scheduled,
-            **{f"{m}_s": sample.values[m] for m in ("ttft", "tpot", "e2el")}}  # fmt: skip
+    rows = {
+        "index": sample.index,
+        "error": [None] * sample.size,
+        "output_tokens": sample.output_tokens,
+        "num_chunks": sample.chunks,
+        "scheduled_s": scheduled,
+        **{f"{m}_s": sample.values[m] for m in ("ttft", "tpot", "e2el")},
+    }
     pd.DataFrame(rows).to_csv(folder / "requests.csv", index=False)
 
 
 def test_probe_loop_brackets_then_bisects_to_the_resolution(tmp_path: Path) -> None:
-    job = dataclasses.replace(JobConfig(), search="capacity", slo=SloConfig(tpot_ms=50),
-                              capacity=CapacityConfig(start_rate=1.0, resolution=0.1, max_probes=10))  # fmt: skip
+    job = dataclasses.replace(
+        JobConfig(),
+        search="capacity",
+        slo=SloConfig(tpot_ms=50),
+        capacity=CapacityConfig(start_rate=1.0, resolution=0.1, max_probes=10),
+    )
     seed = Point("baseline", job, point_hash(job))
     opened, logged = [seed], []
 
@@ -201,8 +242,9 @@ def test_probe_loop_brackets_then_bisects_to_the_resolution(tmp_path: Path) -> N
         write_requests(tmp_path / point.label, sample)
         return PointOutcome(point.hash, "r", {"duration": sample.duration_s})
 
-    history = search_capacity.probe(seed, lambda p: opened.append(p) or p, measure, tmp_path,
-                                    lambda p, m: logged.append(m))  # fmt: skip
+    history = search_capacity.probe(
+        seed, lambda p: opened.append(p) or p, measure, tmp_path, lambda p, m: logged.append(m)
+    )
     rates = [r for r, _ in history]
     assert rates[:3] == [1.0, 2.0, 4.0]  # doubles until the SLO is missed
     passed = max(r for r, ok in history if ok)
@@ -230,9 +272,21 @@ def test_report_capacity_headline_gives_each_boundary_and_the_ratio_with_interva
         for j, rate in enumerate((1.0, 2.0, 4.0, 2.83, 2.38, 3.36)):
             run = f"s{server}p{j}"
             samples[run] = capacity_sample(rate, boundary / 1.25, noise=0.0)
-            rows.append({"run_id": run, "server": server, "role": role, "engine": "vllm", "method": method, "k": k,
-                         "request_rate": rate, "status": "finished", "capacity_probe": j + 1,
-                         "point_hash": f"{role}{rate}", "baseline_hash": f"baseline{rate}" if k else ""})  # fmt: skip
+            rows.append(
+                {
+                    "run_id": run,
+                    "server": server,
+                    "role": role,
+                    "engine": "vllm",
+                    "method": method,
+                    "k": k,
+                    "request_rate": rate,
+                    "status": "finished",
+                    "capacity_probe": j + 1,
+                    "point_hash": f"{role}{rate}",
+                    "baseline_hash": f"baseline{rate}" if k else "",
+                }
+            )
     target = SloTarget(tpot_s=0.05)
     curves = search_report.capacity(pd.DataFrame(rows), samples, target, OPTS)
     assert [c.label for c in curves] == ["vllm baseline", "vllm ngram k=3"]
@@ -275,9 +329,14 @@ def test_the_final_table_shows_a_predicted_point() -> None:
 
 def _prompted(tpot: np.ndarray, index: np.ndarray, length: float = 2.0) -> Sample:
     n = len(index)
-    return Sample(index=index, values={"tpot": tpot, "ttft": tpot * 3, "e2el": tpot * 64},
-                  itl=tuple(np.full(3, v) for v in tpot), output_tokens=np.full(n, 65.0),
-                  chunks=np.full(n, 64 / length + 1), duration_s=10.0)  # fmt: skip
+    return Sample(
+        index=index,
+        values={"tpot": tpot, "ttft": tpot * 3, "e2el": tpot * 64},
+        itl=tuple(np.full(3, v) for v in tpot),
+        output_tokens=np.full(n, 65.0),
+        chunks=np.full(n, 64 / length + 1),
+        duration_s=10.0,
+    )
 
 
 def test_model_windows_pair_replicates_by_prompt_not_by_row() -> None:
@@ -321,9 +380,18 @@ def _fake_executor(plan: SweepPlan, fail_baseline: bool = False, off: float = 1.
 
     def run(part: SweepPlan) -> list[GroupOutcome]:
         calls.append(part)
-        return [GroupOutcome(g.index, tuple(
-            PointOutcome(p.hash, None, error="server failed") if fail_baseline and p.role == "baseline"
-            else outcomes[p.hash] for p in g.points)) for g in part.groups]  # fmt: skip
+        return [
+            GroupOutcome(
+                g.index,
+                tuple(
+                    PointOutcome(p.hash, None, error="server failed")
+                    if fail_baseline and p.role == "baseline"
+                    else outcomes[p.hash]
+                    for p in g.points
+                ),
+            )
+            for g in part.groups
+        ]
 
     return run, (lambda found: [samples.get(str(o.run_id)) for o in found]), calls
 
@@ -334,8 +402,9 @@ def test_predict_runs_whole_with_a_fake_executor_within_its_confirmation_cap(cap
     run, samples, calls = _fake_executor(plan)
     spread = dataclasses.replace(OPTS, server_spread=ServerSpread({"speedup_median_tpot": 0.05}, 10, "aa"))
     logged: list[str] = []
-    result = search_predict.run(plan, run, samples, lambda p, m: logged.append(p.hash) or f"pred-{p.hash}", spread,
-                                cap, {})  # fmt: skip
+    result = search_predict.run(
+        plan, run, samples, lambda p, m: logged.append(p.hash) or f"pred-{p.hash}", spread, cap, {}
+    )
     (curve,) = result.results
     confirmed = {p.job.spec.k for part in calls[1:] for p in part.points}
     assert len(calls) == (2 if cap else 1) and len(confirmed) == cap  # the cap bounds the fresh servers
@@ -402,6 +471,6 @@ def test_predict_notes_drafts_shorter_than_k() -> None:
         if p.hash in outcomes and p.job.spec.k == 4:
             outcomes[p.hash].metrics["acceptance_k_effective"] = 3.2
     predictor = search_predict.Predictor(plan, OPTS, lambda found: [samples.get(str(o.run_id)) for o in found])
-    (setting, points), = predict_plan.curves(plan).items()  # fmt: skip
+    ((setting, points),) = predict_plan.curves(plan).items()
     notes = predictor.curve(setting, points, outcomes, None, cap=1).notes
     assert any("averaged 3.20 tokens of 4" in note for note in notes)

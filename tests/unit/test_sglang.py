@@ -27,9 +27,15 @@ INSTALL = sglang.recorded("/env/sglang/bin/python", installed=True)
 def _cmd(spec: SpecConfig, draft: str | None = None, engine: EngineConfig | None = None) -> list[str]:
     sglang.validate_spec(spec, INSTALL)
     return sglang.build_launch(
-        install=INSTALL, engine=engine or EngineConfig(name="sglang"), spec=spec, model_path="/m",
-        draft_path=draft, served_name="served", port=30000, seed=7,
-    ).command  # fmt: skip
+        install=INSTALL,
+        engine=engine or EngineConfig(name="sglang"),
+        spec=spec,
+        model_path="/m",
+        draft_path=draft,
+        served_name="served",
+        port=30000,
+        seed=7,
+    ).command
 
 
 def _flag(cmd: list[str], name: str) -> str:
@@ -47,9 +53,14 @@ def test_baseline_command_has_metrics_and_no_speculation() -> None:
 
 @pytest.mark.parametrize(
     ("method", "algorithm", "draft"),
-    [("eagle", "EAGLE", "/head"), ("eagle3", "EAGLE3", "/head3"), ("draft", "STANDALONE", "/small"),
-     ("ngram", "NGRAM", None), ("mtp", "NEXTN", None)],
-)  # fmt: skip
+    [
+        ("eagle", "EAGLE", "/head"),
+        ("eagle3", "EAGLE3", "/head3"),
+        ("draft", "STANDALONE", "/small"),
+        ("ngram", "NGRAM", None),
+        ("mtp", "NEXTN", None),
+    ],
+)
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_every_method_maps_to_its_algorithm_with_the_default_chain(
     method: str, algorithm: str, draft: str | None, k: int
@@ -71,8 +82,15 @@ def test_tree_options_and_ngram_options_pass_through() -> None:
         SpecConfig(method="eagle3", k=3, draft_model="/h", options={"eagle_topk": 4, "num_draft_tokens": 8}), "/h"
     )
     assert _flag(cmd, "--speculative-eagle-topk") == "4" and _flag(cmd, "--speculative-num-draft-tokens") == "8"
-    options = {"min_match_window_size": 2, "max_match_window_size": 6, "min_bfs_breadth": 1, "max_bfs_breadth": 8,
-               "match_type": "PROB", "branch_length": 18, "capacity": 100000}  # fmt: skip
+    options = {
+        "min_match_window_size": 2,
+        "max_match_window_size": 6,
+        "min_bfs_breadth": 1,
+        "max_bfs_breadth": 8,
+        "match_type": "PROB",
+        "branch_length": 18,
+        "capacity": 100000,
+    }
     cmd = _cmd(SpecConfig(method="ngram", k=4, options=options))
     for key, flag in sglang.NGRAM_OPTIONS.items():
         assert _flag(cmd, flag) == str(options[key])
@@ -101,16 +119,28 @@ def test_contradictions_and_missing_methods_are_refused_before_launch(spec: Spec
 
 
 def test_version_awareness_names_the_installed_version() -> None:
-    old = sglang.parse_probe("/py", {"version": "0.4.3", "flags": sorted(sglang.RECORDED_FLAGS - {
-        "--speculative-ngram-min-match-window-size"}), "algorithms": ["EAGLE", "NEXTN"]})  # fmt: skip
+    old = sglang.parse_probe(
+        "/py",
+        {
+            "version": "0.4.3",
+            "flags": sorted(sglang.RECORDED_FLAGS - {"--speculative-ngram-min-match-window-size"}),
+            "algorithms": ["EAGLE", "NEXTN"],
+        },
+    )
     assert old.flags_source == "parser" and old.version == Version("0.4.3")
     with pytest.raises(ConfigError, match=r"NGRAM, which SGLang 0.4.3 lacks \(it has: EAGLE, NEXTN\)"):
         sglang.validate_spec(SpecConfig(method="ngram", k=3), old)
     with pytest.raises(ConfigError, match="SGLang 0.4.3 has no --speculative-ngram-min-match-window-size"):
-        sglang.build_launch(install=dataclasses.replace(old, algorithms=frozenset({"NGRAM"})),
-            engine=EngineConfig(name="sglang"), spec=SpecConfig(method="ngram", k=3,
-            options={"min_match_window_size": 2}), model_path="/m", draft_path=None, served_name="s",
-            port=1, seed=0)  # fmt: skip
+        sglang.build_launch(
+            install=dataclasses.replace(old, algorithms=frozenset({"NGRAM"})),
+            engine=EngineConfig(name="sglang"),
+            spec=SpecConfig(method="ngram", k=3, options={"min_match_window_size": 2}),
+            model_path="/m",
+            draft_path=None,
+            served_name="s",
+            port=1,
+            seed=0,
+        )
     # Installed, but its parser cannot import here (no CUDA): the recorded flags, said so.
     fallback = sglang.parse_probe("/py", {"version": "0.5.23", "flags": None, "error": "no CUDA"})
     assert fallback.flags_source == "recorded" and fallback.installed
@@ -175,8 +205,10 @@ def test_acceptance_through_sglang_generate_stream_end_to_end(cumulative: bool) 
     tokens = [f"t{i} " for i in range(11)]
     metrics = "# TYPE sglang:spec_accept_length gauge\nsglang:spec_accept_length 2.9\n"
     metrics += "# TYPE sglang:spec_accept_rate gauge\nsglang:spec_accept_rate 0.61\n"
-    server = FakeServer(lambda body: generate_script(tokens, steps[body["text"]], gap_s=0.01, cumulative=cumulative),
-                        metrics_text=metrics)  # fmt: skip
+    server = FakeServer(
+        lambda body: generate_script(tokens, steps[body["text"]], gap_s=0.01, cumulative=cumulative),
+        metrics_text=metrics,
+    )
     server.server_info = {"internal_states": [{"avg_spec_accept_length": 3.1}]}
     requests = [Request(i, prompt, "code_edit", 11) for i, prompt in enumerate(steps)]
     with server as url:
@@ -206,6 +238,8 @@ def test_acceptance_through_sglang_generate_stream_end_to_end(cumulative: bool) 
     assert metrics_out["sglang_spec_accept_rate_gauge"] == 61.0
     assert metrics_out["sglang_native_accept_length"] == pytest.approx(19 / 7)
     assert metrics_out["sglang_avg_spec_accept_length_since_start"] == 3.1
-    print(f"sglang per-request acceptance length {result.window_length:.4f}, alpha at k=3 "
-          f"{cross['acceptance_alpha']:.4f}; gauges {result.gauge_length}, {result.gauge_rate}; since start "
-          f"{result.since_start_length}")  # fmt: skip
+    print(
+        f"sglang per-request acceptance length {result.window_length:.4f}, alpha at k=3 "
+        f"{cross['acceptance_alpha']:.4f}; gauges {result.gauge_length}, {result.gauge_rate}; since start "
+        f"{result.since_start_length}"
+    )

@@ -37,11 +37,17 @@ class FakeExecutor:
             tracker = Tracker(task.store, task.experiment_id)
             points = []
             for p in task.group.points:
-                run_id = tracker.start_run(p.label, {"role": p.role, "point_hash": p.hash, "status": "finished"},
-                                           task.parent_run_id)  # fmt: skip
+                run_id = tracker.start_run(
+                    p.label, {"role": p.role, "point_hash": p.hash, "status": "finished"}, task.parent_run_id
+                )
                 tpot = 40.0 if p.role == "baseline" else 25.0
-                metrics = {"completed": 16.0, "median_tpot_ms": tpot, "p99_tpot_ms": 1.5 * tpot,
-                           "median_ttft_ms": 90.0, "output_throughput": 4000 / tpot}  # fmt: skip
+                metrics = {
+                    "completed": 16.0,
+                    "median_tpot_ms": tpot,
+                    "p99_tpot_ms": 1.5 * tpot,
+                    "median_ttft_ms": 90.0,
+                    "output_throughput": 4000 / tpot,
+                }
                 tracker.log_metrics(run_id, metrics)
                 tracker.end_run(run_id)
                 points.append(PointOutcome(p.hash, run_id, metrics))
@@ -70,9 +76,14 @@ def sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., int]
 
     def run(executor: FakeExecutor, skip_if_done: bool, engine_version: str = "0.32.0") -> int:
         version["now"] = engine_version
-        job = dataclasses.replace(JobConfig(), sweep_name="nightly", force=True, model=ModelConfig(id=str(model)),
-                                  output_dir=str(tmp_path / "out"),
-                                  gate=GateConfig(skip_if_done=skip_if_done, floor_median=0.2, history=3))  # fmt: skip
+        job = dataclasses.replace(
+            JobConfig(),
+            sweep_name="nightly",
+            force=True,
+            model=ModelConfig(id=str(model)),
+            output_dir=str(tmp_path / "out"),
+            gate=GateConfig(skip_if_done=skip_if_done, floor_median=0.2, history=3),
+        )
         jobs = [dataclasses.replace(job, load=LoadConfig(request_rate=r)) for r in (1.0, 4.0)]
         return driver.run_sweep(jobs, executor, tmp_path)
 

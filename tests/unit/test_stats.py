@@ -18,16 +18,25 @@ from pipeline.analysis.stats import paired_ratio
 OPTS = StatsOptions(resamples=1000)
 
 
-def window(rng: np.random.Generator, prompt: np.ndarray, scale: float, noise: float = 0.2,
-           tokens: float = 100.0, duration: float = 10.0) -> Sample:  # fmt: skip
+def window(
+    rng: np.random.Generator,
+    prompt: np.ndarray,
+    scale: float,
+    noise: float = 0.2,
+    tokens: float = 100.0,
+    duration: float = 10.0,
+) -> Sample:
     """Per-request values exp(prompt effect + request noise) x scale, in seconds."""
     n = len(prompt)
     values = scale * np.exp(prompt + rng.normal(0, noise, n))
     return Sample(
-        index=np.arange(n), values={"tpot": values, "ttft": values * 3, "e2el": values * 100},
+        index=np.arange(n),
+        values={"tpot": values, "ttft": values * 3, "e2el": values * 100},
         itl=tuple(values[i] * np.exp(rng.normal(0, noise, 20)) for i in range(n)),
-        output_tokens=np.full(n, tokens), chunks=np.full(n, 40.0), duration_s=duration,
-    )  # fmt: skip
+        output_tokens=np.full(n, tokens),
+        chunks=np.full(n, 40.0),
+        duration_s=duration,
+    )
 
 
 def pair(seed: int, n: int, true: float, runs: int = 1, run_sd: float = 0.0, prompt_sd: float = 0.1):
@@ -84,9 +93,16 @@ def test_one_window_throughput_has_no_interval_repeats_give_one() -> None:
 def test_pairs_by_prompt_index_and_ignores_unpaired_requests() -> None:
     base, spec = pair(3, 40, 2.0)
     keep = np.arange(40) != 7
-    spec = [Sample(index=spec[0].index[keep], values={k: v[keep] for k, v in spec[0].values.items()},
-                   itl=tuple(g for g, k in zip(spec[0].itl, keep, strict=True) if k),
-                   output_tokens=spec[0].output_tokens[keep], chunks=spec[0].chunks[keep], duration_s=10.0)]  # fmt: skip
+    spec = [
+        Sample(
+            index=spec[0].index[keep],
+            values={k: v[keep] for k, v in spec[0].values.items()},
+            itl=tuple(g for g, k in zip(spec[0].itl, keep, strict=True) if k),
+            output_tokens=spec[0].output_tokens[keep],
+            chunks=spec[0].chunks[keep],
+            duration_s=10.0,
+        )
+    ]
     ratio = paired_ratio("speedup_median_tpot", base, spec, OPTS)
     assert ratio.requests == 39
     assert 1.7 < ratio.estimate < 2.3  # type: ignore[operator]
@@ -109,8 +125,15 @@ def test_decisions_need_the_interval_beyond_the_floor() -> None:
     assert "requests per window" in detail or "floor" in detail
 
 
-def _noisy(estimate: float, within: float, n: int, server: float | None = None, runs: int = 1,
-           restarted: bool = False, run_sd: float | None = None) -> stats.Ratio:  # fmt: skip
+def _noisy(
+    estimate: float,
+    within: float,
+    n: int,
+    server: float | None = None,
+    runs: int = 1,
+    restarted: bool = False,
+    run_sd: float | None = None,
+) -> stats.Ratio:
     noise = stats.Noise(within, n, server, 9.0 if server else 0.0, runs, restarted, run_sd)
     return stats.Ratio("speedup_median_tpot", estimate, estimate / 1.1, estimate * 1.1, 0.95, runs, n, noise=noise)
 
@@ -151,10 +174,13 @@ def test_to_resolve_counts_repeats_with_the_t_quantiles_shrinking_in_r_and_caps_
 def test_benjamini_hochberg_can_withdraw_a_lone_borderline_call() -> None:
     # One comparison whose interval barely clears the floor helps alone, not among 20 nulls.
     rng = np.random.default_rng(0)
-    border = stats.Ratio("speedup_median_tpot", 1.1, 1.03, 1.2, 0.95, 1, 50,
-                         log_replicates=rng.normal(math.log(1.1), 0.03, 2000))  # fmt: skip
-    nulls = [stats.Ratio("speedup_median_tpot", 1.0, 0.9, 1.1, 0.95, 1, 50,
-                         log_replicates=rng.normal(0, 0.05, 2000)) for _ in range(20)]  # fmt: skip
+    border = stats.Ratio(
+        "speedup_median_tpot", 1.1, 1.03, 1.2, 0.95, 1, 50, log_replicates=rng.normal(math.log(1.1), 0.03, 2000)
+    )
+    nulls = [
+        stats.Ratio("speedup_median_tpot", 1.0, 0.9, 1.1, 0.95, 1, 50, log_replicates=rng.normal(0, 0.05, 2000))
+        for _ in range(20)
+    ]
     assert decide([border], OPTS)[0].label == "helps"
     withdrawn = decide([border, *nulls], OPTS)[0]
     assert withdrawn.label == "inconclusive" and "not after the adjustment for 21 comparisons" in withdrawn.detail
@@ -162,8 +188,10 @@ def test_benjamini_hochberg_can_withdraw_a_lone_borderline_call() -> None:
 
 def test_crossing_is_an_interval_only_where_helps_turns_into_hurts() -> None:
     rates = [1.0, 4.0, 16.0]
-    ratios = [paired_ratio("speedup_median_tpot", *pair(s, 128, t), OPTS, np.random.default_rng(s))
-              for s, t in enumerate((2.0, 1.4, 0.7))]  # fmt: skip
+    ratios = [
+        paired_ratio("speedup_median_tpot", *pair(s, 128, t), OPTS, np.random.default_rng(s))
+        for s, t in enumerate((2.0, 1.4, 0.7))
+    ]
     cross = decisions.crossing(rates, decide(ratios, OPTS), OPTS)
     assert cross.rate is not None and 4.0 < cross.low <= cross.rate <= cross.high < 16.0  # type: ignore[operator]
     flat = [paired_ratio("speedup_median_tpot", *pair(s, 64, 1.0), OPTS, np.random.default_rng(s)) for s in range(3)]
@@ -182,18 +210,23 @@ def test_crossing_keeps_replicates_that_do_not_cross_censored_at_the_segment_end
     low_rate[b // 10 : b // 5] = -0.05
 
     def at(estimate: float, log_replicates: np.ndarray, label: str) -> decisions.Decision:
-        ratio = stats.Ratio("speedup_median_tpot", estimate, estimate * 0.9, estimate * 1.1, 0.95, 1, 200,
-                            log_replicates=log_replicates)  # fmt: skip
+        ratio = stats.Ratio(
+            "speedup_median_tpot", estimate, estimate * 0.9, estimate * 1.1, 0.95, 1, 200, log_replicates=log_replicates
+        )
         return decisions.Decision(label, ratio, 0.001)
 
-    cross = decisions.crossing([1.0, 4.0], [at(math.exp(0.3), low_rate, decisions.HELPS),
-                                            at(math.exp(-0.3), high_rate, decisions.HURTS)], OPTS)  # fmt: skip
+    cross = decisions.crossing(
+        [1.0, 4.0], [at(math.exp(0.3), low_rate, decisions.HELPS), at(math.exp(-0.3), high_rate, decisions.HURTS)], OPTS
+    )
     assert cross.rate == pytest.approx(2.5)
     assert cross.low == 1.0 and cross.high == 4.0
     assert cross.text == "crosses 1.0 at ~2.50 req/s [1.00, 4.00] (between 1 and 4 req/s)"
     # Dropping the replicates that do not cross would have confined the interval inside the segment.
-    crossed = [v for v in (decisions._interpolate([1.0, 4.0], [a, c]) for a, c in zip(low_rate, high_rate,
-                                                                                   strict=True)) if v is not None]  # fmt: skip
+    crossed = [
+        v
+        for v in (decisions._interpolate([1.0, 4.0], [a, c]) for a, c in zip(low_rate, high_rate, strict=True))
+        if v is not None
+    ]
     assert 1.0 < min(crossed) and max(crossed) < 4.0
 
 
@@ -224,24 +257,36 @@ def test_acceptance_length_interval_is_centred_on_the_counters() -> None:
 
 
 def test_sample_reads_the_clients_requests_csv() -> None:
-    frame = pd.DataFrame({"index": [0, 1, 2], "ttft_s": [0.1, 0.2, None], "tpot_s": [0.01, None, None],
-                          "e2el_s": [1.0, 0.3, None], "num_chunks": [5, 1, 0], "output_tokens": [10, 1, None],
-                          "error": [None, None, "HTTP 500"], "chunk_s": ["[0.1, 0.2, 0.4]", "[0.2]", "[]"]})  # fmt: skip
+    frame = pd.DataFrame(
+        {
+            "index": [0, 1, 2],
+            "ttft_s": [0.1, 0.2, None],
+            "tpot_s": [0.01, None, None],
+            "e2el_s": [1.0, 0.3, None],
+            "num_chunks": [5, 1, 0],
+            "output_tokens": [10, 1, None],
+            "error": [None, None, "HTTP 500"],
+            "chunk_s": ["[0.1, 0.2, 0.4]", "[0.2]", "[]"],
+        }
+    )
     sample = Sample.from_requests(frame, 2.0)
     assert sample.size == 2 and sample.failed == 1 and sample.throughput == pytest.approx(5.5)
     assert np.allclose(sample.itl[0], [0.1, 0.2]) and math.isnan(sample.values["tpot"][1])
 
 
-@pytest.mark.parametrize(("kw", "match"), [({"confidence": 1.0}, "confidence"), ({"confidence": 0.4}, "confidence"),
-                                           ({"floor": -0.1}, "floor")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [({"confidence": 1.0}, "confidence"), ({"confidence": 0.4}, "confidence"), ({"floor": -0.1}, "floor")],
+)
 def test_bad_options_are_refused(kw: dict, match: str) -> None:
     with pytest.raises(StatsError, match=match):
         StatsOptions(**kw)
 
 
 def test_the_aa_spread_between_servers_widens_one_server_comparisons_only() -> None:
-    spread = samples.server_spread({"speedup_median_tpot": [0.06, -0.08, 0.02, -0.05], "output_throughput_ratio":
-                                  [0.03, -0.02, 0.04, -0.01]}, "aa")  # fmt: skip
+    spread = samples.server_spread(
+        {"speedup_median_tpot": [0.06, -0.08, 0.02, -0.05], "output_throughput_ratio": [0.03, -0.02, 0.04, -0.01]}, "aa"
+    )
     assert spread is not None and spread.comparisons == 4
     assert spread.sd["speedup_median_tpot"] == pytest.approx(math.sqrt((0.06**2 + 0.08**2 + 0.02**2 + 0.05**2) / 4))
     opts = dataclasses.replace(OPTS, server_spread=spread)
@@ -260,8 +305,10 @@ def test_a_large_effect_is_called_in_a_family_of_sixty_whatever_the_resample_cou
     # 60 comparisons (0.002 * 60 > 0.05) the largest effect could never be called.
     rng = np.random.default_rng(4)
     huge = paired_ratio("speedup_median_tpot", *pair(5, 128, 3.0), OPTS)
-    nulls = [stats.Ratio("speedup_median_tpot", 1.0, 0.9, 1.1, 0.95, 1, 50,
-                         log_replicates=rng.normal(0, 0.05, 1000)) for _ in range(59)]  # fmt: skip
+    nulls = [
+        stats.Ratio("speedup_median_tpot", 1.0, 0.9, 1.1, 0.95, 1, 50, log_replicates=rng.normal(0, 0.05, 1000))
+        for _ in range(59)
+    ]
     first = decide([huge, *nulls], OPTS)[0]
     assert first.label == "helps" and first.p_adjusted is not None and first.p_adjusted < 0.05
 
@@ -280,13 +327,20 @@ def test_failed_requests_count_as_censored_latencies_not_as_missing_ones() -> No
     base = window(rng, prompt, 0.04)
     spec_all = window(rng, prompt, 0.04)
     keep = ~np.isin(np.arange(100), rng.choice(100, 30, replace=False))
-    spec = Sample(index=spec_all.index[keep], values={k: v[keep] for k, v in spec_all.values.items()},
-                  itl=tuple(g for g, k in zip(spec_all.itl, keep, strict=True) if k),
-                  output_tokens=spec_all.output_tokens[keep], chunks=spec_all.chunks[keep], duration_s=10.0,
-                  failed=30, failed_index=np.flatnonzero(~keep))  # fmt: skip
+    spec = Sample(
+        index=spec_all.index[keep],
+        values={k: v[keep] for k, v in spec_all.values.items()},
+        itl=tuple(g for g, k in zip(spec_all.itl, keep, strict=True) if k),
+        output_tokens=spec_all.output_tokens[keep],
+        chunks=spec_all.chunks[keep],
+        duration_s=10.0,
+        failed=30,
+        failed_index=np.flatnonzero(~keep),
+    )
     ratio = paired_ratio("speedup_median_tpot", [base], [spec], OPTS)
-    dropped = paired_ratio("speedup_median_tpot", [base], [dataclasses.replace(spec, failed_index=np.empty(0, int))],
-                           OPTS)  # fmt: skip
+    dropped = paired_ratio(
+        "speedup_median_tpot", [base], [dataclasses.replace(spec, failed_index=np.empty(0, int))], OPTS
+    )
     assert ratio.requests == 100 and dropped.requests == 70
     assert 0.85 < dropped.estimate < 1.15  # type: ignore[operator]  # the failures do not show
     assert ratio.estimate < 0.85 and ratio.high < 0.98  # type: ignore[operator]  # censored, they count against it
@@ -372,7 +426,8 @@ def test_arrival_order_is_the_schedule_where_there_is_one_else_the_prompt_index(
     positions = stats._arrival_order(base, spec, prompts)
     assert np.array_equal(prompts[positions], order)
     unscheduled = dataclasses.replace(base, scheduled=np.empty(0))
-    assert np.array_equal(stats._arrival_order(unscheduled, dataclasses.replace(spec, scheduled=np.empty(0)),
-                                               prompts), prompts)  # fmt: skip
+    assert np.array_equal(
+        stats._arrival_order(unscheduled, dataclasses.replace(spec, scheduled=np.empty(0)), prompts), prompts
+    )
     # Only one window recorded its schedule: both windows share it.
     assert np.array_equal(prompts[stats._arrival_order(unscheduled, spec, prompts)], order)

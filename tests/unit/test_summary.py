@@ -40,8 +40,13 @@ def test_pairs_each_point_with_its_own_rate_and_reports_failures() -> None:
     assert table.loc["ngram-k5-r1", "speedup_median_tpot"] == 2.0
     assert math.isnan(table.loc["ngram-k5-r2", "speedup_median_tpot"])
     assert list(table.index) == [
-        "baseline-r1", "baseline-r2", "ngram-k3-r1", "ngram-k3-r2", "ngram-k5-r1", "ngram-k5-r2",
-    ]  # fmt: skip
+        "baseline-r1",
+        "baseline-r2",
+        "ngram-k3-r1",
+        "ngram-k3-r2",
+        "ngram-k5-r1",
+        "ngram-k5-r2",
+    ]
 
 
 def test_resumed_and_missing_points_are_labelled() -> None:

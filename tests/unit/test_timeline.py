@@ -15,20 +15,51 @@ def _window(tpot_at: dict[int, float], seed: int) -> Sample:
     rng = np.random.default_rng(seed)
     scheduled = np.arange(48) * 2.5
     tpot = np.array([tpot_at[int(t // 30)] for t in scheduled]) * rng.lognormal(0, 0.05, 48)
-    return Sample(index=np.arange(48), values={"tpot": tpot, "ttft": tpot * 3, "e2el": np.full(48, 2.0)},
-                  itl=tuple(np.full(8, v) for v in tpot), output_tokens=np.full(48, 9.0), chunks=np.full(48, 9.0),
-                  duration_s=122.0, scheduled=scheduled, category=np.full(48, "chat", dtype=object))  # fmt: skip
+    return Sample(
+        index=np.arange(48),
+        values={"tpot": tpot, "ttft": tpot * 3, "e2el": np.full(48, 2.0)},
+        itl=tuple(np.full(8, v) for v in tpot),
+        output_tokens=np.full(48, 9.0),
+        chunks=np.full(48, 9.0),
+        duration_s=122.0,
+        scheduled=scheduled,
+        category=np.full(48, "chat", dtype=object),
+    )
 
 
 def _frame(with_trace: bool = True) -> pd.DataFrame:
     trace = {"trace_requests": 120.0} if with_trace else {}
-    return pd.DataFrame([
-        {"role": "baseline", "status": "finished", "run_id": "b", "point_hash": "pb", "point_key": "kb",
-         "engine": "vllm", "method": "none", "k": 0, "request_rate": 1.0, "point": "baseline-r1", **trace},
-        {"role": "speculative", "status": "finished", "run_id": "s", "point_hash": "ps", "point_key": "ks",
-         "baseline_hash": "pb", "engine": "vllm", "method": "ngram", "k": 3, "request_rate": 1.0,
-         "point": "ngram-k3-r1", **trace},
-    ])  # fmt: skip
+    return pd.DataFrame(
+        [
+            {
+                "role": "baseline",
+                "status": "finished",
+                "run_id": "b",
+                "point_hash": "pb",
+                "point_key": "kb",
+                "engine": "vllm",
+                "method": "none",
+                "k": 0,
+                "request_rate": 1.0,
+                "point": "baseline-r1",
+                **trace,
+            },
+            {
+                "role": "speculative",
+                "status": "finished",
+                "run_id": "s",
+                "point_hash": "ps",
+                "point_key": "ks",
+                "baseline_hash": "pb",
+                "engine": "vllm",
+                "method": "ngram",
+                "k": 3,
+                "request_rate": 1.0,
+                "point": "ngram-k3-r1",
+                **trace,
+            },
+        ]
+    )
 
 
 def test_each_stretch_gets_its_own_paired_speedup_and_load() -> None:

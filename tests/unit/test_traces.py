@@ -45,11 +45,14 @@ def _job(path: str, rate: float | None = None, **workload: object) -> JobConfig:
 
 OURS = [
     {"timestamp": 0.0, "prompt": "def f(x): return x", "category": "code_edit", "output_tokens": 12},
-    {"timestamp": 1.5, "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
-     "category": "chat"},
+    {
+        "timestamp": 1.5,
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+        "category": "chat",
+    },
     {"timestamp": 2.0, "prompt": "Summarise PEP 8.", "category": "summarize"},
     {"timestamp": 6.0, "prompt": "Add type hints.", "category": "code_edit"},
-]  # fmt: skip
+]
 
 
 def test_our_lines_are_replayed_at_their_own_timestamps_exactly(tmp_path: Path) -> None:
@@ -108,8 +111,10 @@ def test_mooncake_lines_are_in_ms_and_their_text_is_built_from_the_hash_ids(tmp_
 
 
 def test_ms_timestamps_on_our_lines(tmp_path: Path) -> None:
-    job = _job(_write(tmp_path / "t.jsonl", [{"timestamp": 0, "prompt": "a"}, {"timestamp": 250, "prompt": "b"}]),
-               timestamp_unit="ms")  # fmt: skip
+    job = _job(
+        _write(tmp_path / "t.jsonl", [{"timestamp": 0, "prompt": "a"}, {"timestamp": 250, "prompt": "b"}]),
+        timestamp_unit="ms",
+    )
     assert point_requests(job, WordTokenizer()).offsets == (0.0, 0.25)
 
 
@@ -183,16 +188,20 @@ CONVERSATION = [
     {"timestamp": 2.0, "prompt": "Summarise PEP 8.", "category": "summarize"},
     {"timestamp": 4.0, "conversation_id": "c1", "prompt": "Another, about rain."},
     {"timestamp": 9.0, "conversation_id": "c1", "turn": 3, "delay_s": 0.5, "prompt": "Now one line."},
-]  # fmt: skip
+]
 
 
 def test_a_conversation_is_numbered_and_paced_by_its_gaps_or_its_delays(tmp_path: Path) -> None:
     job = _job(_write(tmp_path / "t.jsonl", CONVERSATION), time_scale=0.5)
     sends = point_requests(job, WordTokenizer())
     turns = [(r.conversation, r.turn, r.after, r.delay_s) for r in sends.requests]
-    assert turns == [("", 0, None, 0.0), ("c1", 1, None, 0.0), ("", 0, None, 0.0),
-                     ("c1", 2, 1, 1.5),  # the timestamp gap (3 s), scaled by 0.5
-                     ("c1", 3, 3, 0.25)]  # its own delay_s, scaled  # fmt: skip
+    assert turns == [
+        ("", 0, None, 0.0),
+        ("c1", 1, None, 0.0),
+        ("", 0, None, 0.0),
+        ("c1", 2, 1, 1.5),  # the timestamp gap (3 s), scaled by 0.5
+        ("c1", 3, 3, 0.25),
+    ]  # its own delay_s, scaled
     assert sends.metrics["trace_conversations"] == 1.0
     thought = point_requests(_job(_write(tmp_path / "t.jsonl", CONVERSATION), think_time_s=2.0), None)
     assert [r.delay_s for r in thought.requests if r.after is not None] == [2.0, 2.0]  # the setting wins, unscaled
@@ -215,9 +224,11 @@ def test_a_later_turn_is_sent_with_the_earlier_turns_and_the_servers_answers() -
     second = Request(1, "Another.", "creative", 16, conversation="c", turn=2, after=0)
     answer = RequestRecord(0, "creative", 0.0, 0.0, text="Old pond, a frog.")
     sent = next_turn(second, ({"role": "user", "content": first.prompt},), answer)
-    assert sent.messages == ({"role": "user", "content": "Write a haiku."},
-                             {"role": "assistant", "content": "Old pond, a frog."},
-                             {"role": "user", "content": "Another."})  # fmt: skip
+    assert sent.messages == (
+        {"role": "user", "content": "Write a haiku."},
+        {"role": "assistant", "content": "Old pond, a frog."},
+        {"role": "user", "content": "Another."},
+    )
     _, body = request_body(sent, ClientOptions(base_url="http://x", model="m"))
     assert body["messages"] == list(sent.messages)
 
@@ -229,13 +240,22 @@ def test_a_later_turn_is_sent_with_the_earlier_turns_and_the_servers_answers() -
         ([{"timestamp": 0, "prompt": "a", "conversation_id": ""}], "conversation_id' must be a non-empty"),
         ([{"timestamp": 0, "prompt": "a", "conversation_id": "c", "turn": 0}], "turn=0 must be >= 1"),
         ([{"timestamp": 0, "prompt": "a", "conversation_id": "c", "delay_s": -1}], "'delay_s' must be a number"),
-        ([{"timestamp": 0, "prompt": "a", "conversation_id": "c", "turn": 2},
-          {"timestamp": 1, "prompt": "b", "conversation_id": "c", "turn": 2}], "numbered once each, in time order"),
-        ([{"timestamp": 0, "prompt": "a", "conversation_id": "c"},
-          {"timestamp": 1, "messages": [{"role": "user", "content": "b"}], "conversation_id": "c"}],
-         "gives only its new user text"),
+        (
+            [
+                {"timestamp": 0, "prompt": "a", "conversation_id": "c", "turn": 2},
+                {"timestamp": 1, "prompt": "b", "conversation_id": "c", "turn": 2},
+            ],
+            "numbered once each, in time order",
+        ),
+        (
+            [
+                {"timestamp": 0, "prompt": "a", "conversation_id": "c"},
+                {"timestamp": 1, "messages": [{"role": "user", "content": "b"}], "conversation_id": "c"},
+            ],
+            "gives only its new user text",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_conversations_are_refused_with_their_fix(tmp_path: Path, rows: list[dict], match: str) -> None:
     with pytest.raises((traces.TraceError, ConfigError), match=match):
         _job(_write(tmp_path / f"bad{abs(hash(match))}.jsonl", rows))
@@ -246,8 +266,11 @@ def test_conversations_need_the_chat_endpoint_and_one_client(tmp_path: Path) -> 
     with pytest.raises(ConfigError, match="use workload.endpoint=chat"):
         _job(path, endpoint="completions")
     with pytest.raises(ConfigError, match="use load.client_workers=1"):
-        resolve_trace_rate(JobConfig(workload=WorkloadConfig(name="trace", path=path),
-                                     load=LoadConfig(request_rate=None, client_workers=2)))  # fmt: skip
+        resolve_trace_rate(
+            JobConfig(
+                workload=WorkloadConfig(name="trace", path=path), load=LoadConfig(request_rate=None, client_workers=2)
+            )
+        )
     with pytest.raises(ConfigError, match="needs workload=trace"):
         resolve_trace_rate(JobConfig(workload=WorkloadConfig(think_time_s=1.0)))
     with pytest.raises(ConfigError, match="think_time_s=-1"):

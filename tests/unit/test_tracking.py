@@ -113,9 +113,16 @@ def test_two_sweeps_creating_one_new_store_at_once_both_succeed(tmp_path: Path) 
         "sys.stdin.readline()\n"
         "print(prepare(store, sys.argv[2]))\n"
     )
-    procs = [subprocess.Popen([sys.executable, "-c", script, str(tmp_path), name], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for name in ("sweep-a", "sweep-b")]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(tmp_path), name],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name in ("sweep-a", "sweep-b")
+    ]
     for p in procs:
         assert p.stdout is not None and p.stdout.readline() == "ready\n", p.communicate(timeout=120)[1][-2000:]
     for p in procs:  # the barrier: both are ready; both go

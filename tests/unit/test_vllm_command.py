@@ -60,8 +60,11 @@ def test_json_speculative_config_for_every_method(method: str, vllm_method: str,
 def test_ngram_options_go_into_the_json() -> None:
     spec = SpecConfig(method="ngram", k=3, options={"prompt_lookup_max": 4, "prompt_lookup_min": 2})
     assert _spec_json(_launch(spec).command) == {
-        "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2,
-    }  # fmt: skip
+        "method": "ngram",
+        "num_speculative_tokens": 3,
+        "prompt_lookup_max": 4,
+        "prompt_lookup_min": 2,
+    }
 
 
 def test_baseline_has_no_speculative_flags() -> None:
@@ -96,14 +99,26 @@ def test_extra_args_and_no_prefix_caching() -> None:
 @pytest.mark.parametrize(
     ("method", "draft", "expected"),
     [
-        ("ngram", None, ["--speculative-model", "[ngram]", "--num-speculative-tokens", "4",
-                         "--ngram-prompt-lookup-max", "4", "--ngram-prompt-lookup-min", "2"]),
+        (
+            "ngram",
+            None,
+            [
+                "--speculative-model",
+                "[ngram]",
+                "--num-speculative-tokens",
+                "4",
+                "--ngram-prompt-lookup-max",
+                "4",
+                "--ngram-prompt-lookup-min",
+                "2",
+            ],
+        ),
         ("draft", "/d", ["--speculative-model", "/d", "--num-speculative-tokens", "4"]),
         ("eagle", "/e", ["--speculative-model", "/e", "--num-speculative-tokens", "4"]),
         ("medusa", "/m", ["--speculative-model", "/m", "--num-speculative-tokens", "4"]),
         ("mtp", None, ["--num-speculative-tokens", "4"]),
     ],
-)  # fmt: skip
+)
 def test_legacy_flags_before_json_config(method: str, draft: str | None, expected: list[str]) -> None:
     options = {"prompt_lookup_max": 4, "prompt_lookup_min": 2} if method == "ngram" else {}
     spec = SpecConfig(method=method, k=4, draft_model=draft, options=options)

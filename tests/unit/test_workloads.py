@@ -112,9 +112,13 @@ def test_random_lengths_follow_the_settings() -> None:
         ("spec_bench", '{"turns": ["q"]}\n', r"p\.data:1: field 'category' is missing"),
         ("sharegpt", '[{"id": 1}]', "entry 0: field 'conversations' is missing"),
         ("sharegpt", '{"conversations": []}', "expected a JSON list"),
-        ("sharegpt", '[{"conversations": [{"from": "human"}, {"value": "x"}]}]', r"conversations\[0\] needs a string field 'value'"),
+        (
+            "sharegpt",
+            '[{"conversations": [{"from": "human"}, {"value": "x"}]}]',
+            r"conversations\[0\] needs a string field 'value'",
+        ),
     ],
-)  # fmt: skip
+)
 def test_malformed_files_name_the_line_and_field(tmp_path: Path, name: str, content: str, message: str) -> None:
     path = tmp_path / "p.data"
     path.write_text(content)
