@@ -29,19 +29,14 @@ def runs_table_url(base_url: str, experiment_id: str) -> str:
 
 
 def _experiment_id(tracking_uri: str, name: str | None) -> str:
-    from mlflow.tracking import MlflowClient
+    # MLflow's client: imported only once the UI runs.
+    from pipeline.record.readers import find_experiment
+    from pipeline.record.tracking import TrackingError
 
-    client = MlflowClient(tracking_uri)
-    if name:
-        found = client.get_experiment_by_name(name)
-        if found is None:
-            names = sorted(e.name for e in client.search_experiments())
-            raise SystemExit(f"error: no experiment named {name!r} in {tracking_uri}; there are: {names}")
-        return found.experiment_id
-    experiments = [e for e in client.search_experiments() if e.name != "Default"]
-    if not experiments:
-        raise SystemExit(f"error: {tracking_uri} holds no sweep yet; run `python -m pipeline.sweep` first")
-    return max(experiments, key=lambda e: e.last_update_time or 0).experiment_id
+    try:
+        return find_experiment(tracking_uri, name)
+    except TrackingError as exc:
+        raise SystemExit(f"error: {exc}") from exc
 
 
 def start(project_root: Path, host: str, port: int) -> tuple[subprocess.Popen[bytes], str, str]:

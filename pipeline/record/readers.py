@@ -1,6 +1,7 @@
 """Reading MLflow back: a sweep's parent run and its artifacts (the report), and its history (the gate).
 
-With :mod:`pipeline.record.tracking`, which writes, the only modules that import MLflow.
+With :mod:`pipeline.record.tracking`, which writes, the only modules that import MLflow's client
+(``pipeline.ui`` starts MLflow's own server as a command, and asks its way here).
 """
 
 from __future__ import annotations
@@ -15,6 +16,21 @@ from mlflow.entities import RunTag
 from mlflow.tracking import MlflowClient
 
 from pipeline.record.tracking import LOCAL_UI, TrackingError
+
+
+def find_experiment(tracking_uri: str, name: str | None) -> str:
+    """The id of the experiment named so, or of the most recently updated sweep's."""
+    client = MlflowClient(tracking_uri)
+    if name:
+        found = client.get_experiment_by_name(name)
+        if found is None:
+            names = sorted(e.name for e in client.search_experiments())
+            raise TrackingError(f"no experiment named {name!r} in {tracking_uri}; there are: {names}")
+        return found.experiment_id
+    experiments = [e for e in client.search_experiments() if e.name != "Default"]
+    if not experiments:
+        raise TrackingError(f"{tracking_uri} holds no sweep yet; run `python -m pipeline.sweep` first")
+    return max(experiments, key=lambda e: e.last_update_time or 0).experiment_id
 
 
 class SweepReader:
