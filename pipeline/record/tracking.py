@@ -23,6 +23,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from pipeline.config import JobConfig, TrackingConfig
+from pipeline.identity import recorded_hash
 from pipeline.record.redact import MASK, is_secret_name, shell_line
 
 DB_NAME = "mlflow.db"
@@ -236,7 +237,8 @@ class Tracker:
         ]
 
     def finished_points(self) -> dict[str, FinishedPoint]:
-        """Points measured to the end by earlier runs of this experiment, by point hash."""
+        """Points measured to the end by earlier runs of this experiment, by point hash (as
+        :func:`pipeline.identity.recorded_hash` keys it: ``v1:<hash>`` for the oldest runs)."""
         runs = self.client.search_runs(
             [self.experiment_id], filter_string="tags.status = 'finished' and attributes.status = 'FINISHED'"
         )
@@ -244,7 +246,7 @@ class Tracker:
         for run in runs:  # newest first: the latest measurement of a point wins
             if CONFIRMATION_TAG in run.data.tags:
                 continue
-            key = run.data.tags.get("point_hash")
+            key = recorded_hash(run.data.tags)
             if key and key not in found:
                 found[key] = FinishedPoint(run.info.run_id, dict(run.data.metrics))
         return found

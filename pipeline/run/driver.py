@@ -23,6 +23,7 @@ from pipeline.config import ConfigError, JobConfig
 from pipeline.engines.models import ModelError
 from pipeline.engines.sglang import RECORDED_VERSION, SglangInstall
 from pipeline.engines.vllm import EngineNotInstalled
+from pipeline.identity import in_this_version, sweep_level
 from pipeline.load.workloads import load_items
 from pipeline.record.journal import JOURNAL_NAME, JournaledTracker
 from pipeline.record.redact import redact_args, redact_mapping
@@ -32,7 +33,6 @@ from pipeline.run.group import run_group
 from pipeline.run.job import Target, resolve_target, server_spec
 from pipeline.run.outcomes import Executor, GroupOutcome, GroupTask, PointOutcome
 from pipeline.run.plan import (
-    SWEEP_LEVEL,
     ServerGroup,
     ServerLine,
     SweepPlan,
@@ -63,7 +63,7 @@ class InProcess:
 
 
 def _check_sweep_level(jobs: Sequence[JobConfig]) -> None:
-    for key in SWEEP_LEVEL:
+    for key in sweep_level():
         values = {repr(getattr(job, key)) for job in jobs}
         if len(values) > 1:
             raise ConfigError(f"{key} is a setting of the whole sweep and cannot be swept (got {sorted(values)})")
@@ -141,7 +141,11 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
     except tracking.TrackingError as exc:
         return _error(str(exc))
     # A capacity search picks its rates as it goes: earlier probes are no point of this search.
-    done = {} if first.force or first.search == "capacity" else tracker.finished_points()
+    done = (
+        {}
+        if first.force or first.search == "capacity"
+        else in_this_version(tracker.finished_points(), (p.job for p in plan.points))
+    )
     todo = plan.without(done)
     capacity = first.search == "capacity"
 

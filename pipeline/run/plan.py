@@ -9,60 +9,14 @@ sweep shares one baseline server, so a k x rate grid starts k + 1 servers, not 2
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from pipeline.config import ConfigError, JobConfig
+from pipeline.identity import point_hash, server_key
 from pipeline.load import traces
 from pipeline.load.loadgen import schedule
-
-# Settings of the whole sweep: a grid may not vary them, and no point's identity includes them.
-SWEEP_LEVEL = (
-    "tracking",
-    "sweep_name",
-    "dry_run",
-    "force",
-    "ray",
-    "repeats",
-    "lossless",
-    "stats",
-    "aa",
-    "gate",
-    "search",
-    "predict",
-    "capacity",
-    "verbose",
-    "progress_every_s",
-)
-# Keys that say how or where a sweep runs, not what it measures (Hydra gives each job its own output_dir).
-_VOLATILE = ("output_dir", *SWEEP_LEVEL)
-# What a server's command line is made of; everything else (load, workload, SLOs) is per point.
-# replica tells an A/A twin from its original; repeat joins them with repeats.restart=true
-# (otherwise repeats share a server and vary only the prompts and arrivals).
-_NOT_MEASURED = (
-    ("slo", "percentile"),
-    ("slo", "min_goodput"),
-    ("load", "max_error_rate"),
-    ("load", "window_timeout_s"),
-    ("engine", "restart_on_crash"),
-)
-_NEWER = (
-    ("engine", "allow_remote", False),
-    ("engine", "env_from", []),
-    ("workload", "timestamp_unit", "auto"),
-    ("workload", "time_scale", 1.0),
-    ("workload", "start_s", 0.0),
-    ("workload", "duration_s", None),
-    ("workload", "sort", False),
-    ("workload", "think_time_s", None),
-    ("engine", "url", None),
-    ("engine", "baseline_url", None),
-    ("model", "revision", None),
-)
-_SERVER_KEYS = ("engine", "model", "spec", "seed", "replica")
 
 # Rough costs, measured with the embedded 135M model on 2 cores: eager CPU servers start in
 # 31-49 s; compiled start-ups take ~2 min. TPOT ~40 ms per token without speculation.
@@ -74,49 +28,6 @@ CPU_CAPACITY_TOK_S = 130.0
 STOP_S = 5.0
 # Warm-up requests only need to exercise the code paths; they are capped at this many tokens.
 WARMUP_MAX_TOKENS = 32
-
-
-def _digest(values: dict) -> str:
-    return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def point_hash(job: JobConfig) -> str:
-    """Identifies a measured point (server config, load, workload, seed), for resume."""
-    point = dataclasses.asdict(job)
-    for volatile in _VOLATILE:
-        point.pop(volatile)
-    # How capacity decides (percentile, share of good requests), and when a window is given up
-    # on, are not what a window measures.
-    for group, key in _NOT_MEASURED:
-        point[group].pop(key)
-    for group, key, default in _NEWER:  # at their defaults, a point hashes as it did before they existed
-        if point[group][key] == default:
-            point[group].pop(key)
-    return _digest(point)
-
-
-def server_key(job: JobConfig) -> str:
-    """Jobs with equal keys can be measured on one server."""
-    values = dataclasses.asdict(job)
-    # cold and warm are applied per window on one server; only off changes its command.
-    values["engine"]["prefix_cache"] = job.engine.prefix_cache == "off"
-    key = {k: values[k] for k in _SERVER_KEYS}
-    if job.repeats.restart:
-        key["repeat"] = job.repeat
-    return _digest(key)
-
-
-def point_key(job: JobConfig) -> str:
-    """A point without its repeat index: the repeats of one point share this key."""
-    return point_hash(dataclasses.replace(job, repeat=0))
-
-
-def setting_key(job: JobConfig) -> str:
-    """A point without its k, rate and repeat: the points of one curve share this key, and
-    nothing that differs otherwise (workload, temperature, draft, options) is pooled."""
-    spec = dataclasses.replace(job.spec, k=0)
-    load = dataclasses.replace(job.load, request_rate=0.0)
-    return point_hash(dataclasses.replace(job, repeat=0, spec=spec, load=load))
 
 
 def _server_name(role: str, job: JobConfig) -> str:

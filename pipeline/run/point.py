@@ -12,6 +12,7 @@ from pipeline.engines.acceptance import normalized
 from pipeline.engines.base import Server
 from pipeline.engines.hardware import hardware_tags, where_am_i
 from pipeline.engines.models import revision
+from pipeline.identity import hash_tags
 from pipeline.load.loadgen import Window
 from pipeline.record import vllm_result
 from pipeline.record.journal import JournaledTracker
@@ -32,6 +33,7 @@ def point_tags(point: Point, target: Target, version: str, confirms: str | None 
         "engine.distribution": target.install.distribution,
         "spec.method": point.job.spec.method,
         "point_hash": point.hash,
+        **hash_tags(point.job),
         **({"baseline_hash": point.baseline_hash} if point.baseline_hash else {}),
         "model.revision": revision(target.model_path, target.model_revision),
         **hardware_tags(target.on_gpu),

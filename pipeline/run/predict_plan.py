@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pipeline.config import ConfigError
-from pipeline.run.plan import Point, SweepPlan, setting_key
+from pipeline.identity import setting_key
+from pipeline.run.plan import Point, SweepPlan
 
 
 def curves(plan: SweepPlan) -> dict[str, list[Point]]:

@@ -20,8 +20,9 @@ import pandas as pd
 from pipeline.analysis.capacity import SearchSettings, SloTarget, next_rate, window_passes
 from pipeline.analysis.samples import Sample
 from pipeline.config import ConfigError, JobConfig
+from pipeline.identity import point_hash
 from pipeline.run.outcomes import GroupOutcome
-from pipeline.run.plan import Point, SweepPlan, point_hash
+from pipeline.run.plan import Point, SweepPlan
 
 
 def slo_target(job: JobConfig) -> SloTarget:

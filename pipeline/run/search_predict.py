@@ -26,11 +26,12 @@ import pandas as pd
 
 from pipeline.analysis import predict, search_report
 from pipeline.analysis.samples import Sample, StatsOptions
+from pipeline.identity import point_key, setting_key
 from pipeline.record.readers import SweepReader
 from pipeline.record.tracking import Tracker, flatten_params
 from pipeline.record.windows import window_sample
 from pipeline.run.outcomes import GroupOutcome, PointOutcome
-from pipeline.run.plan import Point, SweepPlan, point_key, setting_key
+from pipeline.run.plan import Point, SweepPlan
 from pipeline.run.predict_plan import curves, first_phase, k_max
 
 

@@ -7,7 +7,8 @@ import dataclasses
 import pytest
 
 from pipeline.config import ConfigError, JobConfig, LoadConfig, RepeatsConfig, SpecConfig
-from pipeline.run.plan import ServerLine, describe, estimate_s, plan_sweep, point_hash, server_key
+from pipeline.identity import point_hash, server_key
+from pipeline.run.plan import ServerLine, describe, estimate_s, plan_sweep
 
 
 def _grid(ks: list[int], rates: list[float], method: str = "ngram") -> list[JobConfig]:

@@ -16,9 +16,10 @@ from pipeline.analysis.capacity import SloTarget
 from pipeline.analysis.samples import Sample, ServerSpread, StatsOptions
 from pipeline.analysis.search_report import slo_target
 from pipeline.config import CapacityConfig, ConfigError, JobConfig, LoadConfig, SloConfig, SpecConfig
+from pipeline.identity import point_hash
 from pipeline.run import predict_plan, search_capacity, search_predict
 from pipeline.run.outcomes import GroupOutcome, PointOutcome
-from pipeline.run.plan import Point, SweepPlan, plan_sweep, point_hash
+from pipeline.run.plan import Point, SweepPlan, plan_sweep
 from pipeline.validate import validate
 
 OPTS = StatsOptions(resamples=400)
