@@ -36,8 +36,9 @@ def samples(client: MlflowClient, frame: pd.DataFrame) -> dict:
 
 def main() -> int:
     from pipeline.analysis import search_report
-    from pipeline.analysis.capacity import SloTarget, window_passes
+    from pipeline.analysis.capacity import window_passes
     from pipeline.analysis.samples import StatsOptions
+    from pipeline.load.slo import SloTarget
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tpot-ms", type=float, default=200.0)

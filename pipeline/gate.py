@@ -34,6 +34,7 @@ from pipeline.analysis.gate import (
 )
 from pipeline.analysis.samples import StatsOptions
 from pipeline.config import GateConfig, TrackingConfig
+from pipeline.exitcode import ExitCode
 from pipeline.record.readers import ChildRun, HistoryReader
 from pipeline.record.tracking import (
     CONFIRMATION_TAG,
@@ -45,8 +46,7 @@ from pipeline.record.tracking import (
 )
 from pipeline.record.windows import stored_server_spread, window_requests, window_sample
 
-EXIT_PASS, EXIT_REGRESSED, EXIT_BAD_INPUT, EXIT_INSUFFICIENT, EXIT_INFRA = 0, 1, 2, 3, 4
-EXIT_CODES = {"pass": EXIT_PASS, "fail": EXIT_REGRESSED, "insufficient": EXIT_INSUFFICIENT}
+EXIT_CODES = {"pass": ExitCode.OK, "fail": ExitCode.REGRESSED, "insufficient": ExitCode.INCOMPLETE}
 GATE_DIR = "gate"
 FLIP_TAG = "gate.decision_flip"  # on a speculative run whose verdict changed, e.g. "helps -> inconclusive"
 # Tags that name the hardware a point ran on; the platform string (kernel version) is left
@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
             reader.sweep_run(run_id)
             reader.pin(run_id if action == "pin" else None, reader.experiment_of(run_id))
             print(f"{action}ned: sweep run {run_id} " + ("is now the gate's reference" if action == "pin" else ""))
-            return EXIT_PASS
+            return ExitCode.OK
         parent = reader.find_parent(refs[0])
         reader.sweep_run(parent)
         recorded = reader.params(parent)
@@ -338,10 +338,10 @@ def main(argv: list[str] | None = None) -> int:
         result, summary = run(reader, parent, config, opts, args.out or Path("outputs") / f"gate-{parent[:8]}")
     except TrackingUnreachable as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_INFRA
+        return ExitCode.INFRA
     except TrackingError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return ExitCode.BAD_INPUT
     print(summary)
     if result.overall == "insufficient":
         print(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 from dataclasses import replace
 from html import escape as html_escape
@@ -20,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from pipeline import startup
-from pipeline.analysis import categories, iplots, search_report
+from pipeline.analysis import categories, iplots
 from pipeline.analysis.assemble import analyse, interactive_figures, output_length_tests
 from pipeline.analysis.report import markdown
 from pipeline.analysis.report_html import page
@@ -28,8 +29,10 @@ from pipeline.analysis.samples import Sample, StatsError, StatsOptions
 from pipeline.analysis.search_report import PREDICTIONS_CSV
 from pipeline.analysis.timeline import TIMELINE_FIGURE
 from pipeline.config import TrackingConfig
+from pipeline.exitcode import ExitCode
+from pipeline.load.slo import SloTarget
 from pipeline.record.readers import SweepReader
-from pipeline.record.tracking import TrackingError, resolve_store
+from pipeline.record.tracking import TrackingError, TrackingUnreachable, resolve_store
 from pipeline.record.windows import window_requests, with_server_spread
 
 REPORT_DIR = "report"
@@ -59,7 +62,7 @@ def build(
         table = reader.download(parent_id, PREDICTIONS_CSV, work)
         predictions = pd.read_csv(table) if table is not None else None
         data = analyse(
-            title, frame, probes, tests, samples, opts, search_report.slo_target(reader.params(parent_id)), predictions
+            title, frame, probes, tests, samples, opts, SloTarget.from_params(reader.params(parent_id)), predictions
         )
         data = replace(data, run_url=reader.run_url(parent_id))
         for table, grouping in ((data.by_type, categories.BY_CATEGORY), (data.by_turn, categories.BY_TURN)):
@@ -138,8 +141,12 @@ def main(argv: list[str] | None = None) -> None:
                 chosen[name] = cast(value)
         opts = StatsOptions(**chosen)
         paths = build(reader, parent, args.out or Path("outputs") / f"report-{parent[:8]}", opts)
-    except (TrackingError, StatsError) as exc:
-        raise SystemExit(f"error: {exc}") from exc
+    except TrackingUnreachable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(ExitCode.INFRA)
+    except (TrackingError, StatsError) as exc:  # no such sweep, or options it cannot decide with
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(ExitCode.BAD_INPUT)
     print(f"report: {paths['html'].resolve()}\nsummary: {paths['markdown'].resolve()}")
 
 

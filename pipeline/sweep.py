@@ -21,10 +21,10 @@ import hydra
 
 from pipeline.compose import GROUP_FILE_KEY, register_schema, to_job_config
 from pipeline.config import ConfigError
+from pipeline.exitcode import ExitCode
 from pipeline.run import entry
 from pipeline.run.signals import exit_on_sigterm
 
-EXIT_BAD_INPUT = 2
 RAY_PACKAGE_DIR = "runtime_resources/working_dir_files"
 STABLE_COPY_ENV = "SPECSWEEP_JOB_COPY"
 
@@ -69,14 +69,14 @@ def main(cfg: Any) -> Any:
         job = to_job_config(cfg)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        sys.exit(EXIT_BAD_INPUT)
+        sys.exit(ExitCode.BAD_INPUT)
     if job.ray.address:
         print(
             f"error: ray.address={job.ray.address} joins a cluster for a sweep's server groups, but a single run "
             "measures in this process; add -m to run it through the Ray launcher",
             file=sys.stderr,
         )
-        sys.exit(EXIT_BAD_INPUT)
+        sys.exit(ExitCode.BAD_INPUT)
     # A single run is a sweep of one point and its baseline, run in this process.
     from pipeline.run.driver import InProcess, run_guarded
 

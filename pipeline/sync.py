@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import startup
+from pipeline.exitcode import ExitCode
 from pipeline.record.journal import journals, replay
-
-EXIT_LEFT = 4  # the tracking server still does not take the writes
 
 
 def make_tracker(header: dict[str, Any], tracking_uri: str | None = None) -> Any:
@@ -35,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
             f"error: {args.outputs} is not a folder; give a sweep's output folder, e.g. outputs/default",
             file=sys.stderr,
         )
-        return 2
+        return ExitCode.BAD_INPUT
     found = journals(args.outputs)
     if not found:
         print(f"nothing to sync: no {args.outputs}/**/mlflow-journal.jsonl")
@@ -45,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         f"synced {made} MLflow write(s) from {len(found)} journal(s)"
         + (f"; {left} still left: is the tracking server up? run this again" if left else "")
     )
-    return EXIT_LEFT if left else 0
+    return ExitCode.INFRA if left else 0
 
 
 if __name__ == "__main__":

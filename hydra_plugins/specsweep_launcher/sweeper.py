@@ -23,6 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from pipeline.compose import GROUP_FILE_KEY, to_job_config
 from pipeline.config import ConfigError
+from pipeline.exitcode import ExitCode
 from pipeline.run import diskfull, entry
 from pipeline.run.signals import exit_on_sigterm
 
@@ -65,7 +66,7 @@ class SpecsweepSweeper(BasicSweeper):
         super().__init__(max_batch_size=None, params=params)
 
     def sweep(self, arguments: list[str]) -> Any:
-        from pipeline.run.driver import EXIT_BAD_INPUT, EXIT_INFRA, run_guarded
+        from pipeline.run.driver import run_guarded
 
         assert self.config is not None and self.launcher is not None and self.hydra_context is not None
         entry.entered()
@@ -84,14 +85,14 @@ class SpecsweepSweeper(BasicSweeper):
                 jobs.append(to_job_config(cfg))
         except ConfigError as exc:
             print(f"error: {exc}", file=sys.stderr)
-            sys.exit(EXIT_BAD_INPUT)
+            sys.exit(ExitCode.BAD_INPUT)
         except (HydraException, OmegaConfBaseException) as exc:  # an override no config can take
             print(
                 f"error: {exc}\ncheck the key and group names and the value types (`python -m pipeline.sweep "
                 f"--cfg job` prints the config with every key)",
                 file=sys.stderr,
             )
-            sys.exit(EXIT_BAD_INPUT)
+            sys.exit(ExitCode.BAD_INPUT)
         try:
             sweep_dir.mkdir(parents=True, exist_ok=True)
             OmegaConf.save(self.config, sweep_dir / "multirun.yaml")  # a refused config is never written
@@ -99,7 +100,7 @@ class SpecsweepSweeper(BasicSweeper):
             if not diskfull.is_disk_full(exc):
                 raise
             print(f"error: {diskfull.message(exc, sweep_dir)}", file=sys.stderr)
-            sys.exit(EXIT_INFRA)
+            sys.exit(ExitCode.INFRA)
         code = run_guarded(jobs, HydraLaunch(self.launcher, sweep_dir), Path.cwd())
         if code:
             sys.exit(code)

@@ -28,6 +28,7 @@ from pipeline.analysis.report import ReportData, conditions, run_names
 from pipeline.analysis.samples import Sample, StatsOptions
 from pipeline.analysis.timeline import TIMELINE_FIGURE
 from pipeline.engines.acceptance import alpha_from_length
+from pipeline.load.slo import SloTarget
 
 
 def load_frame(frame: pd.DataFrame) -> pd.DataFrame:
@@ -65,7 +66,7 @@ def analyse(
     length_tests: list,
     samples: Mapping[str, Sample] | None = None,
     opts: StatsOptions | None = None,
-    target: search_report.SloTarget | None = None,
+    target: SloTarget | None = None,
     predictions: pd.DataFrame | None = None,
 ) -> ReportData:
     """Everything the report says, from the sweep table and each window's requests

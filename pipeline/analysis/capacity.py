@@ -39,41 +39,11 @@ from scipy.optimize import isotonic_regression
 
 from pipeline.analysis import stats
 from pipeline.analysis.samples import Sample, StatsOptions
+from pipeline.load import slo
+from pipeline.load.slo import SloTarget
 
-_METRICS = ("ttft", "tpot", "e2el")
 # A share computed as good / sent can land a rounding error below a threshold it equals.
 _SHARE_TOLERANCE = 1e-12
-
-
-@dataclass(frozen=True)
-class SloTarget:
-    ttft_s: float | None = None  # thresholds in seconds; None = not part of the SLO
-    tpot_s: float | None = None
-    e2el_s: float | None = None
-    percentile: float = 99.0  # the SLO percentile: e.g. p99 TPOT <= tpot_s
-    min_goodput: float = 0.99  # share of all sent requests (failed ones count as not good) meeting every threshold
-
-    def __post_init__(self) -> None:
-        for name, value in self.thresholds().items():
-            if not value > 0:
-                raise ValueError(f"SLO {name}_s={value} must be > 0 seconds or None")
-        if not 0 < self.percentile <= 100:
-            raise ValueError(f"slo.percentile={self.percentile} must lie in (0, 100], e.g. 99 for p99")
-        if not 0 <= self.min_goodput <= 1:
-            raise ValueError(f"slo.min_goodput={self.min_goodput} must lie in [0, 1], e.g. 0.99")
-
-    def thresholds(self) -> dict[str, float]:
-        """The set thresholds by metric name (ttft, tpot, e2el), in seconds."""
-        limits = {"ttft": self.ttft_s, "tpot": self.tpot_s, "e2el": self.e2el_s}
-        return {name: value for name, value in limits.items() if value is not None}
-
-    @property
-    def active(self) -> bool:
-        return bool(self.thresholds())
-
-    def describe(self) -> str:
-        parts = [f"p{self.percentile:g} {m.upper()} <= {t * 1000:g} ms" for m, t in self.thresholds().items()]
-        return ", ".join([*parts, f"goodput >= {self.min_goodput * 100:g}%"])
 
 
 def _finite_percentile(values: np.ndarray, percentile: float) -> np.ndarray:
@@ -161,9 +131,7 @@ def margins(
     whether the window was overloaded (+1 / -1)."""
     observed, replicates = [], []
     for name, limit in target.thresholds().items():
-        values = np.asarray(sample.values[name], dtype=float)
-        if name == "tpot":
-            values = np.where(np.isnan(values), 0.0, values)  # as the goodput rule: no decode phase, no TPOT
+        values = slo.checked_values(name, np.asarray(sample.values[name], dtype=float))  # as the goodput rule
         observed.append(_log_margin(values, target.percentile, limit))
         replicates.append(_quantile_draws(values, target.percentile, limit, opts.resamples, rng))
     if target.min_goodput > 0:
@@ -228,15 +196,7 @@ def _quantile_draws(
 
 def _good(sample: Sample, target: SloTarget) -> np.ndarray:
     """Which successful requests meet every threshold: the goodput rule of both the pass call and the margins."""
-    good = np.ones(sample.size, dtype=bool)
-    for name, limit in target.thresholds().items():
-        if name not in sample.values:
-            raise ValueError(f"the window has no per-request {name} values to check slo.{name} against")
-        values = np.asarray(sample.values[name], dtype=float)
-        # As vLLM's goodput: a one-token request has no decode phase, so its TPOT counts as 0.
-        checked = np.where(np.isnan(values), 0.0, values) if name == "tpot" else values
-        good &= checked <= limit  # an undefined TTFT or E2EL is not good
-    return good
+    return slo.good(sample.values, sample.size, target)
 
 
 # ---- The search ---------------------------------------------------------------------------

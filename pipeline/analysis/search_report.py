@@ -17,13 +17,13 @@ import pandas as pd
 from pipeline.analysis.capacity import (
     Boundary,
     CapacityRatio,
-    SloTarget,
     boundary,
     capacity_ratio,
     probe,
 )
 from pipeline.analysis.samples import Sample, StatsOptions
 from pipeline.analysis.verdicts import config_label, measured
+from pipeline.load.slo import SloTarget
 
 PREDICTIONS_CSV = "predict/predictions.csv"  # search=predict's table, on the sweep's parent run
 
@@ -87,19 +87,6 @@ def capacity(
                 )
         out.append(curve)
     return sorted(out, key=lambda c: (c.role != "baseline", c.label))
-
-
-def slo_target(params: Mapping[str, str]) -> SloTarget | None:
-    """The SLO the sweep ran under, from its parent run's params (None: no threshold set)."""
-
-    def number(key: str) -> float | None:
-        value = params.get(f"slo.{key}")
-        return None if value in (None, "None", "null", "") else float(value)  # type: ignore[arg-type]
-
-    seconds = [None if (v := number(f"{m}_ms")) is None else v / 1000 for m in ("ttft", "tpot", "e2el")]
-    if all(v is None for v in seconds):
-        return None
-    return SloTarget(*seconds, percentile=number("percentile") or 99.0, min_goodput=number("min_goodput") or 0.99)
 
 
 def capacity_headline(curves: list[CapacityCurve], target: SloTarget) -> str:

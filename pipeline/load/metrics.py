@@ -15,6 +15,7 @@ import numpy as np
 
 from pipeline.config import SloConfig
 from pipeline.load.client import RequestRecord
+from pipeline.load.slo import SloTarget, good
 
 PERCENTILES = (90, 99)
 
@@ -35,17 +36,18 @@ def _stats(prefix: str, values_s: Sequence[float]) -> dict[str, float]:
     return out
 
 
-def meets_slo(record: RequestRecord, slo: SloConfig) -> bool:
-    # As vLLM's goodput: a finished request with one output token has no decode phase, so
-    # its TPOT counts as 0 (it meets any TPOT limit) instead of making it fail.
-    tpot_s = record.tpot_s if record.tpot_s is not None or not record.ok else 0.0
-    checks = ((slo.ttft_ms, record.ttft_s), (slo.tpot_ms, tpot_s), (slo.e2el_ms, record.e2el_s))
-    for limit_ms, value_s in checks:
-        if limit_ms is None:
-            continue
-        if value_s is None or value_s * 1000.0 > limit_ms:
-            return False
-    return True
+def good_requests(ok: Sequence[RequestRecord], target: SloTarget) -> int:
+    """How many successful requests meet every threshold (the SLO module's rule)."""
+
+    def column(values: Sequence[float | None]) -> np.ndarray:
+        return np.asarray([math.nan if v is None else v for v in values], dtype=float)
+
+    values = {
+        "ttft": column([r.ttft_s for r in ok]),
+        "tpot": column([r.tpot_s for r in ok]),
+        "e2el": column([r.e2el_s for r in ok]),
+    }
+    return int(good(values, len(ok), target).sum())
 
 
 def client_health(records: Sequence[RequestRecord], target_rate: float) -> dict[str, float]:
@@ -81,9 +83,10 @@ def summarize(
         "output_throughput": output_tokens / duration_s if duration_s > 0 else math.nan,
         "total_token_throughput": (input_tokens + output_tokens) / duration_s if duration_s > 0 else math.nan,
     }
-    if any(v is not None for v in (slo.ttft_ms, slo.tpot_ms, slo.e2el_ms)):
-        good = sum(1 for r in ok if meets_slo(r, slo))
-        summary["request_goodput"] = good / duration_s if duration_s > 0 else math.nan
+    target = SloTarget.from_config(slo)
+    if target.active:
+        met = good_requests(ok, target)
+        summary["request_goodput"] = met / duration_s if duration_s > 0 else math.nan
     summary |= client_health(records, target_rate)
     summary |= _stats("ttft", [r.ttft_s for r in ok if r.ttft_s is not None])
     summary |= _stats("tpot", [r.tpot_s for r in ok if r.tpot_s is not None])

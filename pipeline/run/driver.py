@@ -23,6 +23,7 @@ from pipeline.config import ConfigError, JobConfig
 from pipeline.engines.models import ModelError
 from pipeline.engines.sglang import RECORDED_VERSION, SglangInstall
 from pipeline.engines.vllm import EngineNotInstalled
+from pipeline.exitcode import ExitCode
 from pipeline.identity import in_this_version, sweep_level
 from pipeline.load.workloads import load_items
 from pipeline.record.journal import JOURNAL_NAME, JournaledTracker
@@ -42,11 +43,6 @@ from pipeline.run.plan import (
     search_note,
 )
 from pipeline.run.sweep_end import gate_sweep, log_probes, report_sweep, sweep_identity, sync_journals
-
-EXIT_BAD_INPUT = 2
-EXIT_FAILED_POINT = 3
-EXIT_INFRA = 4  # the tracking server or the Ray cluster does not answer
-EXIT_INTERRUPTED = 130
 
 
 class InProcess:
@@ -87,7 +83,7 @@ def _server_line(target: Target, job: JobConfig) -> ServerLine:
 
 def _error(message: str) -> int:
     print(f"error: {message}", file=sys.stderr)
-    return EXIT_BAD_INPUT
+    return ExitCode.BAD_INPUT
 
 
 def run_guarded(jobs: Sequence[JobConfig], executor: Executor, project_root: Path) -> int:
@@ -99,7 +95,7 @@ def run_guarded(jobs: Sequence[JobConfig], executor: Executor, project_root: Pat
         if not diskfull.is_disk_full(exc):
             raise
         print(f"error: {diskfull.message(exc, Path(jobs[0].output_dir) if jobs else None)}", file=sys.stderr)
-        return EXIT_INFRA
+        return ExitCode.INFRA
 
 
 def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path) -> int:
@@ -137,7 +133,7 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
         tracker = JournaledTracker(tracking.Tracker(store, tracking.prepare(store, experiment)), out_dir / JOURNAL_NAME)
     except tracking.TrackingUnreachable as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_INFRA
+        return ExitCode.INFRA
     except tracking.TrackingError as exc:
         return _error(str(exc))
     # A capacity search picks its rates as it goes: earlier probes are no point of this search.
@@ -170,7 +166,7 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
         executor.preflight(tasks)
     except Unreachable as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_INFRA
+        return ExitCode.INFRA
     except LaunchError as exc:
         return _error(str(exc))
     # The cluster answers: now build the embedded models (half a minute the first time), which the
@@ -277,7 +273,7 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
     except KeyboardInterrupt:
         tracker.end_run(parent, killed=True)
         print("interrupted: every server was stopped; finished points are in MLflow", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return ExitCode.INTERRUPTED
     except SystemExit:  # SIGTERM (pipeline.run.signals): stopped, like Ctrl-C, not failed
         tracker.end_run(parent, killed=True)
         print("terminated: every server was stopped; finished points are in MLflow", file=sys.stderr)
@@ -290,18 +286,18 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
     print(f"summary: {out_dir / 'summary.csv'}; MLflow parent run {parent}")
     synced = sync_journals(out_dir)
     if synced is None:
-        return EXIT_INFRA  # every measurement is on disk; MLflow gets it from `python -m pipeline.sync`
+        return ExitCode.INFRA  # every measurement is on disk; MLflow gets it from `python -m pipeline.sync`
     parent = synced.get(parent, parent)  # a parent run started while MLflow was down has its real id now
     full = next((p.error for o in outcomes for p in o.points if p.error and p.error.startswith(diskfull.PREFIX)), None)
     if full:  # no gate or report: they would judge a sweep cut short, and need the disk too
         print(f"error: {full}", file=sys.stderr)
-        return EXIT_INFRA
+        return ExitCode.INFRA
     code = 0
     if first.gate.enabled:
         confirm_task = functools.partial(_confirm_task, store, tracker.experiment_id, parent, targets)
         code = gate_sweep(first, store.tracking_uri, parent, plan, by_hash, executor, confirm_task, out_dir)
     report_sweep(store.tracking_uri, parent, out_dir, first.stats)
-    return EXIT_FAILED_POINT if failed else code
+    return ExitCode.INCOMPLETE if failed else code
 
 
 def _confirm_task(

@@ -10,9 +10,9 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
+from pipeline.exitcode import ExitCode
 from pipeline.run import signals
 
-EXIT_BAD_INPUT = 2
 _entered = False
 
 
@@ -33,7 +33,7 @@ def run(main: Callable[[], object]) -> None:
                 "config with every key)",
                 file=sys.stderr,
             )
-            sys.exit(EXIT_BAD_INPUT)
+            sys.exit(ExitCode.BAD_INPUT)
         if signals.exit_code() is not None:  # stopped by SIGTERM: 143, whatever code the exit took on the way
             sys.exit(signals.exit_code())
         raise

@@ -17,18 +17,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from pipeline.analysis.capacity import SearchSettings, SloTarget, next_rate, window_passes
+from pipeline.analysis.capacity import SearchSettings, next_rate, window_passes
 from pipeline.analysis.samples import Sample
 from pipeline.config import ConfigError, JobConfig
 from pipeline.identity import point_hash
+from pipeline.load.slo import SloTarget
 from pipeline.run.outcomes import GroupOutcome
 from pipeline.run.plan import Point, SweepPlan
-
-
-def slo_target(job: JobConfig) -> SloTarget:
-    slo = job.slo
-    seconds = [None if v is None else v / 1000.0 for v in (slo.ttft_ms, slo.tpot_ms, slo.e2el_ms)]
-    return SloTarget(*seconds, percentile=slo.percentile, min_goodput=slo.min_goodput)
 
 
 def search_settings(job: JobConfig) -> SearchSettings:
@@ -57,7 +52,7 @@ def probe(
 ) -> list[tuple[float, bool]]:
     """Run the search from ``seed`` (already given a run); returns (rate, passed) per probe.
     A probe that fails to measure (an error, not an SLO miss) ends the search."""
-    target, settings = slo_target(seed.job), search_settings(seed.job)
+    target, settings = SloTarget.from_config(seed.job.slo), search_settings(seed.job)
     history: list[tuple[float, bool]] = []
     point = seed
     while True:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import JobConfig, StatsConfig
+from pipeline.exitcode import ExitCode
 from pipeline.run.job import Target, server_spec
 from pipeline.run.outcomes import Executor, GroupOutcome, GroupTask, PointOutcome
 from pipeline.run.plan import SweepPlan
@@ -102,7 +103,7 @@ def gate_sweep(
                 f"run `python -m pipeline.gate {parent} --tracking-uri {tracking_uri}`",
                 file=sys.stderr,
             )
-            return gate.EXIT_INFRA
+            return ExitCode.INFRA
         raise
     print(summary)
     return gate.EXIT_CODES[result.overall]

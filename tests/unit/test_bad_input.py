@@ -23,7 +23,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from pipeline.compose import register_schema, to_job_config
 from pipeline.config import ConfigError
-from pipeline.run.driver import EXIT_BAD_INPUT, run_guarded
+from pipeline.exitcode import ExitCode
+from pipeline.run.driver import run_guarded
 from pipeline.run.outcomes import GroupOutcome, GroupTask
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -299,7 +300,7 @@ def _in_process(case: tuple[str, bool, list[str], str], folder: Path, args: list
         jobs = [to_job_config(cfg) for cfg in cfgs]
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return ExitCode.BAD_INPUT
     return run_guarded(jobs, NoLaunch(), folder)
 
 
@@ -349,7 +350,7 @@ def test_bad_input_is_refused_before_any_server_starts_naming_the_fix(
     monkeypatch.chdir(folder)  # relative paths in a case are the user's working directory's
     code = _in_process(case, folder, args)
     out = capsys.readouterr()
-    assert code == EXIT_BAD_INPUT, out.out[-1500:] + out.err[-1500:]
+    assert code == ExitCode.BAD_INPUT, out.out[-1500:] + out.err[-1500:]
     assert case[3] in out.err, out.err[-1500:]
     _nothing_launched_or_leaked(folder, out.out + out.err)
 

@@ -13,13 +13,13 @@ from pipeline.analysis import capacity, stats
 from pipeline.analysis.capacity import (
     Probe,
     SearchSettings,
-    SloTarget,
     boundary,
     capacity_ratio,
     next_rate,
     window_passes,
 )
 from pipeline.analysis.samples import Sample, StatsOptions
+from pipeline.load.slo import SloTarget
 
 OPTS = StatsOptions(resamples=500)
 

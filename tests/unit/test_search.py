@@ -12,11 +12,10 @@ import pandas as pd
 import pytest
 
 from pipeline.analysis import iplots_search, search_report
-from pipeline.analysis.capacity import SloTarget
 from pipeline.analysis.samples import Sample, ServerSpread, StatsOptions
-from pipeline.analysis.search_report import slo_target
 from pipeline.config import CapacityConfig, ConfigError, JobConfig, LoadConfig, SloConfig, SpecConfig
 from pipeline.identity import point_hash
+from pipeline.load.slo import SloTarget
 from pipeline.run import predict_plan, search_capacity, search_predict
 from pipeline.run.outcomes import GroupOutcome, PointOutcome
 from pipeline.run.plan import Point, SweepPlan, plan_sweep
@@ -310,8 +309,8 @@ def test_report_capacity_headline_gives_each_boundary_and_the_ratio_with_interva
 
 
 def test_slo_target_comes_back_from_the_parent_runs_params() -> None:
-    assert slo_target({"slo.ttft_ms": "None", "slo.tpot_ms": "None", "slo.e2el_ms": "None"}) is None
-    target = slo_target({"slo.tpot_ms": "50.0", "slo.percentile": "90.0", "slo.min_goodput": "0.95"})
+    assert SloTarget.from_params({"slo.ttft_ms": "None", "slo.tpot_ms": "None", "slo.e2el_ms": "None"}) is None
+    target = SloTarget.from_params({"slo.tpot_ms": "50.0", "slo.percentile": "90.0", "slo.min_goodput": "0.95"})
     assert target == SloTarget(tpot_s=0.05, percentile=90.0, min_goodput=0.95)
 
 

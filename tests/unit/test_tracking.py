@@ -31,7 +31,7 @@ def test_store_runs_and_failed_child(tmp_path: Path) -> None:
     assert prepare(store, "unit") == experiment_id  # idempotent
     tracker = Tracker(store, experiment_id)
     parent_id = tracker.start_run("p", {"role": "sweep"})
-    ok_id = tracker.start_run("ok", {"role": "baseline", "point_hash": "abc"}, parent_id)
+    ok_id = tracker.start_run("ok", {"role": "baseline", "point_hash": "abc", "point_hash.version": "2"}, parent_id)
     tracker.log_params(ok_id, {"a": "1"})
     tracker.log_metrics(ok_id, {"median_tpot_ms": 12.5, "nan_metric": float("nan")})
     tracker.log_text(ok_id, "cmd\n", "server_command.txt")
@@ -54,6 +54,10 @@ def test_store_runs_and_failed_child(tmp_path: Path) -> None:
     finished = tracker.finished_points()
     assert set(finished) == {"abc"} and finished["abc"].run_id == ok_id
     assert finished["abc"].metrics["median_tpot_ms"] == 12.5
+    # A run from before the hash's version 2 (no version tag) is keyed as one, for translation.
+    old_id = tracker.start_run("old", {"role": "baseline", "point_hash": "0ld", "status": "finished"}, parent_id)
+    tracker.end_run(old_id)
+    assert set(tracker.finished_points()) == {"abc", "v1:0ld"}
 
 
 def test_unreachable_tracking_server_fails_fast_naming_the_fix() -> None:

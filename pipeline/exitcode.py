@@ -1,0 +1,21 @@
+"""The exit codes of every command (sweep, gate, sync, report): one table, the README's.
+
+A scheduler or a CI job branches on these, so each number has one meaning across commands.
+"""
+
+from __future__ import annotations
+
+import signal
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0  # done; with the gate on: pass, or improved
+    REGRESSED = 1  # the gate found a regression (confirmed, with gate.confirm=true)
+    BAD_INPUT = 2  # refused before any server starts; the message names the fix
+    # No whole answer: a point failed (its error is in its run), or the gate has too little
+    # history to judge. Measured results are kept either way.
+    INCOMPLETE = 3
+    INFRA = 4  # the tracking server or the Ray cluster does not answer, or the disk is full
+    INTERRUPTED = 128 + signal.SIGINT  # Ctrl-C: every server stopped, finished points kept
+    TERMINATED = 128 + signal.SIGTERM  # SIGTERM (a scheduler's stop): the same
