@@ -43,9 +43,9 @@ from scipy import stats as scipy_stats
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pipeline.analysis.gate import GATED, REGRESSED, SUSPECT, Floors, judge  # noqa: E402
+from pipeline.analysis.regression import GATED, REGRESSED, SUSPECT, Floors, judge  # noqa: E402
 from pipeline.analysis.samples import StatsOptions  # noqa: E402
-from pipeline.gate import measured_points, point_runs  # noqa: E402
+from pipeline.finish.judge import measured_points, point_runs  # noqa: E402
 from pipeline.record.readers import HistoryReader  # noqa: E402
 from tests import cluster  # noqa: E402
 

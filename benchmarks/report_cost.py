@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 
 from pipeline.analysis.assemble import analyse  # noqa: E402
 from pipeline.analysis.samples import Sample, StatsOptions  # noqa: E402
-from pipeline.report import build  # noqa: E402
+from pipeline.finish.report_build import build  # noqa: E402
 
 
 def synthetic(requests: int, seed: int = 0) -> tuple[pd.DataFrame, dict[str, Sample]]:

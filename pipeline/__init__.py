@@ -1,4 +1,10 @@
-"""specsweep: does speculative decoding make my deployment faster, at my load?"""
+"""specsweep: does speculative decoding make my deployment faster, at my load?
+
+Layers, top first, each importing only its own and those below (tests/unit/test_layout.py):
+the commands (sweep, gate, report, sync, ui, with compose and validate) -> run -> finish ->
+record -> analysis -> engines -> load -> the base modules (config, identity, exitcode,
+startup, redact).
+"""
 
 from __future__ import annotations
 

@@ -11,108 +11,16 @@ sweep's outputs.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import tempfile
-from dataclasses import replace
-from html import escape as html_escape
 from pathlib import Path
 
-import pandas as pd
-
 from pipeline import startup
-from pipeline.analysis import categories, iplots
-from pipeline.analysis.assemble import analyse, interactive_figures, output_length_tests
-from pipeline.analysis.report import markdown
-from pipeline.analysis.report_html import page
-from pipeline.analysis.samples import Sample, StatsError, StatsOptions
-from pipeline.analysis.search_report import PREDICTIONS_CSV
-from pipeline.analysis.timeline import TIMELINE_FIGURE
+from pipeline.analysis.samples import StatsError, StatsOptions
 from pipeline.config import TrackingConfig
 from pipeline.exitcode import ExitCode
-from pipeline.load.slo import SloTarget
+from pipeline.finish.report_build import build
 from pipeline.record.readers import SweepReader
 from pipeline.record.tracking import TrackingError, TrackingUnreachable, resolve_store
-from pipeline.record.windows import window_requests, with_server_spread
-
-REPORT_DIR = "report"
-
-
-def build(
-    reader: SweepReader, parent_id: str, out_dir: Path | None = None, opts: StatsOptions | None = None
-) -> dict[str, Path]:
-    """Analyse the sweep of ``parent_id`` from MLflow; write and log the report."""
-    from pipeline.analysis import plots
-
-    title = f"specsweep report: {reader.title(parent_id)}"
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        summary = reader.download(parent_id, "summary.csv", work)
-        if summary is None:
-            raise TrackingError(f"run {parent_id} has no summary.csv; it is not a finished sweep run")
-        frame = pd.read_csv(summary)
-        probes = []
-        folder = reader.download(parent_id, "lossless", work)
-        if folder is not None:
-            probes = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
-        requests = window_requests(reader, frame, work)
-        samples = {run: Sample.from_requests(table, duration) for run, (table, duration) in requests.items()}
-        tests = output_length_tests(frame, {run: table for run, (table, _) in requests.items()})
-        opts = with_server_spread(reader, parent_id, frame, opts or StatsOptions())
-        table = reader.download(parent_id, PREDICTIONS_CSV, work)
-        predictions = pd.read_csv(table) if table is not None else None
-        data = analyse(
-            title, frame, probes, tests, samples, opts, SloTarget.from_params(reader.params(parent_id)), predictions
-        )
-        data = replace(data, run_url=reader.run_url(parent_id))
-        for table, grouping in ((data.by_type, categories.BY_CATEGORY), (data.by_turn, categories.BY_TURN)):
-            if table is not None:  # each speculative run gets its groups' ratios and L
-                for run, metrics in categories.run_metrics(table, grouping.prefix).items():
-                    reader.log_metrics(run, metrics)
-        since, trends = _since_reference(reader, parent_id, work)
-    interactive = interactive_figures(data)
-    figures = {
-        name: png
-        for name, png in (
-            ("Output throughput against median TPOT", plots.throughput_vs_tpot(data.frame, levels=data.levels)),
-            ("Output throughput against p99 TPOT", plots.throughput_vs_tpot(data.frame, "p99_tpot_ms")),
-            ("Median-TPOT speedup against request rate", plots.speedup_vs_rate(data.points)),
-            ("TTFT against request rate", plots.ttft_vs_rate(data.frame)),
-            ("Acceptance against k", plots.acceptance_vs_k(data.points)),
-            ("Median-TPOT speedup over k x request rate", plots.speedup_heatmap(data.points)),
-            ("Capacity under the SLO", plots.capacity_curve(data.capacity)),
-            ("Median TPOT against k: measured and predicted", plots.k_curve(data.predictions)),
-            (TIMELINE_FIGURE, plots.trace_timeline(data.over_time)),
-        )
-        if png is not None
-    } | trends
-    out = (out_dir or Path(tempfile.mkdtemp())) / REPORT_DIR
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"html": out / "report.html", "markdown": out / "report.md"}
-    section = f"\n## Since the reference\n\n{since}" if since else ""
-    html_section = f"<h2>Since the reference</h2><pre>{html_escape(since)}</pre></body>" if since else "</body>"
-    static = {name: png for name, png in figures.items() if name not in interactive}
-    paths["html"].write_text(page(data, static, iplots.html(interactive)).replace("</body>", html_section))
-    pngs = [(name, f"figure{i}.png") for i, name in enumerate(figures, start=1)]
-    images = "\n## Figures\n\n" + "\n".join(f"![{name}]({file})" for name, file in pngs) + "\n" if pngs else ""
-    paths["markdown"].write_text(markdown(data) + section + images)
-    for (name, file), png in zip(pngs, figures.values(), strict=True):
-        (out / file).write_bytes(png)
-        paths[name] = out / file
-    for path in paths.values():
-        reader.log_file(parent_id, path, REPORT_DIR)
-    for i, fig in enumerate(interactive.values(), start=1):  # MLflow's artifact viewer draws these
-        reader.log_figure(parent_id, fig, f"{REPORT_DIR}/interactive/figure{i}.html")
-    return paths
-
-
-def _since_reference(reader: SweepReader, parent_id: str, work: Path) -> tuple[str, dict[str, bytes]]:
-    """The regression gate's summary and trend plots, where the gate judged this sweep."""
-    folder = reader.download(parent_id, "gate", work / "gate")
-    if folder is None or not (folder / "summary.md").is_file():
-        return "", {}
-    trends = {f"Since the reference ({p.stem})": p.read_bytes() for p in sorted(folder.glob("trend*.png"))}
-    return (folder / "summary.md").read_text(), trends
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -10,17 +10,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
 from pipeline import startup
 from pipeline.exitcode import ExitCode
-from pipeline.record.journal import journals, replay
-
-
-def make_tracker(header: dict[str, Any], tracking_uri: str | None = None) -> Any:
-    from pipeline.record.tracking import Store, Tracker
-
-    return Tracker(Store(tracking_uri or header["tracking_uri"], header.get("artifact_root")), header["experiment_id"])
+from pipeline.record.journal import journals, make_tracker, replay
 
 
 def main(argv: list[str] | None = None) -> int:

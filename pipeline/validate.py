@@ -163,7 +163,7 @@ def is_loopback(host: str) -> bool:
 
 def _validate_exposure(engine: EngineConfig) -> None:
     """Nothing reachable from other hosts, and no secret in a config, unless asked for."""
-    from pipeline.record.redact import SECRET_FLAGS, is_secret_name
+    from pipeline.redact import SECRET_FLAGS, is_secret_name
 
     if not is_loopback(engine.host) and not engine.allow_remote:
         raise ConfigError(

@@ -1,5 +1,1 @@
-"""Sweep-level analysis: from the sweep's table (as MLflow holds it) to decisions.
-
-Pure modules (verdicts, model, advisor, quality) compute; ``plots`` is the only matplotlib
-importer; ``report`` renders. Fetching from MLflow is ``pipeline.report``'s job.
-"""
+"""Sweep-level analysis, pure: frames and samples in, verdicts, predictions and figures out (``plots`` is the only matplotlib importer); may import engines, load and the base modules, never record (no MLflow), run or finish."""

@@ -1,6 +1,6 @@
 """From the sweep's table and its windows' requests to everything the report shows.
 
-Pure: frames and samples in, a :class:`~pipeline.analysis.report.ReportData` (and its figures' inputs) out.
+Pure: frames and samples in, a :class:`~pipeline.analysis.markdown.ReportData` (and its figures' inputs) out.
 Reading MLflow is :mod:`pipeline.report`'s job.
 """
 
@@ -24,7 +24,7 @@ from pipeline.analysis import (
     timeline,
     verdicts,
 )
-from pipeline.analysis.report import ReportData, conditions, run_names
+from pipeline.analysis.markdown import ReportData, conditions, run_names
 from pipeline.analysis.samples import Sample, StatsOptions
 from pipeline.analysis.timeline import TIMELINE_FIGURE
 from pipeline.engines.acceptance import alpha_from_length

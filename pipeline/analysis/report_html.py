@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import html
 
-from pipeline.analysis.report import ReportData, headline, look_rows, markdown, method_statement, run_names
+from pipeline.analysis.markdown import ReportData, headline, look_rows, markdown, method_statement, run_names
 
 CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:24px;max-width:1200px;color:#222}
 table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}

@@ -1,3 +1,3 @@
-"""Inference engines behind one interface: build a command, run it as a managed process, read its counters."""
+"""The inference servers: their commands, versions and counters, run as managed processes; may import load and the base modules (config, identity, redact, ...) only."""
 
 from __future__ import annotations

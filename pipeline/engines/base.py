@@ -23,7 +23,7 @@ import httpx
 
 from pipeline.engines.process import free_port, log_tail, port_taken, signal_group, wait_group_gone
 from pipeline.engines.watchdog import live_members
-from pipeline.record.redact import shell_line
+from pipeline.redact import shell_line
 
 PORT_RETRIES = 3  # a start that lost its port to another process is retried on a new one
 

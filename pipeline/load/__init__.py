@@ -1,3 +1,3 @@
-"""Load generation: prompt sets, open-loop arrivals, the streaming client and its per-window summary."""
+"""Load generation: prompt sets, arrivals, the streaming client, the SLO and a window's summary; may import the base modules (config, ...) only."""
 
 from __future__ import annotations

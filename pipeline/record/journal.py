@@ -142,6 +142,13 @@ def _save(path: Path, progress: dict[str, Any]) -> None:
     path.with_suffix(".synced.json").write_text(json.dumps(progress))
 
 
+def make_tracker(header: dict[str, Any], tracking_uri: str | None = None) -> Any:
+    """A tracker for the store a journal's header names (or ``tracking_uri`` instead)."""
+    from pipeline.record.tracking import Store, Tracker  # MLflow: only when a journal is replayed
+
+    return Tracker(Store(tracking_uri or header["tracking_uri"], header.get("artifact_root")), header["experiment_id"])
+
+
 def replay(paths: Iterable[Path], make_tracker: Any) -> tuple[int, int]:
     """Make every journaled write not made yet; returns (writes made, writes left). Stops at the
     first write that fails again, keeping the progress made."""

@@ -24,7 +24,7 @@ from mlflow.tracking import MlflowClient
 
 from pipeline.config import JobConfig, TrackingConfig
 from pipeline.identity import recorded_hash
-from pipeline.record.redact import MASK, is_secret_name, shell_line
+from pipeline.redact import MASK, is_secret_name, shell_line
 
 DB_NAME = "mlflow.db"
 # On a point the regression gate re-measured: the run id it confirms. Such runs are not the

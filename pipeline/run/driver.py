@@ -27,7 +27,7 @@ from pipeline.exitcode import ExitCode
 from pipeline.identity import in_this_version, sweep_level
 from pipeline.load.workloads import load_items
 from pipeline.record.journal import JOURNAL_NAME, JournaledTracker
-from pipeline.record.redact import redact_args, redact_mapping
+from pipeline.redact import redact_args, redact_mapping
 from pipeline.run import cluster, diskfull, predict_plan, progress_display, search_capacity, search_predict
 from pipeline.run.errors import LaunchError, Unreachable
 from pipeline.run.group import run_group
@@ -99,7 +99,8 @@ def run_guarded(jobs: Sequence[JobConfig], executor: Executor, project_root: Pat
 
 
 def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path) -> int:
-    from pipeline.record import readers, summary, table, tracking
+    from pipeline.record import readers, table, tracking
+    from pipeline.run import summary
 
     try:
         plan = plan_sweep(jobs)

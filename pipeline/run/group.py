@@ -23,8 +23,8 @@ from pipeline.engines.process import log_tail
 from pipeline.load.client import ClientOptions
 from pipeline.load.loadgen import run_window
 from pipeline.record.journal import JOURNAL_NAME, JournaledTracker
-from pipeline.record.redact import redact_text, secret_values
 from pipeline.record.tracking import Tracker, flatten_params
+from pipeline.redact import redact_text, secret_values
 from pipeline.run import diskfull, progress, search_capacity
 from pipeline.run.job import point_requests, resolve_target, server_spec
 from pipeline.run.measure import WINDOW_STOPPED

@@ -178,7 +178,7 @@ class ServerLine:
 
 
 def describe(plan: SweepPlan, servers: Sequence[ServerLine], on_gpu: bool) -> str:
-    from pipeline.record.redact import shell_line
+    from pipeline.redact import shell_line
 
     lines = ["dry run: nothing was started.", ""]
     n = len(plan.groups)

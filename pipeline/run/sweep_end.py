@@ -24,8 +24,7 @@ from pipeline.run.plan import SweepPlan
 def sync_journals(out_dir: Path) -> dict[str, str] | None:
     """Make the MLflow writes that failed during the sweep (its groups' and its own); say so if
     some still fail. The report and the gate read MLflow, so they wait for it."""
-    from pipeline.record.journal import journals, placeholders, replay
-    from pipeline.sync import make_tracker
+    from pipeline.record.journal import journals, make_tracker, placeholders, replay
 
     found = journals(out_dir)
     if not found:
@@ -49,7 +48,7 @@ def sweep_identity(plan: SweepPlan, targets: dict[int, Target]) -> tuple[str, st
 
     from pipeline.engines.hardware import hardware_tags
     from pipeline.engines.models import revision
-    from pipeline.gate import HARDWARE_KEYS
+    from pipeline.finish.judge import HARDWARE_KEYS
 
     versions = sorted(
         {server_spec(targets[g.index], g.server_job, Path("server.log"), port=0).engine_version for g in plan.groups}
@@ -74,15 +73,15 @@ def gate_sweep(
 ) -> int:
     """gate.enabled: judge this run against its reference; with gate.confirm, re-measure the
     flagged points once on fresh servers and judge again."""
-    from pipeline import gate
     from pipeline.analysis.samples import StatsOptions
+    from pipeline.finish import judge
     from pipeline.record.readers import HistoryReader
     from pipeline.record.tracking import Store, TrackingError, check_reachable
 
     opts = StatsOptions(confidence=first.stats.confidence, resamples=first.stats.resamples)
     try:
         reader = HistoryReader(tracking_uri)
-        result, summary = gate.run(reader, parent, first.gate, opts, out_dir)
+        result, summary = judge.run(reader, parent, first.gate, opts, out_dir)
         flagged = set(result.flagged())
         if first.gate.confirm and flagged:
             originals = {h: o.run_id for h, o in by_hash.items() if o.run_id in flagged}
@@ -93,7 +92,7 @@ def gate_sweep(
                 for g in again.groups
             ]
             executor.run(tasks)
-            result, summary = gate.run(reader, parent, first.gate, opts, out_dir)
+            result, summary = judge.run(reader, parent, first.gate, opts, out_dir)
     except Exception as exc:
         try:
             check_reachable(Store(tracking_uri, None))
@@ -106,7 +105,7 @@ def gate_sweep(
             return ExitCode.INFRA
         raise
     print(summary)
-    return gate.EXIT_CODES[result.overall]
+    return judge.EXIT_CODES[result.overall]
 
 
 def log_probes(tracker: Any, parent: str, plan: SweepPlan, outcomes: Sequence[GroupOutcome]) -> None:
@@ -134,13 +133,13 @@ def log_probes(tracker: Any, parent: str, plan: SweepPlan, outcomes: Sequence[Gr
 
 def report_sweep(tracking_uri: str, parent: str, out_dir: Path, stats: StatsConfig) -> None:
     """The sweep's report; a failure here loses no measurement, so it is reported, not raised."""
-    from pipeline import report
     from pipeline.analysis.samples import StatsOptions
+    from pipeline.finish.report_build import build
     from pipeline.record.readers import SweepReader
 
     try:
         opts = StatsOptions(confidence=stats.confidence, floor=stats.floor, resamples=stats.resamples)
-        paths = report.build(SweepReader(tracking_uri), parent, out_dir, opts)
+        paths = build(SweepReader(tracking_uri), parent, out_dir, opts)
     except Exception as exc:  # noqa: BLE001 - the measurements are already safe in MLflow
         print(f"report: not written ({type(exc).__name__}: {exc}); retry with `python -m pipeline.report {parent}`")
         return

@@ -9,8 +9,8 @@ import pandas as pd
 
 from pipeline.analysis import advisor, model, quality
 from pipeline.analysis.assemble import analyse
+from pipeline.analysis.markdown import look_table, markdown
 from pipeline.analysis.plots import pareto_mask, speedup_heatmap, speedup_vs_rate, throughput_vs_tpot
-from pipeline.analysis.report import look_table, markdown
 from pipeline.analysis.report_html import page
 from pipeline.analysis.samples import Sample, StatsOptions
 from pipeline.engines.acceptance import alpha_from_length
@@ -179,7 +179,7 @@ def test_lossless_compare_first_divergence_and_dtype_verdicts() -> None:
 
 
 def test_report_states_the_cache_policy_hit_rates_and_method_caveats() -> None:
-    from pipeline.analysis.report import conditions
+    from pipeline.analysis.markdown import conditions
 
     frame = pd.DataFrame(
         {

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from pipeline.analysis import between_runs, samples
-from pipeline.analysis.gate import (
+from pipeline.analysis.regression import (
     IMPROVED,
     INSUFFICIENT,
     PASS,
@@ -28,7 +28,8 @@ from pipeline.analysis.gate import (
 )
 from pipeline.analysis.samples import Sample, StatsOptions
 from pipeline.config import GateConfig
-from pipeline.gate import fingerprint, main, recorded_config
+from pipeline.finish.judge import fingerprint, recorded_config
+from pipeline.gate import main
 
 OPTS = StatsOptions(resamples=1000)
 
@@ -305,7 +306,7 @@ def test_gate_on_an_unreachable_tracking_server_exits_4() -> None:
 
 
 def test_decision_flips_are_changes_to_or_from_a_decision() -> None:
-    from pipeline.analysis.gate import decision_flips, flips_markdown
+    from pipeline.analysis.regression import decision_flips, flips_markdown
 
     now = {
         "a": ("ngram-k3-r1", "r1", "inconclusive"),
@@ -406,7 +407,7 @@ def test_the_gate_summary_flags_a_point_whose_speculation_verdict_changed(
     from mlflow.tracking import MlflowClient
 
     from pipeline.config import TrackingConfig
-    from pipeline.gate import FLIP_TAG
+    from pipeline.finish.judge import FLIP_TAG
     from pipeline.record.tracking import Tracker, prepare, resolve_store
 
     store = resolve_store(TrackingConfig(), tmp_path)

@@ -17,7 +17,7 @@ from packaging.version import Version
 from pipeline import identity
 from pipeline.config import EngineConfig, JobConfig, LoadConfig, Role, TrackingConfig, setting
 from pipeline.engines.vllm import VllmInstall
-from pipeline.gate import fingerprint, hash_aliases
+from pipeline.finish.judge import fingerprint, hash_aliases
 from pipeline.record.readers import ChildRun, HistoryReader
 from pipeline.record.tracking import resolve_store
 from pipeline.run import driver

@@ -1,4 +1,5 @@
-"""The package's shape: stages import downward, no module imports one that imports it, files stay small."""
+"""The package's shape: strict layers, each importing only its own and the layers below; no
+module imports one that imports it; no grab-bag modules."""
 
 from __future__ import annotations
 
@@ -9,13 +10,34 @@ import pytest
 
 PIPELINE = Path(__file__).resolve().parents[2] / "pipeline"
 
-# What each stage may import from the rest of the package (besides itself and the config).
-ALLOWED = {
-    "load": (),
-    "engines": ("pipeline.load", "pipeline.record.redact"),
-    "analysis": ("pipeline.engines.acceptance",),
-}
-CONFIG = ("pipeline.config", "pipeline.compose", "pipeline.validate")
+# The layers, top first: a module imports modules of its own layer and of the layers below,
+# never above. Every module of the package belongs to one; there is no list of exceptions.
+LAYERS = (
+    # The commands, and the checks of a command line before anything runs.
+    (
+        "pipeline.sweep",
+        "pipeline.gate",
+        "pipeline.report",
+        "pipeline.sync",
+        "pipeline.ui",
+        "pipeline.compose",
+        "pipeline.validate",
+    ),
+    ("pipeline.run",),  # a sweep in motion
+    ("pipeline.finish",),  # after a sweep: its report and its gate
+    ("pipeline.record",),  # MLflow, the journal, result files
+    ("pipeline.analysis",),  # pure computation on what it is given
+    ("pipeline.engines",),  # the servers
+    ("pipeline.load",),  # requests, schedules, the client
+    ("pipeline.config", "pipeline.identity", "pipeline.exitcode", "pipeline.startup", "pipeline.redact"),
+)
+
+
+def _layer(module: str) -> int | None:
+    for depth, members in enumerate(LAYERS):
+        if any(module == m or module.startswith(m + ".") for m in members):
+            return depth
+    return None
 
 
 def _modules() -> dict[str, Path]:
@@ -78,17 +100,24 @@ def test_the_cycle_check_finds_a_cycle() -> None:
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
 
 
-@pytest.mark.parametrize("stage", sorted(ALLOWED))
-def test_lower_stages_import_only_below_themselves(stage: str) -> None:
-    allowed = (f"pipeline.{stage}", *CONFIG, *ALLOWED[stage])
-    wrong = {
+def test_every_module_has_a_layer() -> None:
+    assert not [m for m in MODULES if m != "pipeline" and _layer(m) is None]
+
+
+def test_no_module_imports_a_layer_above_its_own() -> None:
+    wrong = sorted(
         (name, target)
-        for name, path in MODULES.items()
-        if name.startswith(f"pipeline.{stage}.")
-        for target in _imports(path)
-        if target != "pipeline" and not any(target == a or target.startswith(a + ".") for a in allowed)
-    }
-    assert not wrong, f"pipeline/{stage}/ reaches up or across: {sorted(wrong)}"
+        for name in MODULES
+        if name != "pipeline"
+        for target in _imports(MODULES[name])
+        if target != "pipeline" and (_layer(target) or 0) < (_layer(name) or 0)
+    )
+    assert not wrong, f"imports that reach up a layer: {wrong}"
+
+
+def test_the_layer_check_finds_an_upward_import() -> None:
+    assert _layer("pipeline.record.tracking") == 3 and _layer("pipeline.run.driver") == 1
+    assert _layer("pipeline.analysis.stats") > _layer("pipeline.record.windows")  # record reads into analysis's types
 
 
 def test_analysis_is_pure() -> None:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.record.redact import is_secret_name, redact_text, secret_values, shell_line
+from pipeline.redact import is_secret_name, redact_text, secret_values, shell_line
 
 
 @pytest.mark.parametrize("name", ["engine.env.HF_TOKEN", "OPENAI_API_KEY", "api_key", "access_token", "db_password"])

@@ -14,7 +14,7 @@ from packaging.version import Version
 
 from pipeline.config import GateConfig, JobConfig, LoadConfig, ModelConfig, TrackingConfig
 from pipeline.engines.vllm import VllmInstall
-from pipeline.gate import recorded_config
+from pipeline.finish.judge import recorded_config
 from pipeline.record.tracking import Tracker, resolve_store
 from pipeline.run import driver
 from pipeline.run.job import Target

@@ -6,9 +6,9 @@ import dataclasses
 import math
 
 from pipeline.config import JobConfig, LoadConfig, SpecConfig
-from pipeline.record.summary import comparisons, frame
 from pipeline.run.outcomes import PointOutcome
 from pipeline.run.plan import plan_sweep
+from pipeline.run.summary import comparisons, frame
 
 
 def _plan():

@@ -1,0 +1,276 @@
+"""Judging a sweep run against its reference, and recording the verdicts: the library under
+``python -m pipeline.gate`` and the sweep's own end (``gate.enabled``).
+
+The decision is :mod:`pipeline.analysis.regression`'s; this module reads MLflow, records the
+verdicts (child tags ``gate.verdict``, metrics ``gate.<metric>.ratio/low/high``, parent tags
+``gate`` and ``gate.reference``, ``gate/summary.md`` and trend plots) and maps the result to
+an exit code: 0 pass or improved, 1 regression, 3 insufficient data.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import MappingProxyType
+
+from pipeline import identity
+from pipeline.analysis.regression import (
+    GATED,
+    Flip,
+    Floors,
+    GateResult,
+    PointRun,
+    decision_flips,
+    flips_markdown,
+    judge,
+    markdown,
+)
+from pipeline.analysis.samples import StatsOptions
+from pipeline.config import GateConfig
+from pipeline.exitcode import ExitCode
+from pipeline.record.readers import ChildRun, HistoryReader
+from pipeline.record.tracking import (
+    CONFIRMATION_TAG,
+    TrackingError,
+)
+from pipeline.record.windows import stored_server_spread, window_requests, window_sample
+
+EXIT_CODES = {"pass": ExitCode.OK, "fail": ExitCode.REGRESSED, "insufficient": ExitCode.INCOMPLETE}
+GATE_DIR = "gate"
+FLIP_TAG = "gate.decision_flip"  # on a speculative run whose verdict changed, e.g. "helps -> inconclusive"
+# Tags that name the hardware a point ran on; the platform string (kernel version) is left
+# out so that an OS update does not orphan a history.
+HARDWARE_KEYS = ("hardware.device", "hardware.cpu", "hardware.cpu_count", "hardware.gpu", "hardware.gpu_count")
+# The gate settings the decision uses, as the driver records them on a sweep's parent run (gate.<name>).
+DECIDING = (("history", int), ("floor_median", float), ("floor_p99", float), ("floor_acceptance_pp", float))
+
+
+def fingerprint(tags: Mapping[str, str], aliases: Mapping[str, str] = MappingProxyType({})) -> str:
+    """A point's key in the history: what it measures (its hash), on what, with which
+    weights. The engine version is not in it: a new version is what the gate watches for.
+    A run recorded before the hash's version 2 is keyed by this version's hash where a point
+    of the sweep being judged had its hash as an alias (:func:`hash_aliases`)."""
+    hardware = ",".join(f"{k}={tags[k]}" for k in HARDWARE_KEYS if k in tags)
+    point = identity.translate(identity.recorded_hash(tags), aliases)
+    return f"{point}|{hardware}|{tags.get('model.revision', '')}"
+
+
+def hash_aliases(children: Sequence[ChildRun]) -> dict[str, str]:
+    """Version-1 hash -> version 2, from the point runs of the sweep being judged."""
+    return {c.tags[identity.ALIAS_V1_TAG]: c.tags["point_hash"] for c in children if identity.ALIAS_V1_TAG in c.tags}
+
+
+def measured_points(children: Sequence[ChildRun]) -> list[ChildRun]:
+    """A sweep's finished points, confirmations left out."""
+    return [
+        c
+        for c in children
+        if c.tags.get("status") == "finished" and "point_hash" in c.tags and CONFIRMATION_TAG not in c.tags
+    ]
+
+
+def point_runs(
+    reader: HistoryReader,
+    parent_id: str,
+    children: Sequence[ChildRun],
+    work: Path,
+    aliases: Mapping[str, str] = MappingProxyType({}),
+) -> list[PointRun]:
+    started = reader.started_ms(parent_id)
+    out = []
+    for child in children:
+        sample = window_sample(reader, child.run_id, child.metrics.get("duration", math.nan), work)
+        values = {m.column: child.metrics.get(m.column, math.nan) for m in GATED}
+        key = fingerprint(child.tags, aliases)
+        out.append(PointRun(child.run_id, parent_id, key, child.name, values, sample, started))
+    return out
+
+
+@dataclass(frozen=True)
+class Reference:
+    runs: dict[str, list[PointRun]]  # fingerprint -> reference runs, newest first
+    spread_from: dict[str, list[PointRun]]  # fingerprint -> past runs that measure the spread
+    text: str
+    tag: str  # gate.reference on the parent: a run id, or "median:<ids>"
+
+
+def reference_for(
+    reader: HistoryReader,
+    parent_id: str,
+    current: Sequence[PointRun],
+    history: int,
+    work: Path,
+    aliases: Mapping[str, str] = MappingProxyType({}),
+) -> Reference:
+    keys = {p.key for p in current}
+    past: dict[str, list[PointRun]] = {k: [] for k in keys}
+    used: list[str] = []
+    for run_id in reader.past_sweeps(parent_id)[: 4 * history]:
+        if all(len(v) >= history for v in past.values()):
+            break
+        wanted = [
+            c
+            for c in measured_points(reader.children(run_id))
+            if fingerprint(c.tags, aliases) in keys and len(past[fingerprint(c.tags, aliases)]) < history
+        ]
+        if wanted:
+            used.append(run_id)
+        for point in point_runs(reader, run_id, wanted, work, aliases):
+            past[point.key].append(point)
+    pinned = reader.pinned(reader.experiment_of(parent_id))
+    if pinned and pinned != parent_id:
+        runs = point_runs(reader, pinned, measured_points(reader.children(pinned)), work, aliases)
+        by_key = {p.key: [p] for p in runs if p.key in keys}
+        return Reference(by_key, past, f"pinned sweep run {pinned}", pinned)
+    text = f"the per-point median of the last {history} runs with the same fingerprint ({len(used)} found)"
+    return Reference(past, past, text, "median:" + ",".join(used))
+
+
+def record(
+    reader: HistoryReader,
+    parent_id: str,
+    result: GateResult,
+    ref: Reference,
+    current: Sequence[PointRun],
+    summary: str,
+    out_dir: Path,
+) -> list[Path]:
+    """Verdicts on the runs, the summary and one trend plot per point on the parent run."""
+    from pipeline.analysis import plots
+
+    for run_id, verdict in result.points.items():
+        reader.set_tags(run_id, {"gate.verdict": verdict})
+    for f in result.findings:
+        values = {"ratio": f.ratio.estimate, "low": f.ratio.low, "high": f.ratio.high}
+        reader.log_metrics(f.run_id, {f"gate.{f.metric}.{k}": v for k, v in values.items() if v is not None})
+    reader.set_tags(parent_id, {"gate": result.overall, "gate.reference": ref.tag[:5000]})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / "summary.md"]
+    paths[0].write_text(summary)
+    for i, point in enumerate(current, start=1):
+        past = list(reversed(ref.spread_from.get(point.key, [])))
+        series = {
+            m: [(p.started_ms, p.values[m]) for p in [*past, point] if math.isfinite(p.values.get(m, math.nan))]
+            for m in ("median_tpot_ms", "p99_tpot_ms", "output_throughput")
+        }
+        reference = {f.metric: f.reference for f in result.findings if f.run_id == point.run_id}
+        if len(past) and reference:
+            path = out_dir / f"trend{i}.png"
+            path.write_bytes(plots.gate_trend(point.label, series, reference))
+            paths.append(path)
+    for path in paths:
+        reader.log_file(parent_id, path, GATE_DIR)
+    return paths
+
+
+def run(
+    reader: HistoryReader, parent_id: str, config: GateConfig, opts: StatsOptions, out_dir: Path
+) -> tuple[GateResult, str]:
+    """Judge a sweep run and record the result; returns it and its Markdown summary. Points
+    re-measured by a confirmation (children tagged ``gate.confirmation_of``) are judged
+    again, and a regression stands only if the re-measurement shows it too."""
+    from pipeline.analysis.regression import confirm
+
+    floors = Floors(config.floor_median, config.floor_p99, config.floor_acceptance_pp)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        children = reader.children(parent_id)
+        known = hash_aliases(children)
+        current = point_runs(reader, parent_id, measured_points(children), work)
+        ref = reference_for(reader, parent_id, current, config.history, work, known)
+        aa = stored_server_spread(reader)
+        result = judge(current, ref.runs, opts, floors, aa, spread_from=ref.spread_from)
+        remeasured = [c for c in children if CONFIRMATION_TAG in c.tags and c.tags.get("status") == "finished"]
+        if remeasured:
+            again = point_runs(reader, parent_id, remeasured, work)  # the same fingerprints as the originals
+            second = judge(again, ref.runs, opts, floors, aa, spread_from=ref.spread_from)
+            result = confirm(result, second, {c.tags[CONFIRMATION_TAG]: c.run_id for c in remeasured})
+        flips, compared = _flips(reader, parent_id, ref, work, opts, known)
+    summary = markdown(result, reader.title(parent_id), ref.text) + "\n" + flips_markdown(flips, compared)
+    record(reader, parent_id, result, ref, current, summary, out_dir / GATE_DIR)
+    for flip in flips:
+        reader.set_tags(flip.run_id, {FLIP_TAG: f"{flip.before} -> {flip.after} (since sweep run {flip.reference})"})
+    reader.set_tags(parent_id, {"gate.decision_flips": str(len(flips))})
+    return result, summary
+
+
+def speculation_verdicts(
+    reader: HistoryReader,
+    parent_id: str,
+    work: Path,
+    opts: StatsOptions,
+    aliases: Mapping[str, str] = MappingProxyType({}),
+) -> dict[str, tuple[str, str, str]]:
+    """Each speculative point of a sweep run, by fingerprint: (label, run id, its median-TPOT
+    verdict against the baseline), decided from the run's own summary and requests as the
+    report decides it (the same intervals, the same correction across the sweep)."""
+    import pandas as pd
+
+    from pipeline.analysis import verdicts
+    from pipeline.analysis.samples import Sample
+
+    folder = work / f"verdicts-{parent_id}"
+    path = reader.download(parent_id, "summary.csv", folder)
+    if path is None:
+        return {}
+    frame = pd.read_csv(path)
+    samples = {run: Sample.from_requests(t, d) for run, (t, d) in window_requests(reader, frame, folder).items()}
+    spread = stored_server_spread(reader)
+    table = verdicts.compare_points(
+        frame, samples, opts if spread is None else replace(opts, server_spread=spread)
+    ).table
+    children = {c.run_id: c for c in reader.children(parent_id)}
+    out = {}
+    for row in table.itertuples():
+        child = children.get(str(row.run_ids).split()[0])  # the speculative run comes first
+        if child is not None and CONFIRMATION_TAG not in child.tags:
+            out[fingerprint(child.tags, aliases)] = (child.name, child.run_id, str(row.verdict))
+    return out
+
+
+def _flips(
+    reader: HistoryReader,
+    parent_id: str,
+    ref: Reference,
+    work: Path,
+    opts: StatsOptions,
+    aliases: Mapping[str, str],
+) -> tuple[list[Flip], int]:
+    """The points whose speculation verdict changed since the newest reference run that holds
+    them (the pinned run, where one is pinned), and how many points could be compared."""
+    now = speculation_verdicts(reader, parent_id, work, opts)
+    cache: dict[str, dict[str, tuple[str, str, str]]] = {}
+    before: dict[str, tuple[str, str]] = {}
+    for key in now:
+        runs = ref.runs.get(key) or ref.spread_from.get(key) or []
+        if not runs:
+            continue
+        past = runs[0].parent_id
+        if past not in cache:
+            cache[past] = speculation_verdicts(reader, past, work, opts, aliases)
+        if key in cache[past]:
+            before[key] = (cache[past][key][2], past)
+    return decision_flips(now, before), len(before)
+
+
+def recorded_config(params: Mapping[str, str], history: int | None = None) -> tuple[GateConfig, list[str]]:
+    """The gate settings a sweep ran with, read back from its parent run's params; ``history``
+    (the --history flag) wins over the recorded one. A setting the run does not hold (it ran
+    before they were recorded) keeps its default: returns the config and the names defaulted."""
+    chosen: dict[str, float | int] = {}
+    defaulted = []
+    for name, cast in DECIDING:
+        value = params.get(f"gate.{name}")
+        if name == "history" and history is not None:
+            chosen[name] = history
+        elif value is None:
+            defaulted.append(name)
+        else:
+            try:
+                chosen[name] = cast(value)
+            except ValueError as exc:
+                raise TrackingError(f"the sweep run's param gate.{name}={value!r} is not a number") from exc
+    return GateConfig(**chosen), defaulted
