@@ -112,6 +112,7 @@ from pipeline.engines import vllm  # noqa: E402
 from pipeline.engines.base import EngineServer  # noqa: E402
 from pipeline.engines.models import ensure_embedded  # noqa: E402
 from pipeline.engines.process import log_tail  # noqa: E402
+from pipeline.engines.registry import engine_of  # noqa: E402
 from pipeline.identity import point_hash  # noqa: E402
 from pipeline.load.items import Request  # noqa: E402
 from pipeline.run.job import point_requests, resolve_target, server_spec  # noqa: E402
@@ -500,7 +501,7 @@ def run_bare(
                 job = config_job(jobs[rate], config)
                 sends = point_requests(job, None)
                 file = write_prompts(folder / f"r{_rate(rate)}.jsonl", sends.requests)
-                reset_prefix_cache(server.base_url, job.engine.name)
+                reset_prefix_cache(server.base_url, engine_of(job))
                 result = bench.run(
                     server.base_url,
                     file,

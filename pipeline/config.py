@@ -14,8 +14,6 @@ from typing import Any
 SPEC_METHODS = ("none", "ngram", "draft", "eagle", "eagle3", "medusa", "mtp", "suffix")
 DEVICES = ("auto", "cpu", "gpu")
 ENDPOINTS = ("chat", "completions", "generate")  # generate: SGLang's native streaming endpoint
-# external: two servers that already run (engine.url, engine.baseline_url); nothing is started.
-ENGINES = ("vllm", "sglang", "external")
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 # as_is: the cache is left as the server has it (engine=external, which cannot reset it).
 PREFIX_CACHE_POLICIES = ("cold", "warm", "off", "as_is")
@@ -23,8 +21,6 @@ VLLM_RESULT_MODES = ("off", "summary", "detailed")  # pipeline/record/vllm_resul
 # grid: measure every point; predict: measure the baseline and the largest k, predict the
 # other k and confirm the best; capacity: the highest rate each server sustains under the SLO.
 SEARCH_MODES = ("grid", "predict", "capacity")
-# Flags that turn prefix caching off behind engine.prefix_cache's back.
-NO_PREFIX_CACHE_FLAGS = {"vllm": "--no-enable-prefix-caching", "sglang": "--disable-radix-cache"}
 
 
 class ConfigError(ValueError):

@@ -11,8 +11,6 @@ from pipeline.config import (
     DEVICES,
     DTYPES,
     ENDPOINTS,
-    ENGINES,
-    NO_PREFIX_CACHE_FLAGS,
     PREFIX_CACHE_POLICIES,
     SEARCH_MODES,
     SPEC_METHODS,
@@ -22,6 +20,7 @@ from pipeline.config import (
     JobConfig,
     stats_problem,
 )
+from pipeline.engines.registry import ENGINES
 
 
 def _choice(key: str, value: str, choices: tuple[str, ...]) -> None:
@@ -31,7 +30,8 @@ def _choice(key: str, value: str, choices: tuple[str, ...]) -> None:
 
 def validate(job: JobConfig) -> None:
     spec, load, engine, workload = job.spec, job.load, job.engine, job.workload
-    _choice("engine.name", engine.name, ENGINES)
+    _choice("engine.name", engine.name, tuple(ENGINES))
+    serving = ENGINES[engine.name]
     _choice("spec.method", spec.method, SPEC_METHODS)
     _choice("engine.device", engine.device, DEVICES)
     _choice("engine.dtype", engine.dtype, DTYPES)
@@ -40,8 +40,8 @@ def validate(job: JobConfig) -> None:
     _choice("tracking.vllm_result", job.tracking.vllm_result, VLLM_RESULT_MODES)
     if not job.progress_every_s > 0:
         raise ConfigError(f"progress_every_s={job.progress_every_s} must be > 0 (seconds between progress lines)")
-    no_cache_flag = NO_PREFIX_CACHE_FLAGS.get(engine.name)
-    if engine.prefix_cache != "off" and no_cache_flag in engine.extra_args:
+    no_cache_flag = serving.no_prefix_cache_flag
+    if engine.prefix_cache != "off" and no_cache_flag and no_cache_flag in engine.extra_args:
         raise ConfigError(
             f"engine.prefix_cache={engine.prefix_cache} needs prefix caching, but engine.extra_args turns it "
             f"off ({no_cache_flag}); remove the flag and set engine.prefix_cache=off"
@@ -49,11 +49,14 @@ def validate(job: JobConfig) -> None:
     _validate_exposure(engine)
     _validate_revision(job.model.id, job.model.revision)
     _validate_external(job)
-    if workload.endpoint == "generate" and engine.name != "sglang":
-        raise ConfigError("workload.endpoint=generate is SGLang's native API; with engine=vllm use chat or completions")
+    if workload.endpoint not in serving.endpoints:
+        raise ConfigError(
+            f"workload.endpoint={workload.endpoint} is not served by {serving.label} (generate is SGLang's native "
+            f"API); with engine={engine.name} use {' or '.join(serving.endpoints)}"
+        )
     if spec.method != "none" and spec.k < 1:
         raise ConfigError(f"spec.k={spec.k} is not valid: speculation drafts at least 1 token per step; use spec.k>=1")
-    if spec.method in ("draft", "eagle", "eagle3", "medusa") and not spec.draft_model and engine.name != "external":
+    if spec.method in ("draft", "eagle", "eagle3", "medusa") and not spec.draft_model and serving.starts_servers:
         hint = (
             "embedded:smollm2-135m-l4, self, a folder or a hub id"
             if spec.method == "draft"
@@ -217,7 +220,7 @@ def _validate_external(job: JobConfig) -> None:
     from pipeline.engines.external import url_problem
 
     engine = job.engine
-    if engine.name != "external":
+    if ENGINES[engine.name].starts_servers:
         for key in ("url", "baseline_url"):
             if getattr(engine, key):
                 raise ConfigError(
@@ -296,7 +299,7 @@ def _validate_search(job: JobConfig) -> None:
                 f"search=predict is validated for spec.method in {', '.join(VALIDATED_METHODS)} only (chain drafters "
                 f"whose k-draft is the start of a longer one); spec.method={job.spec.method} needs search=grid"
             )
-        if job.engine.name != "vllm":
+        if not ENGINES[job.engine.name].per_position_counters:
             raise ConfigError(
                 f"search=predict reads vLLM's per-position acceptance counters; engine={job.engine.name} needs "
                 "search=grid (SGLang's trees with topk > 1 break the prefix property it rests on)"

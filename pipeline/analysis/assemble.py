@@ -28,6 +28,7 @@ from pipeline.analysis.markdown import ReportData, conditions, run_names
 from pipeline.analysis.samples import Sample, StatsOptions
 from pipeline.analysis.timeline import TIMELINE_FIGURE
 from pipeline.engines.acceptance import alpha_from_length
+from pipeline.engines.registry import emits_k_schedule
 from pipeline.load.slo import SloTarget
 
 
@@ -97,21 +98,25 @@ def analyse(
     fits, skipped = model.fit(points)
     gaps += [f"model: {s}" for s in skipped]
     base = verdicts.measured(frame, "baseline")
-    vllm_base = base[base["engine"] == "vllm"]
-    e2el = {float(r): float(g["median_e2el_ms"].median()) / 1000 for r, g in vllm_base.groupby("request_rate")}
-    vllm_points = points[points["engine"] == "vllm"] if not points.empty else points
+    # The k schedule is written in one engine's format: its points and baselines only.
+    scheduled = base[base["engine"].map(emits_k_schedule)]
+    e2el = {float(r): float(g["median_e2el_ms"].median()) / 1000 for r, g in scheduled.groupby("request_rate")}
+    schedulable = points[points["engine"].map(emits_k_schedule)] if not points.empty else points
 
     def resolved_faster(slower: str, faster: str) -> bool:
         decision = verdicts.between_points(frame, samples, slower, faster, opts)
         return decision is not None and decision.label == "helps"
 
-    vllm_view = verdicts.Comparisons(vllm_points, comparisons.decisions, opts)
-    methods = sorted(vllm_points["method"].unique()) if not vllm_points.empty else []
-    schedules = [s for m in methods if (s := advisor.k_schedule(vllm_view, e2el, m, resolved_faster))]
+    view = verdicts.Comparisons(schedulable, comparisons.decisions, opts)
+    methods = sorted(schedulable["method"].unique()) if not schedulable.empty else []
+    schedules = [s for m in methods if (s := advisor.k_schedule(view, e2el, m, resolved_faster))]
     if not schedules:
         gaps.append("k schedule: needs vLLM speculative points and baseline latencies")
-    if not points.empty and (points["engine"] == "sglang").any():
-        gaps.append("k schedule for SGLang: its adaptive-speculation tiers are not emitted (format not verified here)")
+    unscheduled = (
+        sorted({str(e) for e in points["engine"].unique() if not emits_k_schedule(str(e))}) if not points.empty else []
+    )
+    if unscheduled:
+        gaps.append(f"k schedule for {', '.join(unscheduled)}: not emitted in that engine's format (not verified here)")
     kv = _kv_capacity(frame)
     # Host RSS cannot see device memory: the KV capacity decides where vLLM reports it.
     memory = _memory_ratios(frame) if not kv else {}

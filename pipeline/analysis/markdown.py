@@ -29,6 +29,7 @@ from pipeline.analysis.verdicts import (
     aa_log_ratios,
     is_aa,
 )
+from pipeline.engines.registry import report_note
 
 
 @dataclass(frozen=True)
@@ -63,18 +64,9 @@ PREFIX_POLICY_TEXT = {
     "as_is": "as it is (engine=external: servers specsweep did not start, and cannot reset without vLLM's "
     "dev mode, keep whatever their earlier traffic cached, so each window's hit rate is its own)",
 }
-EXTERNAL_NOTE = (
-    "external servers: measured as they ran, not started here, so there is no start-up time, server memory "
-    "or server log, and each server's version is what its /version answered"
-)
 SUFFIX_NOTE = (
     "suffix: the method keeps a global suffix tree that survives prefix-cache resets, so its "
     "acceptance can drift with the order in which points ran on one server"
-)
-
-SGLANG_ITL_NOTE = (
-    "ITL on SGLang is the gap between streamed chunks, as vLLM's bench counts it; SGLang's own "
-    "bench spreads a multi-token chunk's gap over its tokens, so its ITL reads lower under speculation"
 )
 
 
@@ -95,10 +87,9 @@ def conditions(frame: pd.DataFrame) -> list[str]:
         out += _trace_conditions(frame[frame["trace_requests"].notna()])
     if (frame.get("method") == "suffix").any():
         out.append(SUFFIX_NOTE)
-    if (frame.get("engine") == "sglang").any():
-        out.append(SGLANG_ITL_NOTE)
-    if (frame.get("engine") == "external").any():
-        out.append(EXTERNAL_NOTE)
+    # What each engine's figures mean differently, said once per engine that ran.
+    engines = frame["engine"].dropna().unique() if "engine" in frame else []
+    out += [note for name in sorted(engines) if (note := report_note(str(name)))]
     return out
 
 

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -21,6 +22,7 @@ from typing import Protocol
 
 import httpx
 
+from pipeline.config import EngineConfig
 from pipeline.engines.process import free_port, log_tail, port_taken, signal_group, wait_group_gone
 from pipeline.engines.watchdog import live_members
 from pipeline.redact import shell_line
@@ -53,6 +55,23 @@ class ServerSpec:
     # Variables passed on from this process's environment at start, by name; their values are
     # never part of the spec, so no record of it can hold them.
     env_from: tuple[str, ...] = ()
+
+    @classmethod
+    def for_engine(
+        cls, engine: EngineConfig, version: str, command: Sequence[str], env: dict[str, str], port: int, log_path: Path
+    ) -> ServerSpec:
+        """A server this sweep starts, with the engine settings every engine shares."""
+        return cls(
+            engine=engine.name,
+            engine_version=version,
+            command=tuple(command),
+            host=engine.host,
+            port=port,
+            log_path=log_path,
+            startup_timeout_s=engine.startup_timeout_s,
+            env=env,
+            env_from=tuple(engine.env_from),
+        )
 
     @property
     def base_url(self) -> str:

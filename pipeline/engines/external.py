@@ -10,6 +10,7 @@ vLLM's dev mode, and behind a load balancer one replica's ``/metrics`` is not th
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -17,8 +18,13 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from pipeline.config import ConfigError
-from pipeline.engines.base import ServerError, ServerSpec
+from pipeline.config import ConfigError, EngineConfig, JobConfig
+from pipeline.engines.acceptance import Scrape
+from pipeline.engines.base import Server, ServerError, ServerSpec
+from pipeline.engines.engine import Target
+from pipeline.engines.models import resolve_model
+from pipeline.engines.sglang_acceptance import SglangAcceptance
+from pipeline.load.client import RequestRecord
 
 # What the two URLs are called in the config, for messages.
 ROLE_KEYS = {"speculative": "engine.url", "baseline": "engine.baseline_url"}
@@ -161,4 +167,60 @@ class ExternalServer:
         return None
 
     def stop(self, grace_s: float | None = None) -> None:
+        return None
+
+
+def external_url(job: JobConfig) -> tuple[str, str]:
+    """The config key and address of the running server a job of engine=external measures."""
+    role = "baseline" if job.spec.method == "none" else "speculative"
+    url = job.engine.baseline_url if role == "baseline" else job.engine.url
+    assert url is not None  # validate() refused engine=external without both
+    return ROLE_KEYS[role], url
+
+
+class ExternalEngine:
+    """Two servers that already run, behind the :class:`~pipeline.engines.engine.Engine` interface."""
+
+    name = "external"
+    label = "external"
+    starts_servers = False
+    per_position_counters = False
+    endpoints = ("chat", "completions")
+    no_prefix_cache_flag: str | None = None
+    reset_path: str | None = None  # their caches are left as they are (prefix_cache=as_is)
+    reset_hint = ""
+    report_note: str | None = (
+        "external servers: measured as they ran, not started here, so there is no start-up time, server memory "
+        "or server log, and each server's version is what its /version answered"
+    )
+    emits_k_schedule = False  # its engine is not known here
+
+    def resolve(self, job: JobConfig, *, build: bool, plan_only: bool) -> Target:
+        """Nothing to install or start. The model's tokenizer is still needed (prompt lengths,
+        the lossless check), so model.id names what the servers serve and where its tokenizer
+        is found. A dry run does not contact the servers."""
+        key, url = external_url(job)
+        version = "unknown, a dry run contacts no server"
+        if not plan_only:
+            check_reachable(key, url)
+            version = served_version(url)
+        return Target(
+            ExternalInstall(version), False, resolve_model(job.model.id, build=build), None, job.model.revision
+        )
+
+    def server_spec(self, target: Target, job: JobConfig, log_path: Path, port: int) -> ServerSpec:
+        return external_spec(external_url(job)[1], target.install.version, log_path)
+
+    def server(self, spec: ServerSpec) -> Server:
+        return ExternalServer(spec)
+
+    def version_note(self, target: Target) -> str:
+        return ""
+
+    def resets_cache(self, engine: EngineConfig) -> bool:
+        return False
+
+    def window_acceptance(
+        self, records: Sequence[RequestRecord], after: Scrape, base_url: str
+    ) -> SglangAcceptance | None:
         return None

@@ -14,12 +14,20 @@ flags recorded below for SGLang 0.5.23 are used, and the command says so.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from pipeline.config import ConfigError, EngineConfig, SpecConfig
+from pipeline.config import ConfigError, EngineConfig, JobConfig, SpecConfig
+from pipeline.engines.acceptance import Scrape
+from pipeline.engines.base import EngineServer, Server, ServerSpec
+from pipeline.engines.engine import Target, launch_args, resolve_models
+from pipeline.engines.hardware import gpu_names, resolve_device
+from pipeline.engines.sglang_acceptance import SglangAcceptance, server_info, sglang_acceptance
 from pipeline.engines.vllm import EngineNotInstalled, LaunchPlan, run_probe
+from pipeline.load.client import RequestRecord
 
 NAME = "sglang"
 LABEL = "SGLang"
@@ -238,3 +246,55 @@ def build_launch(
     cmd += list(engine.extra_args)
     env = dict(COMMON_ENV) | dict(engine.env)
     return LaunchPlan(command=cmd, env=env)
+
+
+class SglangEngine:
+    """SGLang behind the :class:`~pipeline.engines.engine.Engine` interface."""
+
+    name = "sglang"
+    label = "SGLang"
+    starts_servers = True
+    per_position_counters = False
+    endpoints = ("chat", "completions", "generate")  # generate: its native streaming endpoint
+    no_prefix_cache_flag: str | None = "--disable-radix-cache"
+    reset_path: str | None = "/flush_cache"
+    reset_hint = "the server refused it"
+    report_note: str | None = (
+        "ITL on SGLang is the gap between streamed chunks, as vLLM's bench counts it; SGLang's own "
+        "bench spreads a multi-token chunk's gap over its tokens, so its ITL reads lower under speculation"
+    )
+    emits_k_schedule = False  # its adaptive-speculation tiers: format not verified here
+
+    def resolve(self, job: JobConfig, *, build: bool, plan_only: bool) -> Target:
+        # build=False (before anything is built) plans a server even where SGLang cannot run.
+        planned_gpu = plan_only and job.engine.device == "gpu" and not gpu_names()
+        on_gpu = True if planned_gpu else resolve_device(job.engine.device)
+        install = detect_install(job.engine.python, required=build)
+        if build:
+            validate_engine(job.engine, install, on_gpu, python_given=job.engine.python is not None)
+        validate_spec(job.spec, install)
+        return resolve_models(job, install, on_gpu, build=build)
+
+    def server_spec(self, target: Target, job: JobConfig, log_path: Path, port: int) -> ServerSpec:
+        launch = build_launch(install=target.install, **launch_args(target, job, port))
+        return ServerSpec.for_engine(
+            job.engine, str(target.install.version), launch.command, launch.env, port, log_path
+        )
+
+    def server(self, spec: ServerSpec) -> Server:
+        return EngineServer(spec)
+
+    def version_note(self, target: Target) -> str:
+        install = target.install
+        if install.flags_source != "recorded":
+            return ""
+        where = "installed, but its parser does not import here" if install.installed else "not installed here"
+        return f" ({where}: flags as recorded for SGLang {RECORDED_VERSION})"
+
+    def resets_cache(self, engine: EngineConfig) -> bool:
+        return engine.prefix_cache not in ("off", "as_is")
+
+    def window_acceptance(
+        self, records: Sequence[RequestRecord], after: Scrape, base_url: str
+    ) -> SglangAcceptance | None:
+        return sglang_acceptance(records, after, server_info(base_url))

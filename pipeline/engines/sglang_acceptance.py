@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import httpx
+
 from pipeline.engines.acceptance import Scrape
 from pipeline.load.client import RequestRecord
 
@@ -71,3 +73,12 @@ def sglang_acceptance(
         gauge_rate=after.get(SGLANG_ACCEPT_RATE) if after else None,
         since_start_length=server_info_accept_length(server_info) if server_info else None,
     )
+
+
+def server_info(base_url: str) -> dict | None:
+    """SGLang's /get_server_info (cumulative acceptance since start); None if it has none."""
+    try:
+        response = httpx.get(base_url + "/get_server_info", timeout=30.0, trust_env=False)
+        return response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None

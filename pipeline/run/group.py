@@ -16,10 +16,10 @@ from typing import Any
 
 from pipeline import startup
 from pipeline.config import JobConfig
-from pipeline.engines.base import EngineServer, Server, ServerError
-from pipeline.engines.external import ExternalServer
+from pipeline.engines.base import Server, ServerError
 from pipeline.engines.models import load_tokenizer
 from pipeline.engines.process import log_tail
+from pipeline.engines.registry import engine_of
 from pipeline.load.client import ClientOptions
 from pipeline.load.loadgen import run_window
 from pipeline.record.journal import JOURNAL_NAME, JournaledTracker
@@ -77,13 +77,13 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
         open_run(p)
     probe: tuple[ProbeOutput, ...] = ()
     probe_s = 0.0
-    server: EngineServer | ExternalServer | None = None
+    server: Server | None = None
     interrupted = False
     restarts = 0
     reported: set[str] = set()  # the points the live display was told of as they finished
     try:
         reporter.emit("server_starting")
-        with ExternalServer(spec) if spec.engine == "external" else EngineServer(spec) as server:
+        with engine_of(group.server_job).server(spec) as server:
             reporter.emit("server_ready")
             started = f"in {server.startup_s:.1f} s " if server.startup_s is not None else "(already running) "
             print(f"[{group.label}] server ready {started}at {server.base_url}")

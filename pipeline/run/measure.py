@@ -23,7 +23,9 @@ from pipeline.engines.acceptance import (
     parse_scrape,
     prefix_cache_between,
 )
-from pipeline.engines.sglang_acceptance import SglangAcceptance, sglang_acceptance
+from pipeline.engines.engine import Engine
+from pipeline.engines.registry import engine_of
+from pipeline.engines.sglang_acceptance import SglangAcceptance
 from pipeline.load.client import ClientOptions, RequestRecord
 from pipeline.load.items import Request
 from pipeline.load.loadgen import StopRule, Window, run_window
@@ -58,32 +60,21 @@ def scrape(base_url: str) -> Scrape:
     return parse_scrape(response.text)
 
 
-# How each engine empties its prefix cache between windows.
-RESET_PATHS = {"vllm": "/reset_prefix_cache", "sglang": "/flush_cache"}
-
-
-def server_info(base_url: str) -> dict | None:
-    """SGLang's /get_server_info (cumulative acceptance since start); None if it has none."""
-    try:
-        response = httpx.get(base_url + "/get_server_info", timeout=30.0, trust_env=False)
-        return response.json() if response.status_code == 200 else None
-    except (httpx.HTTPError, ValueError):
-        return None
-
-
-def reset_prefix_cache(base_url: str, engine: str = "vllm") -> None:
-    path = RESET_PATHS[engine]
+def reset_prefix_cache(base_url: str, engine: Engine) -> None:
+    """Empty the server's prefix cache the way its engine does (:attr:`Engine.reset_path`)."""
+    path = engine.reset_path
+    if path is None:
+        raise MeasurementError(f"{engine.label} servers cannot have their prefix cache emptied from here")
     response = httpx.post(base_url + path, timeout=60.0, trust_env=False)
     if response.status_code != 200:
-        hint = "the server needs VLLM_SERVER_DEV_MODE=1" if engine == "vllm" else "the server refused it"
-        raise MeasurementError(f"POST {path} answered {response.status_code}; {hint}, or set engine.prefix_cache=off")
+        raise MeasurementError(
+            f"POST {path} answered {response.status_code}; {engine.reset_hint}, or set engine.prefix_cache=off"
+        )
 
 
 def resets_cache(job: JobConfig) -> bool:
-    """Whether each window empties the prefix cache first: vLLM's reset needs its dev mode,
-    which a server other hosts can reach runs without (engine.allow_remote)."""
-    engine = job.engine
-    return engine.prefix_cache not in ("off", "as_is") and not (engine.allow_remote and engine.name == "vllm")
+    """Whether each window empties the prefix cache first (:meth:`Engine.resets_cache`)."""
+    return engine_of(job).resets_cache(job.engine)
 
 
 # A vLLM server's count of finished requests (summed over its finish reasons).
@@ -179,11 +170,12 @@ def measure(
         record = run_window([request], [0.0], opts).records[0]
         if not record.ok:
             raise MeasurementError(f"warm-up request failed, so the server cannot be measured: {record.error}")
-    if resets_cache(job):
-        reset_prefix_cache(base_url, job.engine.name)
+    engine = engine_of(job)
+    if engine.resets_cache(job.engine):
+        reset_prefix_cache(base_url, engine)
     if job.engine.prefix_cache == "warm":
         fill_prefix_cache(requests, opts)
-    external = job.engine.name == "external"
+    external = not engine.starts_servers  # not ours: /metrics may be missing or see other traffic
     before, unread = external_scrape(base_url) if external else (scrape(base_url), None)
     window = _run_reported(label, requests, offsets, opts, job.load, reporter or Reporter(None, label))
     if window.stopped:
@@ -197,9 +189,7 @@ def measure(
     acceptance = acceptance_between(before, after)
     if note:
         acceptance = Acceptance(source="none", note=note)
-    sglang = None
-    if job.engine.name == "sglang":
-        sglang = sglang_acceptance(window.records, after, server_info(base_url))
+    sglang = engine.window_acceptance(window.records, after, base_url)
     return Measurement(
         window=window,
         acceptance=acceptance,

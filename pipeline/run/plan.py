@@ -13,7 +13,8 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from pipeline.config import ConfigError, JobConfig
+from pipeline.config import ConfigError, EngineConfig, JobConfig
+from pipeline.engines.registry import engine_of
 from pipeline.identity import point_hash, server_key
 from pipeline.load import traces
 from pipeline.load.loadgen import schedule
@@ -30,9 +31,13 @@ STOP_S = 5.0
 WARMUP_MAX_TOKENS = 32
 
 
+def _starts_servers(job: JobConfig) -> bool:
+    return engine_of(job).starts_servers
+
+
 def _server_name(role: str, job: JobConfig) -> str:
-    # vLLM is the default engine; another engine's runs carry its name.
-    engine = "" if job.engine.name == "vllm" else f"{job.engine.name}-"
+    # The default engine's runs go unprefixed; another engine's carry its name.
+    engine = "" if job.engine.name == EngineConfig().name else f"{job.engine.name}-"
     if job.replica:
         return engine + "baseline-twin"  # the A/A comparison's second server
     return engine + ("baseline" if role == "baseline" else f"{job.spec.method}-k{job.spec.k}")
@@ -120,7 +125,7 @@ def plan_sweep(jobs: Sequence[JobConfig]) -> SweepPlan:
 def _one_external_server(points: Iterable[Point]) -> None:
     """engine=external measures one speculative server (engine.url) as it runs: a sweep over
     what would need another server (k, method, model) cannot be measured there."""
-    speculative = {server_key(p.job) for p in points if p.role == "speculative" and p.job.engine.name == "external"}
+    speculative = {server_key(p.job) for p in points if p.role == "speculative" and not _starts_servers(p.job)}
     if len(speculative) > 1:
         raise ConfigError(
             "engine=external measures the one speculative server at engine.url, which runs one method and k; "
@@ -156,7 +161,7 @@ def point_estimate_s(job: JobConfig, on_gpu: bool) -> float:
 def group_estimate_s(group: ServerGroup, on_gpu: bool) -> float:
     job = group.server_job
     startup = STARTUP_S["cpu-eager" if _eager(job, on_gpu) and not on_gpu else "compiled"]
-    start_stop = 0.0 if job.engine.name == "external" else startup + STOP_S  # external: already running
+    start_stop = startup + STOP_S if _starts_servers(job) else 0.0  # external: already running
     tpot = CPU_TPOT_S if not on_gpu else CPU_TPOT_S / 4
     warmup = job.load.warmup_requests * min(job.workload.max_tokens, WARMUP_MAX_TOKENS) * tpot
     return start_stop + warmup + sum(point_estimate_s(p.job, on_gpu) for p in group.points)
@@ -188,7 +193,7 @@ def describe(plan: SweepPlan, servers: Sequence[ServerLine], on_gpu: bool) -> st
         role = group.role
         if group.server_job.replica:
             role, what = "A/A twin", "no speculation, compared as if speculative"
-        if group.server_job.engine.name == "external":
+        if not _starts_servers(group.server_job):
             lines.append(
                 f"server {group.index}/{n} {role} ({what}), already running at {server.args[-1]} "
                 f"(version: {server.version}):"
@@ -209,7 +214,7 @@ def describe(plan: SweepPlan, servers: Sequence[ServerLine], on_gpu: bool) -> st
             )
         lines.append("")
     warm = plan.groups[0].server_job.load.warmup_requests if plan.groups else 0
-    running = sum(g.server_job.engine.name == "external" for g in plan.groups)
+    running = sum(not _starts_servers(g.server_job) for g in plan.groups)
     starts = f"{n - running} server start(s)" + (f", {running} running server(s) measured" if running else "")
     lines += [
         f"{starts}, {len(plan.points)} measured point(s); {warm} warm-up request(s) per server",

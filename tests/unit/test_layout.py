@@ -6,8 +6,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 PIPELINE = Path(__file__).resolve().parents[2] / "pipeline"
 
 # The layers, top first: a module imports modules of its own layer and of the layers below,

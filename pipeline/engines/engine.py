@@ -1,0 +1,100 @@
+"""The one interface every engine meets, and what a job's servers run (:class:`Target`).
+
+The sweep asks its engine object, never the engine's name: how to check and resolve a job
+(install, device, models), the server's command, the server object that runs it, the label
+and version note of the dry run, how the prefix cache is emptied between windows, and what a
+window's acceptance is read from. The implementations are :class:`~pipeline.engines.vllm.VllmEngine`,
+:class:`~pipeline.engines.sglang.SglangEngine` and :class:`~pipeline.engines.external.ExternalEngine`;
+:mod:`pipeline.engines.registry` names them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from pipeline.config import EngineConfig, JobConfig
+from pipeline.engines.acceptance import Scrape
+from pipeline.engines.base import Server, ServerSpec
+from pipeline.engines.models import resolve_model
+from pipeline.engines.sglang_acceptance import SglangAcceptance
+from pipeline.load.client import RequestRecord
+
+
+@dataclass(frozen=True)
+class Target:
+    """What every server of a job runs: the engine install, the device, the model paths."""
+
+    install: Any  # the engine's install record: VllmInstall, SglangInstall or ExternalInstall
+    on_gpu: bool
+    model_path: str
+    draft_path: str | None
+    model_revision: str | None = None  # model.revision: a hub model's pinned commit
+
+    def engine_gpus(self, job: JobConfig) -> int:
+        """GPUs the server takes; a draft model shares the target's GPUs in vLLM."""
+        return job.engine.tensor_parallel_size if self.on_gpu else 0
+
+
+def resolve_models(job: JobConfig, install: Any, on_gpu: bool, *, build: bool) -> Target:
+    """The model and draft paths (embedded models built unless ``build=False``)."""
+    model_path = resolve_model(job.model.id, build=build)
+    draft = job.spec.draft_model
+    draft_path = resolve_model(draft, target=model_path, build=build) if draft else None
+    return Target(install, on_gpu, model_path, draft_path, job.model.revision)
+
+
+def launch_args(target: Target, job: JobConfig, port: int) -> dict[str, Any]:
+    """What every engine's command is built from."""
+    return {
+        "engine": job.engine,
+        "spec": job.spec,
+        "model_path": target.model_path,
+        "draft_path": target.draft_path if job.spec.method != "none" else None,
+        "served_name": job.model.id,
+        "port": port,
+        "seed": job.seed,
+        "model_revision": job.model.revision,
+    }
+
+
+class Engine(Protocol):
+    name: str  # engine.name
+    label: str  # how the dry run names it
+    starts_servers: bool  # False: the servers already run, and are not ours (engine=external)
+    endpoints: tuple[str, ...]  # the workload.endpoint values it serves
+    # vLLM's per-position acceptance counters, which search=predict's k-curve rests on.
+    per_position_counters: bool
+    # The flag that turns its prefix cache off, which engine.extra_args may not pass behind
+    # engine.prefix_cache's back; None where it has none.
+    no_prefix_cache_flag: str | None
+    reset_path: str | None  # POST this to empty its prefix cache between windows
+    reset_hint: str  # what a refused reset usually means
+    # The report's note on what this engine's figures mean differently; None for nothing.
+    report_note: str | None
+    # Whether the report's tuning advice can give a k schedule in this engine's own format.
+    emits_k_schedule: bool
+
+    def resolve(self, job: JobConfig, *, build: bool, plan_only: bool) -> Target:
+        """Check the install, device, methods and models; raise ConfigError and the like."""
+        ...
+
+    def server_spec(self, target: Target, job: JobConfig, log_path: Path, port: int) -> ServerSpec: ...
+
+    def server(self, spec: ServerSpec) -> Server: ...
+
+    def version_note(self, target: Target) -> str:
+        """What the dry run adds after the version ("" for nothing)."""
+        ...
+
+    def resets_cache(self, engine: EngineConfig) -> bool:
+        """Whether each window can start from an emptied prefix cache on this server."""
+        ...
+
+    def window_acceptance(
+        self, records: Sequence[RequestRecord], after: Scrape, base_url: str
+    ) -> SglangAcceptance | None:
+        """Acceptance read besides the /metrics counters (SGLang's per-request counts)."""
+        ...
