@@ -14,6 +14,7 @@ import functools
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from pipeline.identity import in_this_version, sweep_level
 from pipeline.load.workloads import load_items
 from pipeline.record.journal import JOURNAL_NAME, JournaledTracker
 from pipeline.redact import redact_args, redact_mapping
-from pipeline.run import cluster, diskfull, predict_plan, progress_display, search_capacity, search_predict
+from pipeline.run import cluster, diskfull, progress_display, search_predict
 from pipeline.run.errors import LaunchError, Unreachable
 from pipeline.run.group import run_group
 from pipeline.run.job import Target, resolve_target, server_spec
@@ -42,6 +43,8 @@ from pipeline.run.plan import (
     plan_sweep,
     search_note,
 )
+from pipeline.run.search_registry import SEARCHES, SearchKind
+from pipeline.run.searches import Context, SearchEnd
 from pipeline.run.sweep_end import gate_sweep, log_probes, report_sweep, sweep_identity, sync_journals
 
 
@@ -96,147 +99,217 @@ def run_guarded(jobs: Sequence[JobConfig], executor: Executor, project_root: Pat
 
 
 def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path) -> int:
-    from pipeline.record import readers, table, tracking
-    from pipeline.run import summary
-
+    """prepare -> execute -> record -> finish: every refusal before anything starts, then one
+    loop over the search's plans, then the sweep's table, its gate and its report."""
     try:
-        plan = plan_sweep(jobs)
+        sweep = Sweep.prepare(jobs, project_root)
+    except (ConfigError, EngineNotInstalled, ModelError) as exc:
+        return _error(str(exc))
+    startup.configure(sweep.first.verbose)  # before Ray starts: its workers inherit the environment
+    if sweep.first.dry_run:
+        sweep.show()
+        return 0
+    code = sweep.open(executor)
+    if code is not None:
+        return code
+    return sweep.run(executor)
+
+
+@dataclass
+class Sweep:
+    """One sweep's state between its stages: what was planned, resolved, opened and measured."""
+
+    jobs: Sequence[JobConfig]
+    project_root: Path
+    kind: SearchKind
+    plan: SweepPlan
+    targets: dict[int, Target]
+    store: Any = None
+    tracker: Any = None
+    done: dict[str, Any] = dataclasses.field(default_factory=dict)
+    parent: str = ""
+    channel: str | None = None
+    by_hash: dict[str, PointOutcome] = dataclasses.field(default_factory=dict)  # every point's outcome, once recorded
+
+    @property
+    def first(self) -> JobConfig:
+        return self.jobs[0]  # the sweep-wide settings agree across jobs (_check_sweep_level)
+
+    @property
+    def on_gpu(self) -> bool:
+        return any(t.on_gpu for t in self.targets.values())
+
+    @staticmethod
+    def prepare(jobs: Sequence[JobConfig], project_root: Path) -> Sweep:
+        """Every refusal, nothing built: a bad draft path, store or cluster is not found after a
+        model build of half a minute. The embedded models are built once all answer."""
+        plan_sweep(jobs)  # an empty grid is refused before the sweep-wide check reads its first job
         _check_sweep_level(jobs)
-        first = jobs[0]
-        if first.search == "capacity":
-            plan = plan_sweep(search_capacity.seed_jobs(jobs))
-        if first.search == "predict":
-            predict_plan.check_plan(plan)
+        kind = SEARCHES[jobs[0].search]
+        plan = kind.planned(jobs)
         for workload in {repr(j.workload): j.workload for j in jobs}.values():
             if workload.name != "random":  # a missing or malformed file is refused here, not in a worker
                 load_items(workload, 1, 0, None)
-        # Every refusal first, nothing built: a bad draft path, store or cluster is not found
-        # after a model build of half a minute. The embedded models are built once all answer.
-        targets = {g.index: resolve_target(g.server_job, build=False, plan_only=first.dry_run) for g in plan.groups}
-    except (ConfigError, EngineNotInstalled, ModelError) as exc:
-        return _error(str(exc))
-    startup.configure(first.verbose)  # before Ray starts: its workers inherit the environment
-    on_gpu = any(t.on_gpu for t in targets.values())
-    if first.dry_run:
-        shown = predict_plan.first_phase(plan) if first.search == "predict" else plan
-        print(describe(shown, [_server_line(targets[g.index], g.server_job) for g in shown.groups], on_gpu))
-        print(search_note(first))
-        return 0
+        plan_only = jobs[0].dry_run
+        targets = {g.index: resolve_target(g.server_job, build=False, plan_only=plan_only) for g in plan.groups}
+        return Sweep(jobs, project_root, kind, plan, targets)
 
-    store = tracking.resolve_store(first.tracking, project_root)
-    experiment = first.tracking.experiment or first.sweep_name
-    try:
-        tracking.check_reachable(store)
-        out_dir = Path(first.output_dir).resolve()
-        tracker = JournaledTracker(tracking.Tracker(store, tracking.prepare(store, experiment)), out_dir / JOURNAL_NAME)
-    except tracking.TrackingUnreachable as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return ExitCode.INFRA
-    except tracking.TrackingError as exc:
-        return _error(str(exc))
-    # A capacity search picks its rates as it goes: earlier probes are no point of this search.
-    done = (
-        {}
-        if first.force or first.search == "capacity"
-        else in_this_version(tracker.finished_points(), (p.job for p in plan.points))
-    )
-    todo = plan.without(done)
-    capacity = first.search == "capacity"
+    def show(self) -> None:
+        shown = self.kind.shown(self.plan)
+        lines = [_server_line(self.targets[g.index], g.server_job) for g in shown.groups]
+        print(describe(shown, lines, self.on_gpu))
+        print(search_note(self.first))
 
-    channel = progress_display.channel_name()
+    def open(self, executor: Executor) -> int | None:
+        """The store, the resumed points, the cluster and the built models; an exit code where
+        one of them refuses, None to go on."""
+        from pipeline.record import tracking
 
-    def tasks_of(part: SweepPlan, parent_id: str) -> list[GroupTask]:
+        first = self.first
+        self.store = tracking.resolve_store(first.tracking, self.project_root)
+        try:
+            tracking.check_reachable(self.store)
+            experiment_id = tracking.prepare(self.store, self.experiment)
+            self.tracker = JournaledTracker(tracking.Tracker(self.store, experiment_id), self.out_dir / JOURNAL_NAME)
+        except tracking.TrackingUnreachable as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return ExitCode.INFRA
+        except tracking.TrackingError as exc:
+            return _error(str(exc))
+        if not first.force and self.kind.resumes:
+            self.done = in_this_version(self.tracker.finished_points(), (p.job for p in self.plan.points))
+        self.channel = progress_display.channel_name()
+        try:
+            executor.preflight(self.tasks(self.plan.without(self.done)))
+        except Unreachable as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return ExitCode.INFRA
+        except LaunchError as exc:
+            return _error(str(exc))
+        # The cluster answers: now build the embedded models (half a minute the first time), which
+        # the sweep's fingerprint names by revision.
+        try:
+            self.targets = {g.index: resolve_target(g.server_job) for g in self.plan.groups}
+        except (ConfigError, EngineNotInstalled, ModelError) as exc:
+            return _error(str(exc))
+        return None
+
+    @property
+    def experiment(self) -> str:
+        return self.first.tracking.experiment or self.first.sweep_name
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.first.output_dir).resolve()
+
+    def tasks(self, part: SweepPlan) -> list[GroupTask]:
+        capacity = self.kind is SEARCHES["capacity"]
         return [
             GroupTask(
                 g,
-                store,
-                tracker.experiment_id,
-                parent_id,
-                targets[g.index].engine_gpus(g.server_job),
+                self.store,
+                self.tracker.experiment_id,
+                self.parent,
+                self.targets[g.index].engine_gpus(g.server_job),
                 capacity=capacity,
-                progress=channel,
+                progress=self.channel,
             )
             for g in part.groups
         ]
 
-    tasks = tasks_of(todo, "")
-    try:
-        executor.preflight(tasks)
-    except Unreachable as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return ExitCode.INFRA
-    except LaunchError as exc:
-        return _error(str(exc))
-    # The cluster answers: now build the embedded models (half a minute the first time), which the
-    # sweep's fingerprint names by revision.
-    try:
-        targets = {g.index: resolve_target(g.server_job) for g in plan.groups}
-    except (ConfigError, EngineNotInstalled, ModelError) as exc:
-        return _error(str(exc))
-    identity = sweep_identity(plan, targets)
-    if first.gate.skip_if_done:
-        earlier = readers.HistoryReader(store.tracking_uri).ran_before(tracker.experiment_id, *identity)
-        if earlier:
-            print(
-                f"skipped: engine {identity[1]} already ran this sweep's fingerprint (sweep run {earlier}); "
-                f"gate.skip_if_done=false measures it again"
-            )
-            return 0
+    def run(self, executor: Executor) -> int:
+        from pipeline.record import readers
 
-    skipped = len(plan.points) - len(todo.points)
-    shown = predict_plan.first_phase(plan).without(done) if first.search == "predict" else todo
-    print(
-        f"plan: {len(shown.groups)} server(s), {len(shown.points)} point(s) to measure"
-        + (f", {skipped} already finished (force=true re-measures them)" if skipped else "")
-        + f"; estimated ~{estimate_s(shown, on_gpu) / 60:.1f} min (rough)\n"
-        + (f"{search_note(first)}\n" if first.search != "grid" else "")
-        + f"MLflow: {store.tracking_uri} (experiment {experiment!r})"
-    )
-    started = time.monotonic()
-    name = f"{first.sweep_name} {time.strftime('%Y-%m-%d %H:%M:%S')}"  # one parent run per invocation
-    parent = tracker.start_run(
-        name,
-        {"role": "sweep", "sweep_name": first.sweep_name, "fingerprint": identity[0], "engine.versions": identity[1]},
-    )
-    # How the report and the gate decide, kept with the sweep: `python -m pipeline.report` and
-    # `python -m pipeline.gate` decide the same way later (the gate with this run's floors and history).
-    tracker.log_params(
-        parent,
-        {f"stats.{k}": v for k, v in dataclasses.asdict(first.stats).items()}
-        | {"search": first.search, **{f"slo.{k}": str(v) for k, v in dataclasses.asdict(first.slo).items()}}
-        | {f"gate.{k}": str(v) for k, v in dataclasses.asdict(first.gate).items()},
-    )
-    predicted: search_predict.PredictRun | None = None
-    try:
-        with progress_display.live(channel, len(shown.points), estimate_s(shown, on_gpu), first.progress_every_s):
-            if first.search == "predict":
-                from pipeline.record.windows import stats_options
-
-                reader = readers.SweepReader(store.tracking_uri)
-                resumed = {h: PointOutcome(h, f.run_id, f.metrics, resumed=True) for h, f in done.items()}
-                predicted = search_predict.run(
-                    plan,
-                    lambda part: executor.run(tasks_of(part.without(done), parent)),
-                    search_predict.download_samples(reader),
-                    functools.partial(search_predict.log_predicted, tracker, parent),
-                    stats_options(first.stats, reader),
-                    first.predict.max_confirm,
-                    resumed,
-                    first.predict.check_model,
+        identity = sweep_identity(self.plan, self.targets)
+        if self.first.gate.skip_if_done:
+            earlier = readers.HistoryReader(self.store.tracking_uri).ran_before(self.tracker.experiment_id, *identity)
+            if earlier:
+                print(
+                    f"skipped: engine {identity[1]} already ran this sweep's fingerprint (sweep run {earlier}); "
+                    f"gate.skip_if_done=false measures it again"
                 )
-                outcomes = predicted.outcomes
-            else:
-                outcomes = executor.run(tasks_of(todo, parent))
-        if capacity:  # the points are the rates each server probed
-            plan = search_capacity.probed_plan(plan, outcomes)
+                return 0
+        shown = self.kind.shown(self.plan).without(self.done)
+        self._announce(shown)
+        started = time.monotonic()
+        self._open_parent(identity)
+        try:
+            with progress_display.live(
+                self.channel, len(shown.points), estimate_s(shown, self.on_gpu), self.first.progress_every_s
+            ):
+                end = self.execute(executor)
+            frame, failed = self.record(end, started)
+        except KeyboardInterrupt:
+            self.tracker.end_run(self.parent, killed=True)
+            print("interrupted: every server was stopped; finished points are in MLflow", file=sys.stderr)
+            return ExitCode.INTERRUPTED
+        except SystemExit:  # SIGTERM (pipeline.run.signals): stopped, like Ctrl-C, not failed
+            self.tracker.end_run(self.parent, killed=True)
+            print("terminated: every server was stopped; finished points are in MLflow", file=sys.stderr)
+            raise
+        except BaseException as exc:
+            full = diskfull.is_disk_full(exc)
+            error = diskfull.message(exc, self.out_dir) if full else f"{type(exc).__name__}: {exc}"
+            self.tracker.end_run(self.parent, error=error)
+            raise
+        return self.finish(executor, end, frame, failed)
+
+    def _announce(self, shown: SweepPlan) -> None:
+        skipped = len(self.plan.points) - len(self.plan.without(self.done).points)
+        first = self.first
+        print(
+            f"plan: {len(shown.groups)} server(s), {len(shown.points)} point(s) to measure"
+            + (f", {skipped} already finished (force=true re-measures them)" if skipped else "")
+            + f"; estimated ~{estimate_s(shown, self.on_gpu) / 60:.1f} min (rough)\n"
+            + (f"{search_note(first)}\n" if first.search != "grid" else "")
+            + f"MLflow: {self.store.tracking_uri} (experiment {self.experiment!r})"
+        )
+
+    def _open_parent(self, identity: tuple[str, str]) -> None:
+        first = self.first
+        name = f"{first.sweep_name} {time.strftime('%Y-%m-%d %H:%M:%S')}"  # one parent run per invocation
+        tags = {"role": "sweep", "sweep_name": first.sweep_name, "fingerprint": identity[0]}
+        self.parent = self.tracker.start_run(name, tags | {"engine.versions": identity[1]})
+        # How the report and the gate decide, kept with the sweep: `python -m pipeline.report` and
+        # `python -m pipeline.gate` decide the same way later (the gate with this run's floors and history).
+        self.tracker.log_params(
+            self.parent,
+            {f"stats.{k}": v for k, v in dataclasses.asdict(first.stats).items()}
+            | {"search": first.search, **{f"slo.{k}": str(v) for k, v in dataclasses.asdict(first.slo).items()}}
+            | {f"gate.{k}": str(v) for k, v in dataclasses.asdict(first.gate).items()},
+        )
+
+    def execute(self, executor: Executor) -> SearchEnd:
+        """The search's plans, one after another, each without what earlier runs finished."""
+        resumed = {h: PointOutcome(h, f.run_id, f.metrics, resumed=True) for h, f in self.done.items()}
+        search = self.kind.start(self.plan, self._context(resumed))
+        outcomes: list[GroupOutcome] = []
+        while (part := search.next_plan(outcomes)) is not None:
+            outcomes = executor.run(self.tasks(part.without(self.done)))
+        return search.finish()
+
+    def _context(self, resumed: dict[str, PointOutcome]) -> Context:
+        if self.kind is not SEARCHES["predict"]:
+            return Context(resumed)
+        from pipeline.record import readers
+        from pipeline.record.windows import stats_options
+
+        reader = readers.SweepReader(self.store.tracking_uri)
+        log = functools.partial(search_predict.log_predicted, self.tracker, self.parent)
+        return Context(resumed, search_predict.download_samples(reader), log, stats_options(self.first.stats, reader))
+
+    def record(self, end: SearchEnd, started: float) -> tuple[Any, int]:
+        """The sweep's table (summary.csv, the MLflow table), the speedups on each run, and the
+        sweep's own metrics on the parent run."""
+        from pipeline.run import summary
+
+        plan, tracker, out_dir = end.plan, self.tracker, self.out_dir
         in_plan = {p.hash for p in plan.points}
-        by_hash = {h: PointOutcome(h, f.run_id, f.metrics, resumed=True) for h, f in done.items() if h in in_plan}
-        if predicted is not None:
-            by_hash |= predicted.predicted
-        for outcome in outcomes:
+        by_hash = {h: PointOutcome(h, f.run_id, f.metrics, resumed=True) for h, f in self.done.items() if h in in_plan}
+        by_hash |= end.predicted
+        for outcome in end.outcomes:
             by_hash.update({p.hash: p for p in outcome.points})
-        if predicted is not None:  # repeats beyond the first of a predicted point: neither measured nor predicted
-            plan = plan.without(p.hash for p in plan.points if p.hash not in by_hash)
+        self.by_hash = by_hash
         ratios = summary.comparisons(plan, by_hash)
         for point_hash, ratio in ratios.items():
             outcome = by_hash[point_hash]
@@ -245,57 +318,58 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
         frame = summary.frame(plan, by_hash, ratios)
         out_dir.mkdir(parents=True, exist_ok=True)
         frame.to_csv(out_dir / "summary.csv", index=False)
-        if predicted is not None:
+        if end.table is not None:
             (out_dir / PREDICTIONS_CSV).parent.mkdir(parents=True, exist_ok=True)
-            predicted.table.to_csv(out_dir / PREDICTIONS_CSV, index=False)
-            tracker.log_file(parent, out_dir / PREDICTIONS_CSV, "predict")
+            end.table.to_csv(out_dir / PREDICTIONS_CSV, index=False)
+            tracker.log_file(self.parent, out_dir / PREDICTIONS_CSV, "predict")
         failed = int((frame["status"] == "failed").sum())
-        tracker.log_file(parent, out_dir / "summary.csv")
-        tracker.log_table(parent, frame, "summary_table.json")
-        tracker.log_metrics(
-            parent,
-            {
-                "server_starts": sum(o.started for o in outcomes),
-                "server_restarts": sum(o.restarts for o in outcomes),
-                "points": len(plan.points),
-                "points_measured": sum(len(o.points) for o in outcomes),
-                "points_predicted": len(predicted.predicted) if predicted else 0,
-                "points_resumed": skipped,
-                "points_failed": failed,
-                "lossless_probe_s": sum(o.probe_s for o in outcomes),
-                "sweep_wall_s": time.monotonic() - started,
-            },
-        )
-        log_probes(tracker, parent, plan, outcomes)
-        tracker.end_run(parent)  # the sweep ran to its end; failed points are marked in their own runs
-    except KeyboardInterrupt:
-        tracker.end_run(parent, killed=True)
-        print("interrupted: every server was stopped; finished points are in MLflow", file=sys.stderr)
-        return ExitCode.INTERRUPTED
-    except SystemExit:  # SIGTERM (pipeline.run.signals): stopped, like Ctrl-C, not failed
-        tracker.end_run(parent, killed=True)
-        print("terminated: every server was stopped; finished points are in MLflow", file=sys.stderr)
-        raise
-    except BaseException as exc:
-        full = diskfull.is_disk_full(exc)
-        tracker.end_run(parent, error=diskfull.message(exc, out_dir) if full else f"{type(exc).__name__}: {exc}")
-        raise
-    table.render(frame, f"sweep {first.sweep_name!r}: {len(plan.points)} points on {first.model.id}")
-    print(f"summary: {out_dir / 'summary.csv'}; MLflow parent run {parent}")
-    synced = sync_journals(out_dir)
-    if synced is None:
-        return ExitCode.INFRA  # every measurement is on disk; MLflow gets it from `python -m pipeline.sync`
-    parent = synced.get(parent, parent)  # a parent run started while MLflow was down has its real id now
-    full = next((p.error for o in outcomes for p in o.points if p.error and p.error.startswith(diskfull.PREFIX)), None)
-    if full:  # no gate or report: they would judge a sweep cut short, and need the disk too
-        print(f"error: {full}", file=sys.stderr)
-        return ExitCode.INFRA
-    code = 0
-    if first.gate.enabled:
-        confirm_task = functools.partial(_confirm_task, store, tracker.experiment_id, parent, targets)
-        code = gate_sweep(first, store.tracking_uri, parent, plan, by_hash, executor, confirm_task, out_dir)
-    report_sweep(store.tracking_uri, parent, out_dir, first.stats)
-    return ExitCode.INCOMPLETE if failed else code
+        tracker.log_file(self.parent, out_dir / "summary.csv")
+        tracker.log_table(self.parent, frame, "summary_table.json")
+        tracker.log_metrics(self.parent, self._sweep_metrics(end, failed, started))
+        log_probes(tracker, self.parent, plan, end.outcomes)
+        tracker.end_run(self.parent)  # the sweep ran to its end; failed points are marked in their own runs
+        return frame, failed
+
+    def _sweep_metrics(self, end: SearchEnd, failed: int, started: float) -> dict[str, float]:
+        outcomes = end.outcomes
+        return {
+            "server_starts": sum(o.started for o in outcomes),
+            "server_restarts": sum(o.restarts for o in outcomes),
+            "points": len(end.plan.points),
+            "points_measured": sum(len(o.points) for o in outcomes),
+            "points_predicted": len(end.predicted),
+            "points_resumed": len(self.plan.points) - len(self.plan.without(self.done).points),
+            "points_failed": failed,
+            "lossless_probe_s": sum(o.probe_s for o in outcomes),
+            "sweep_wall_s": time.monotonic() - started,
+        }
+
+    def finish(self, executor: Executor, end: SearchEnd, frame: Any, failed: int) -> int:
+        """The table printed, the journal synced, then the gate and the report."""
+        from pipeline.record import table
+
+        first, out_dir = self.first, self.out_dir
+        table.render(frame, f"sweep {first.sweep_name!r}: {len(end.plan.points)} points on {first.model.id}")
+        print(f"summary: {out_dir / 'summary.csv'}; MLflow parent run {self.parent}")
+        synced = sync_journals(out_dir)
+        if synced is None:
+            return ExitCode.INFRA  # every measurement is on disk; MLflow gets it from `python -m pipeline.sync`
+        parent = synced.get(self.parent, self.parent)  # a parent started while MLflow was down has its real id now
+        errors = (p.error for o in end.outcomes for p in o.points if p.error)
+        full = next((e for e in errors if e.startswith(diskfull.PREFIX)), None)
+        if full:  # no gate or report: they would judge a sweep cut short, and need the disk too
+            print(f"error: {full}", file=sys.stderr)
+            return ExitCode.INFRA
+        code = 0
+        if first.gate.enabled:
+            confirm_task = functools.partial(
+                _confirm_task, self.store, self.tracker.experiment_id, parent, self.targets
+            )
+            code = gate_sweep(
+                first, self.store.tracking_uri, parent, end.plan, self.by_hash, executor, confirm_task, out_dir
+            )
+        report_sweep(self.store.tracking_uri, parent, out_dir, first.stats)
+        return ExitCode.INCOMPLETE if failed else code
 
 
 def _confirm_task(

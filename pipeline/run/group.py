@@ -143,9 +143,9 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
         outcomes,
         started=True,
         startup_s=startup_s,
-        probe=probe,
+        lossless=probe,
         probe_s=probe_s,
-        probed=tuple(points) if task.capacity else (),
+        ran=tuple(points) if task.capacity else (),
         restarts=restarts,
     )
 

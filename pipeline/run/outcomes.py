@@ -70,9 +70,11 @@ class GroupOutcome:
     points: tuple[PointOutcome, ...]
     started: bool = False  # whether a server process was launched
     startup_s: float | None = None
-    probe: tuple[ProbeOutput, ...] = ()
+    lossless: tuple[ProbeOutput, ...] = ()  # the lossless probe's answers
     probe_s: float = 0.0  # time spent on the lossless probe (a measurement of its own)
-    probed: tuple[Point, ...] = ()  # search=capacity: the points its probes measured, in order
+    # The points as the group ran them, in order, where its load profile chose them as it went
+    # (search=capacity's probes); empty where they were the planned ones.
+    ran: tuple[Point, ...] = ()
     restarts: int = 0  # the server was restarted this often after dying or hanging mid-window
 
     @staticmethod

@@ -22,8 +22,7 @@ from pipeline.analysis.samples import Sample
 from pipeline.config import ConfigError, JobConfig
 from pipeline.identity import point_hash
 from pipeline.load.slo import SloTarget
-from pipeline.run.outcomes import GroupOutcome
-from pipeline.run.plan import Point, SweepPlan
+from pipeline.run.plan import Point
 
 
 def search_settings(job: JobConfig) -> SearchSettings:
@@ -87,9 +86,3 @@ def seed_jobs(jobs: Sequence[JobConfig]) -> list[JobConfig]:
             f"{', '.join(f'{r:g}' for r in rates)}) and set capacity.start_rate for the first probe"
         )
     return [dataclasses.replace(j, load=dataclasses.replace(j.load, request_rate=j.capacity.start_rate)) for j in jobs]
-
-
-def probed_plan(plan: SweepPlan, outcomes: Sequence[GroupOutcome]) -> SweepPlan:
-    """The plan as it ran: each server group's points are the rates its probes measured."""
-    probed = {o.index: o.probed for o in outcomes if o.probed}
-    return SweepPlan(tuple(dataclasses.replace(g, points=probed.get(g.index, g.points)) for g in plan.groups))

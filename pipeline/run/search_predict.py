@@ -33,6 +33,7 @@ from pipeline.record.windows import window_sample
 from pipeline.run.outcomes import GroupOutcome, PointOutcome
 from pipeline.run.plan import Point, SweepPlan
 from pipeline.run.predict_plan import curves, first_phase, k_max
+from pipeline.run.searches import Context, SearchEnd
 
 
 @dataclass(frozen=True)
@@ -310,6 +311,90 @@ class PredictRun:
     table: pd.DataFrame
 
 
+class PredictSearch:
+    """search=predict as a strategy (:class:`pipeline.run.searches.Search`): the baseline and
+    the largest k first; then the confirmations the first predictions call for; then nothing.
+    :meth:`finish` predicts what is left, with the confirmations as anchors."""
+
+    resumes = True
+
+    def __init__(self, plan: SweepPlan, context: Context) -> None:
+        assert context.samples and context.log_predicted and isinstance(context.opts, StatsOptions)
+        self.plan = plan
+        self.samples = context.samples
+        self.log_predicted = context.log_predicted
+        self.opts: StatsOptions = context.opts
+        self.cap = plan.points[0].job.predict.max_confirm if plan.points else 1
+        self.check_model = plan.points[0].job.predict.check_model if plan.points else False
+        self.by_hash: dict[str, PointOutcome] = dict(context.done)
+        self.outcomes: list[GroupOutcome] = []
+        self.phase = 0
+        self.firsts: list[CurveResult] = []
+
+    def next_plan(self, outcomes: Sequence[GroupOutcome]) -> SweepPlan | None:
+        self.outcomes += outcomes
+        self.by_hash |= {p.hash: p for o in outcomes for p in o.points}
+        self.phase += 1
+        if self.phase == 1:
+            return first_phase(self.plan)
+        if self.phase > 2:
+            return None
+        predictor = Predictor(self.plan, self.opts, self.samples, self.check_model)
+        self.firsts = [predictor.curve(s, pts, self.by_hash, None, self.cap) for s, pts in curves(self.plan).items()]
+        for result in self.firsts:
+            for k, rates in sorted(result.confirm.items()):
+                print(f"predict: {result.label}: confirming k={k} at {', '.join(f'{r:g}' for r in rates)} req/s")
+        confirm = confirmation_plan(self.plan, self.firsts)
+        return confirm if confirm.points else None
+
+    def finish(self) -> SearchEnd:
+        ran = self.result()
+        by_hash = {p.hash for o in self.outcomes for p in o.points} | set(self.by_hash) | set(ran.predicted)
+        # Repeats beyond the first of a predicted point: neither measured nor predicted.
+        plan = self.plan.without(p.hash for p in self.plan.points if p.hash not in by_hash)
+        return SearchEnd(plan, ran.outcomes, ran.predicted, ran.table)
+
+    def result(self) -> PredictRun:
+        curve = curves(self.plan)
+        predictor = Predictor(self.plan, self.opts, self.samples, self.check_model)
+        results = [predictor.curve(r.setting, curve[r.setting], self.by_hash, r.first, self.cap) for r in self.firsts]
+        predictor.model_error = model_error(results)
+        if predictor.model_error is not None:
+            sd, count = predictor.model_error
+            results = [
+                predictor.curve(r.setting, curve[r.setting], self.by_hash, r.first, self.cap) for r in self.firsts
+            ]
+            note = (
+                f"model error {sd:.1%} (RMS of log measured / first-predicted TPOT over {count} confirmed point(s)), "
+                "added to the final intervals"
+            )
+            results = [
+                dataclasses.replace(r, notes=(*r.notes, note), model_error=predictor.model_error) for r in results
+            ]
+        results = [
+            dataclasses.replace(r, confirm=f.confirm, left_out=f.left_out, notes=r.notes + _left_out(f, self.cap))
+            for r, f in zip(results, self.firsts, strict=True)
+        ]
+        for result in results:
+            for note in result.notes:
+                print(f"predict: {result.label}: {note}")
+        return PredictRun(self.outcomes, self._predicted(results), results, search_report.predictions_table(results))
+
+    def _predicted(self, results: Sequence[CurveResult]) -> dict[str, PointOutcome]:
+        predicted = {}
+        points = {
+            (setting_key(p.job), p.job.spec.k, p.job.load.request_rate, p.job.repeat): p for p in self.plan.points
+        }
+        for result in results:
+            for (k, rate), prediction in result.final.items():
+                point = points[(result.setting, k, rate, 0)]
+                metrics = predicted_metrics(prediction, result.model_error)
+                predicted[point.hash] = PointOutcome(
+                    point.hash, self.log_predicted(point, metrics), metrics, predicted=True
+                )
+        return predicted
+
+
 def run(
     plan: SweepPlan,
     executor_run: Callable[[SweepPlan], list[GroupOutcome]],
@@ -320,45 +405,14 @@ def run(
     done: Mapping[str, PointOutcome],
     check_model: bool = False,
 ) -> PredictRun:
-    """Measure, predict, confirm; then predict what is left with the confirmations as anchors."""
-    outcomes = executor_run(first_phase(plan))
-    by_hash = dict(done) | {p.hash: p for o in outcomes for p in o.points}
-    predictor = Predictor(plan, opts, samples, check_model)
-    firsts = [predictor.curve(s, pts, by_hash, None, cap) for s, pts in curves(plan).items()]
-    confirm = confirmation_plan(plan, firsts)
-    for result in firsts:
-        for k, rates in sorted(result.confirm.items()):
-            print(f"predict: {result.label}: confirming k={k} at {', '.join(f'{r:g}' for r in rates)} req/s")
-
-    if confirm.points:
-        second = executor_run(confirm)
-        outcomes += second
-        by_hash |= {p.hash: p for o in second for p in o.points}
-    results = [predictor.curve(r.setting, curves(plan)[r.setting], by_hash, r.first, cap) for r in firsts]
-    predictor.model_error = model_error(results)
-    if predictor.model_error is not None:
-        sd, count = predictor.model_error
-        results = [predictor.curve(r.setting, curves(plan)[r.setting], by_hash, r.first, cap) for r in firsts]
-        note = (
-            f"model error {sd:.1%} (RMS of log measured / first-predicted TPOT over {count} confirmed point(s)), "
-            "added to the final intervals"
-        )
-        results = [dataclasses.replace(r, notes=(*r.notes, note), model_error=predictor.model_error) for r in results]
-    results = [
-        dataclasses.replace(r, confirm=f.confirm, left_out=f.left_out, notes=r.notes + _left_out(f, cap))
-        for r, f in zip(results, firsts, strict=True)
-    ]
-    for result in results:
-        for note in result.notes:
-            print(f"predict: {result.label}: {note}")
-    predicted = {}
-    points = {(setting_key(p.job), p.job.spec.k, p.job.load.request_rate, p.job.repeat): p for p in plan.points}
-    for result in results:
-        for (k, rate), prediction in result.final.items():
-            point = points[(result.setting, k, rate, 0)]
-            metrics = predicted_metrics(prediction, result.model_error)
-            predicted[point.hash] = PointOutcome(point.hash, log_predicted(point, metrics), metrics, predicted=True)
-    return PredictRun(outcomes, predicted, results, search_report.predictions_table(results))
+    """Measure, predict, confirm; then predict what is left with the confirmations as anchors:
+    :class:`PredictSearch` driven to its end by ``executor_run``, as the driver drives it."""
+    search = PredictSearch(plan, Context(done, samples, log_predicted, opts))
+    search.cap, search.check_model = cap, check_model
+    outcomes: list[GroupOutcome] = []
+    while (part := search.next_plan(outcomes)) is not None:
+        outcomes = executor_run(part)
+    return search.result()
 
 
 def model_error(results: Sequence[CurveResult]) -> tuple[float, int] | None:

@@ -114,7 +114,7 @@ def log_probes(tracker: Any, parent: str, plan: SweepPlan, outcomes: Sequence[Gr
     group_of = {p.hash: g for g in plan.groups for p in g.points}
     for outcome in outcomes:
         group = groups[outcome.index]
-        if not outcome.probe:
+        if not outcome.lossless:
             continue
         job = group.server_job
         base_hash = group.points[0].baseline_hash
@@ -126,7 +126,7 @@ def log_probes(tracker: Any, parent: str, plan: SweepPlan, outcomes: Sequence[Gr
             "k": job.spec.k,
             "dtype": job.engine.dtype,
             "baseline_group": group_of[base_hash].label if base_hash in group_of else None,
-            "outputs": [dataclasses.asdict(o) for o in outcome.probe],
+            "outputs": [dataclasses.asdict(o) for o in outcome.lossless],
         }
         tracker.log_json(parent, record, f"lossless/{group.label}.json")
 

@@ -19,7 +19,9 @@ from pipeline.load.slo import SloTarget
 from pipeline.run import predict_plan, search_capacity, search_predict
 from pipeline.run.outcomes import GroupOutcome, PointOutcome
 from pipeline.run.plan import Point, SweepPlan, plan_sweep
+from pipeline.run.searches import Capacity, Context
 from pipeline.validate import validate
+from tests.synthetic import PROFILE, measured_outcomes, true_tpot
 
 OPTS = StatsOptions(resamples=400)
 
@@ -88,44 +90,6 @@ def test_slo_decision_settings_are_not_part_of_a_point() -> None:
 
 
 # ---- The predictor on synthetic windows with a known engine ---------------------------------
-
-PROFILE = (0.8, 0.6, 0.45, 0.3)  # unconditional per-position acceptance at k_max = 4
-
-
-def true_tpot(k: int, rate: float) -> float:
-    step = 0.040 * (1 + 0.1 * rate) + 0.004 * k  # linear in the verified tokens
-    return step / (1 + sum(PROFILE[:k]))
-
-
-def window(tpot: float, length: float, seed: int, n: int = 40) -> Sample:
-    rng = np.random.default_rng(seed)
-    values = tpot * np.exp(rng.normal(0, 0.05, n))
-    tokens = np.full(n, 65.0)
-    steps = np.round(64 / length) * np.ones(n)
-    return Sample(
-        index=np.arange(n),
-        values={"tpot": values, "ttft": values * 3, "e2el": values * 64},
-        itl=tuple(np.full(3, v) for v in values),
-        output_tokens=tokens,
-        chunks=steps + 1,
-        duration_s=10.0,
-    )
-
-
-def measured_outcomes(plan: SweepPlan, ks: set[int]) -> tuple[dict[str, PointOutcome], dict[str, Sample]]:
-    outcomes, samples = {}, {}
-    for i, p in enumerate(plan.points):
-        k, rate = p.job.spec.k, p.job.load.request_rate
-        if k and k not in ks:
-            continue
-        length = 1 + sum(PROFILE[:k])
-        metrics = {"duration": 10.0, "acceptance_length": length} if k else {"duration": 10.0}
-        if k == 4:
-            metrics |= {f"spec_decode_acceptance_rate_pos_{j}": v for j, v in enumerate(PROFILE)}
-        run = f"run{i}"
-        outcomes[p.hash] = PointOutcome(p.hash, run, metrics)
-        samples[run] = window(true_tpot(k, rate), length, seed=i)
-    return outcomes, samples
 
 
 def test_predictor_predicts_every_unmeasured_k_and_proposes_the_best_for_confirmation() -> None:
@@ -259,8 +223,10 @@ def test_a_rate_grid_is_refused_and_the_probed_plan_replaces_the_planned_points(
         search_capacity.seed_jobs(jobs)
     plan = plan_sweep(search_capacity.seed_jobs(jobs[:1]))
     probed = tuple(search_capacity.at_rate(plan.groups[0].points[0], r) for r in (1.0, 2.0))
-    outcome = GroupOutcome(plan.groups[0].index, (), probed=probed)
-    assert [p.job.load.request_rate for p in search_capacity.probed_plan(plan, [outcome]).points[:2]] == [1.0, 2.0]
+    outcome = GroupOutcome(plan.groups[0].index, (), ran=probed)
+    search = Capacity(plan, Context({}))
+    assert search.next_plan([]) is plan and search.next_plan([outcome]) is None  # one plan: the seeds
+    assert [p.job.load.request_rate for p in search.finish().plan.points[:2]] == [1.0, 2.0]
 
 
 def test_report_capacity_headline_gives_each_boundary_and_the_ratio_with_intervals() -> None:

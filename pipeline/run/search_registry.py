@@ -1,0 +1,42 @@
+"""The sweep-level searches by name (``search``): each one's plan, what its dry run shows, and
+its strategy (:class:`pipeline.run.searches.Search`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from pipeline.config import JobConfig
+from pipeline.run import predict_plan
+from pipeline.run.plan import SweepPlan, plan_sweep
+from pipeline.run.search_predict import PredictSearch
+from pipeline.run.searches import Capacity, Context, Grid, Search
+
+
+class _PredictPlans:
+    """search=predict's plan and its first phase."""
+
+    @staticmethod
+    def planned(jobs: Sequence[JobConfig]) -> SweepPlan:
+        plan = plan_sweep(jobs)
+        predict_plan.check_plan(plan)
+        return plan
+
+    @staticmethod
+    def shown(plan: SweepPlan) -> SweepPlan:
+        return predict_plan.first_phase(plan)
+
+
+@dataclass(frozen=True)
+class SearchKind:
+    planned: Callable[[Sequence[JobConfig]], SweepPlan]  # the whole plan, refusals first
+    shown: Callable[[SweepPlan], SweepPlan]  # what a dry run shows and the estimate covers
+    start: Callable[[SweepPlan, Context], Search]
+    resumes: bool
+
+
+SEARCHES = {
+    "grid": SearchKind(Grid.planned, Grid.shown, Grid, Grid.resumes),
+    "predict": SearchKind(_PredictPlans.planned, _PredictPlans.shown, PredictSearch, PredictSearch.resumes),
+    "capacity": SearchKind(Capacity.planned, Capacity.shown, Capacity, Capacity.resumes),
+}

@@ -1,0 +1,101 @@
+"""A sweep-level search is a strategy: given the results so far, the next plan to measure.
+
+The driver runs every search the same way: it asks :meth:`Search.next_plan` for a plan,
+measures it, hands the outcomes back, and stops at ``None``; :meth:`Search.finish` then says
+what the sweep measured (the plan as it ran, and any predicted points). The grid returns its
+plan once; predict returns its first phase, then the confirmations
+(:class:`~pipeline.run.search_predict.PredictSearch`); capacity returns one seed point per
+server, whose rates the worker's load profile picks as it goes. The searches are named in
+:data:`pipeline.run.search_registry.SEARCHES`, by ``search``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+import pandas as pd
+
+from pipeline.config import JobConfig
+from pipeline.run import search_capacity
+from pipeline.run.outcomes import GroupOutcome, PointOutcome
+from pipeline.run.plan import Point, SweepPlan, plan_sweep
+
+
+@dataclass(frozen=True)
+class SearchEnd:
+    """What a search measured: the plan as it ran, and the points it predicted instead."""
+
+    plan: SweepPlan
+    outcomes: list[GroupOutcome]
+    predicted: dict[str, PointOutcome] = field(default_factory=dict)
+    table: pd.DataFrame | None = None  # search=predict's predictions table
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a search may need once the sweep's parent run exists (predict reads and writes MLflow)."""
+
+    done: Mapping[str, PointOutcome]  # finished points of earlier runs, resumed
+    samples: Callable[[Sequence[PointOutcome]], list] | None = None
+    log_predicted: Callable[[Point, dict[str, float]], str] | None = None
+    opts: object | None = None  # StatsOptions: how intervals are drawn
+
+
+class Search(Protocol):
+    # Whether points finished by an earlier run are kept (a capacity search probes afresh).
+    resumes: bool
+
+    def next_plan(self, outcomes: Sequence[GroupOutcome]) -> SweepPlan | None:
+        """The next plan to measure, given the outcomes of the last one (none at first)."""
+        ...
+
+    def finish(self) -> SearchEnd: ...
+
+
+class Grid:
+    """Every point of the plan, once."""
+
+    resumes = True
+
+    def __init__(self, plan: SweepPlan, context: Context) -> None:
+        self.plan = plan
+        self.outcomes: list[GroupOutcome] = []
+        self.asked = False
+
+    @staticmethod
+    def planned(jobs: Sequence[JobConfig]) -> SweepPlan:
+        return plan_sweep(jobs)
+
+    @staticmethod
+    def shown(plan: SweepPlan) -> SweepPlan:
+        """What the dry run and the time estimate cover."""
+        return plan
+
+    def next_plan(self, outcomes: Sequence[GroupOutcome]) -> SweepPlan | None:
+        self.outcomes += outcomes
+        if self.asked:
+            return None
+        self.asked = True
+        return self.plan
+
+    def finish(self) -> SearchEnd:
+        return SearchEnd(self.plan, self.outcomes)
+
+
+class Capacity(Grid):
+    """One seed point per server at capacity.start_rate; each server's worker probes the rates
+    itself (:mod:`pipeline.run.search_capacity`), and the plan as it ran holds what it probed."""
+
+    resumes = False
+
+    @staticmethod
+    def planned(jobs: Sequence[JobConfig]) -> SweepPlan:
+        plan_sweep(jobs)  # the grid's own refusals first
+        return plan_sweep(search_capacity.seed_jobs(jobs))
+
+    def finish(self) -> SearchEnd:
+        ran = {o.index: o.ran for o in self.outcomes if o.ran}
+        groups = tuple(replace(g, points=ran.get(g.index, g.points)) for g in self.plan.groups)
+        return SearchEnd(SweepPlan(groups), self.outcomes)
