@@ -7,6 +7,7 @@ Hydra's side of it (the schema it composes against, and the way back to these re
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -39,35 +40,91 @@ class Role(StrEnum):
     SWEEP = "sweep"  # one value for the whole sweep (a grid may not vary it): neither
 
 
-ROLE = "role"  # the metadata key
+ROLE = "role"  # the metadata keys
+VALID = "valid"
+ADDED = "added"
 
 
-def setting(role: Role, default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING) -> Any:
-    """A field with its role: ``dtype: str = setting(Role.SERVER, "bfloat16")``. A field that
-    holds a section of its own either has a role, which every key of the section shares, or none,
-    and then each key of the section declares its own."""
-    return field(default=default, default_factory=factory, metadata={ROLE: role})
+@dataclass(frozen=True)
+class Valid:
+    """A setting's valid values, declared with it: :func:`pipeline.validate.validate` checks
+    every declared one before anything runs, and its message names the key, the rule and the
+    fix. Null passes (a setting that may not be null is typed so, and Hydra refuses it)."""
+
+    choices: tuple[str, ...] = ()
+    at_least: float | None = None  # value >= this
+    above: float | None = None  # value > this (inf passes)
+    positive: bool = False  # a positive, finite number
+    interval: str | None = None  # e.g. "[0, 1)" or "(0, 100]"
+    hint: str = ""  # said after the rule: an example, or what null means
+
+    def problem(self, key: str, value: Any) -> str | None:
+        if value is None:
+            return None
+        if self.choices and value not in self.choices:
+            return f"{key}={value!r} is not valid; choose one of: {', '.join(self.choices)}"
+        rule = self._broken(value)
+        return f"{key}={value} must {rule}{self.hint}" if rule else None
+
+    def _broken(self, value: float) -> str | None:
+        if self.at_least is not None and not value >= self.at_least:
+            return f"be >= {self.at_least:g}"
+        if self.above is not None and not value > self.above:
+            return f"be > {self.above:g}"
+        if self.positive and not (value > 0 and math.isfinite(value)):
+            return "be a positive number"
+        if self.interval is not None:
+            low, high = (float(x) for x in self.interval[1:-1].split(","))
+            low_ok = value >= low if self.interval[0] == "[" else value > low
+            high_ok = value <= high if self.interval[-1] == "]" else value < high
+            if not (low_ok and high_ok):
+                return f"lie in {self.interval}"
+        return None
+
+
+def setting(
+    role: Role | None,
+    default: Any = dataclasses.MISSING,
+    *,
+    factory: Any = dataclasses.MISSING,
+    valid: Valid | None = None,
+    added: bool = False,
+) -> Any:
+    """A field with its role and its valid values: ``dtype: str = setting(Role.SERVER,
+    "bfloat16", valid=Valid(choices=DTYPES))``. A field that holds a section of its own either
+    has a role, which every key of the section shares, or none, and then each key of the section
+    declares its own; the keys of a section with a role pass ``None``. ``added=True`` marks an
+    identity setting added after the hash's version 2: at its default it is left out of the
+    hash, so the points measured before it existed keep theirs."""
+    metadata: dict[str, Any] = {ROLE: role} if role is not None else {}
+    if added:
+        metadata[ADDED] = True
+    if valid is not None:
+        metadata[VALID] = valid
+    return field(default=default, default_factory=factory, metadata=metadata)
 
 
 @dataclass(frozen=True)
 class EngineConfig:
     name: str = setting(Role.SERVER, "vllm")
-    device: str = setting(Role.SERVER, "auto")  # auto detects a GPU; cpu and gpu force one
+    device: str = setting(
+        Role.SERVER, "auto", valid=Valid(choices=DEVICES)
+    )  # auto detects a GPU; cpu and gpu force one
     host: str = setting(Role.SERVER, "127.0.0.1")
-    dtype: str = setting(Role.SERVER, "bfloat16")
-    max_model_len: int = setting(Role.SERVER, 2048)
+    dtype: str = setting(Role.SERVER, "bfloat16", valid=Valid(choices=DTYPES))
+    max_model_len: int = setting(Role.SERVER, 2048, valid=Valid(at_least=2))
     # None: eager on CPU, where compiling costs ~100 s of start-up; compiled on GPU.
     enforce_eager: bool | None = setting(Role.SERVER, None)
-    tensor_parallel_size: int = setting(Role.SERVER, 1)
+    tensor_parallel_size: int = setting(Role.SERVER, 1, valid=Valid(at_least=1))
     # The prefix-cache state every measured window starts from, the same on both servers:
     # cold empties the cache before the window; warm empties it, then sends the window's
     # prompts once, unmeasured (what a user sees re-running a benchmark on a warm server);
     # off runs the server without prefix caching.
-    prefix_cache: str = setting(Role.SERVER, "cold")
-    startup_timeout_s: float = setting(Role.SERVER_ONLY, 600.0)
+    prefix_cache: str = setting(Role.SERVER, "cold", valid=Valid(choices=PREFIX_CACHE_POLICIES))
+    startup_timeout_s: float = setting(Role.SERVER_ONLY, 600.0, valid=Valid(positive=True, hint=" of seconds"))
     # A server that dies or hangs during a window fails that point; restart it for the rest.
     restart_on_crash: bool = setting(Role.SERVER_ONLY, True)
-    cpu_kvcache_gib: int = setting(Role.SERVER, 2)
+    cpu_kvcache_gib: int = setting(Role.SERVER, 2, valid=Valid(at_least=1))
     # Interpreter of the environment the engine is installed in (default: this one).
     python: str | None = setting(Role.SERVER_ONLY, None)
     extra_args: list[str] = setting(Role.SERVER, factory=list)
@@ -95,7 +152,7 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class SpecConfig:
-    method: str = setting(Role.SERVER, "ngram")
+    method: str = setting(Role.SERVER, "ngram", valid=Valid(choices=SPEC_METHODS))
     k: int = setting(Role.SERVER, 3)  # draft tokens per step (vLLM num_speculative_tokens)
     # embedded:NAME, a folder, a hub id, or "self" for the target as its own draft.
     draft_model: str | None = setting(Role.SERVER, None)
@@ -107,24 +164,30 @@ class SpecConfig:
 class LoadConfig:
     # Requests per second; inf sends every request at once. With workload=trace it scales the
     # trace to this mean rate (its shape kept); null replays the trace on its own timestamps.
-    request_rate: float | None = setting(Role.POINT, 1.0)
-    burstiness: float = setting(Role.POINT, 1.0)  # gamma shape of inter-arrival times; 1.0 is Poisson
-    num_requests: int = setting(Role.POINT, 16)
+    request_rate: float | None = setting(Role.POINT, 1.0, valid=Valid(above=0, hint=" (use inf to send all at once)"))
+    burstiness: float = setting(
+        Role.POINT, 1.0, valid=Valid(positive=True, hint=" (1.0 is Poisson)")
+    )  # gamma shape of inter-arrival times; 1.0 is Poisson
+    num_requests: int = setting(Role.POINT, 16, valid=Valid(at_least=1))
     # Instead of num_requests: every arrival due within this many seconds (finite rates).
-    duration_s: float | None = setting(Role.POINT, None)
+    duration_s: float | None = setting(Role.POINT, None, valid=Valid(positive=True, hint=" of seconds or null"))
     # Cap on requests in flight; with request_rate=inf this is closed-loop load.
-    max_concurrency: int | None = setting(Role.POINT, None)
-    warmup_requests: int = setting(Role.POINT, 2)
-    request_timeout_s: float = setting(Role.POINT, 300.0)
+    max_concurrency: int | None = setting(Role.POINT, None, valid=Valid(at_least=1, hint=" or null"))
+    warmup_requests: int = setting(Role.POINT, 2, valid=Valid(at_least=0))
+    request_timeout_s: float = setting(Role.POINT, 300.0, valid=Valid(above=0))
     # Client processes sharing the schedule, for rates one process cannot send on time.
-    client_workers: int = setting(Role.POINT, 1)
+    client_workers: int = setting(Role.POINT, 1, valid=Valid(at_least=1))
     # Stop a window early: once min 10 requests finished, more than this share of them failed
     # (the point fails, saying why); null runs every window to its end.
-    max_error_rate: float | None = setting(Role.DECISION, None)
+    max_error_rate: float | None = setting(
+        Role.DECISION, None, valid=Valid(interval="[0, 1)", hint=", e.g. 0.5, or null")
+    )
     # Seconds from a window's start after which its unfinished requests are abandoned and the
     # point fails as a hung server (restarted with engine.restart_on_crash); null: no deadline
     # beyond each request's own load.request_timeout_s.
-    window_timeout_s: float | None = setting(Role.DECISION, None)
+    window_timeout_s: float | None = setting(
+        Role.DECISION, None, valid=Valid(positive=True, hint=" of seconds or null")
+    )
 
 
 @dataclass(frozen=True)
@@ -133,36 +196,40 @@ class WorkloadConfig:
     # (set path). Or random, with the length settings below.
     name: str = setting(Role.POINT, "code_edit")
     path: str | None = setting(Role.POINT, None)
-    endpoint: str = setting(Role.POINT, "chat")
-    max_tokens: int = setting(Role.POINT, 128)  # the cap on every request's output length
+    endpoint: str = setting(Role.POINT, "chat", valid=Valid(choices=ENDPOINTS))
+    max_tokens: int = setting(Role.POINT, 128, valid=Valid(at_least=1))  # the cap on every request's output length
     ignore_eos: bool = setting(Role.POINT, False)
-    temperature: float = setting(Role.POINT, 0.0)
-    random_input_len: int = setting(Role.POINT, 256)
-    random_output_len: int = setting(Role.POINT, 128)
-    random_range_ratio: float = setting(Role.POINT, 0.0)  # lengths drawn uniformly in len × [1 - ratio, 1 + ratio]
+    temperature: float = setting(
+        Role.POINT, 0.0, valid=Valid(at_least=0, hint=" (0 is greedy; the server refuses a negative one)")
+    )
+    random_input_len: int = setting(Role.POINT, 256, valid=Valid(at_least=1))
+    random_output_len: int = setting(Role.POINT, 128, valid=Valid(at_least=1))
+    random_range_ratio: float = setting(
+        Role.POINT, 0.0, valid=Valid(interval="[0, 1)")
+    )  # lengths drawn uniformly in len × [1 - ratio, 1 + ratio]
     # workload=trace (docs/traces.md): the unit of the trace's timestamps (s, ms, or auto: ms
     # for vLLM's timed_trace / Mooncake lines, s for ours); a time scale for a replay on the
     # trace's own schedule (0.5 replays twice as fast); the slice replayed, on the trace's own
     # clock; and sort=true to replay a file whose timestamps go backwards in time order.
     timestamp_unit: str = setting(Role.POINT, "auto")
-    time_scale: float = setting(Role.POINT, 1.0)
-    start_s: float = setting(Role.POINT, 0.0)
-    duration_s: float | None = setting(Role.POINT, None)
+    time_scale: float = setting(Role.POINT, 1.0, valid=Valid(positive=True, hint=" (0.5 replays twice as fast)"))
+    start_s: float = setting(Role.POINT, 0.0, valid=Valid(at_least=0))
+    duration_s: float | None = setting(Role.POINT, None, valid=Valid(positive=True, hint=" of seconds or null"))
     sort: bool = setting(Role.POINT, False)
     # A trace's conversations: the think time between a turn's answer and the next turn, in
     # seconds, in place of the trace's own (delay_s or the timestamp gap); null keeps the trace's.
-    think_time_s: float | None = setting(Role.POINT, None)
+    think_time_s: float | None = setting(Role.POINT, None, valid=Valid(at_least=0, hint=" or null"))
 
 
 @dataclass(frozen=True)
 class SloConfig:
-    ttft_ms: float | None = setting(Role.POINT, None)
-    tpot_ms: float | None = setting(Role.POINT, None)
-    e2el_ms: float | None = setting(Role.POINT, None)
+    ttft_ms: float | None = setting(Role.POINT, None, valid=Valid(above=0, hint=" or null"))
+    tpot_ms: float | None = setting(Role.POINT, None, valid=Valid(above=0, hint=" or null"))
+    e2el_ms: float | None = setting(Role.POINT, None, valid=Valid(above=0, hint=" or null"))
     # search=capacity: a window meets the SLO when this percentile of each set metric is within
     # its threshold and at least min_goodput of its requests meet every threshold.
-    percentile: float = setting(Role.DECISION, 99.0)
-    min_goodput: float = setting(Role.DECISION, 0.99)
+    percentile: float = setting(Role.DECISION, 99.0, valid=Valid(interval="(0, 100]", hint=", e.g. 99 for p99"))
+    min_goodput: float = setting(Role.DECISION, 0.99, valid=Valid(interval="(0, 1]", hint=", e.g. 0.99"))
 
 
 @dataclass(frozen=True)
@@ -172,22 +239,22 @@ class TrackingConfig:
     experiment: str | None = None  # default: the sweep name
     # Each point also as a `vllm bench serve` result JSON (vllm_result.json): off, summary, or
     # detailed (with --save-detailed's per-request arrays).
-    vllm_result: str = "summary"
+    vllm_result: str = setting(None, "summary", valid=Valid(choices=VLLM_RESULT_MODES))
 
 
 @dataclass(frozen=True)
 class LosslessConfig:
     # After its points, each server answers these prompts one at a time at temperature 0;
     # the report compares each speculative server's outputs with its baseline's. 0 skips it.
-    prompts: int = 4
-    max_tokens: int = 64
+    prompts: int = setting(None, 4, valid=Valid(at_least=0, hint=" (0 skips the check)"))
+    max_tokens: int = setting(None, 64, valid=Valid(at_least=1))
 
 
 @dataclass(frozen=True)
 class RayConfig:
     # None: start a local Ray; "auto" or host:port joins a running cluster.
     address: str | None = None
-    connect_timeout_s: float = 30.0  # an unreachable address fails after this long
+    connect_timeout_s: float = setting(None, 30.0, valid=Valid(above=0))  # an unreachable address fails after this long
     # What each server group asks of a node, e.g. {specsweep_slot: 1} on CPU nodes started
     # with that custom resource, or {GPU: 1}. Empty: one GPU per engine rank on GPU machines,
     # and on CPU-only machines the groups run one at a time. Set, the groups run concurrently,
@@ -200,12 +267,18 @@ class GateConfig:
     """The regression gate at the end of a sweep (python -m pipeline.gate runs it later)."""
 
     enabled: bool = False  # judge this sweep against its reference when it ends
-    history: int = 5  # the reference: the per-point median of the last this-many runs
+    history: int = setting(
+        None, 5, valid=Valid(at_least=1, hint=" (the number of past runs in the reference)")
+    )  # the reference: the per-point median of the last this-many runs
     confirm: bool = False  # re-measure flagged points once on a fresh server; one sighting is "suspect"
     skip_if_done: bool = False  # skip when this engine version already ran this sweep's fingerprint
-    floor_median: float = 0.05  # practical floors: a ratio must be past these to count
-    floor_p99: float = 0.10
-    floor_acceptance_pp: float = 2.0  # percentage points of acceptance rate
+    floor_median: float = setting(
+        None, 0.05, valid=Valid(interval="[0, 1)", hint=", e.g. 0.05 for 5 %")
+    )  # practical floors: a ratio must be past these to count
+    floor_p99: float = setting(None, 0.10, valid=Valid(interval="[0, 1)", hint=", e.g. 0.10 for 10 %"))
+    floor_acceptance_pp: float = setting(
+        None, 2.0, valid=Valid(interval="[0, 100)")
+    )  # percentage points of acceptance rate
 
 
 @dataclass(frozen=True)
@@ -213,7 +286,7 @@ class PredictConfig:
     """search=predict: how many predicted k values are measured to confirm the choice."""
 
     # Each confirmed k costs one server start; candidates beyond the cap are reported, not measured.
-    max_confirm: int = 1
+    max_confirm: int = setting(None, 1, valid=Valid(at_least=0, hint=" (0 measures no prediction)"))
     # true: where every candidate was measured already, confirm the best prediction anyway, so
     # that the model's error on this engine is measured (one more server at most per method).
     check_model: bool = False
@@ -223,16 +296,22 @@ class PredictConfig:
 class CapacityConfig:
     """search=capacity: bracketing, then bisection on the request rate, on one server."""
 
-    start_rate: float = 1.0  # the first probe, requests per second
+    start_rate: float = setting(
+        None, 1.0, valid=Valid(positive=True, hint=", a rate, e.g. 1")
+    )  # the first probe, requests per second
     min_rate: float = 0.1  # below this the search gives up: "cannot meet this SLO at 0.1 req/s"
-    resolution: float = 0.1  # stop when the bracket's high / low - 1 is at most this
-    max_probes: int = 8  # windows per server at the most
+    resolution: float = setting(
+        None, 0.1, valid=Valid(interval="(0, 1)", hint=", e.g. 0.1 for 10 %")
+    )  # stop when the bracket's high / low - 1 is at most this
+    max_probes: int = setting(
+        None, 8, valid=Valid(at_least=2, hint=" (a bracket needs two probes)")
+    )  # windows per server at the most
 
 
 @dataclass(frozen=True)
 class RepeatsConfig:
     # Measure every point this many times, each with new prompts and arrivals (seed + repeat).
-    count: int = 1
+    count: int = setting(None, 1, valid=Valid(at_least=1))
     # A fresh server for each repeat, so that the spread between server starts is measured
     # rather than assumed; false: the repeats share their server (cheaper, narrower spread).
     restart: bool = False
@@ -271,7 +350,9 @@ class JobConfig:
     slo: SloConfig = field(default_factory=SloConfig)
     tracking: TrackingConfig = setting(Role.SWEEP, factory=TrackingConfig)
     sweep_name: str = setting(Role.SWEEP, "default")
-    seed: int = setting(Role.SERVER, 0)
+    seed: int = setting(
+        Role.SERVER, 0, valid=Valid(at_least=0, hint=" (a non-negative integer seeds the prompts and arrivals)")
+    )
     output_dir: str = setting(Role.RUNTIME, "outputs")
     dry_run: bool = setting(
         Role.SWEEP, False
@@ -287,13 +368,17 @@ class JobConfig:
     lossless: LosslessConfig = setting(Role.SWEEP, factory=LosslessConfig)
     ray: RayConfig = setting(Role.SWEEP, factory=RayConfig)
     gate: GateConfig = setting(Role.SWEEP, factory=GateConfig)
-    search: str = setting(Role.SWEEP, "grid")  # grid | predict | capacity (see SEARCH_MODES)
+    search: str = setting(
+        Role.SWEEP, "grid", valid=Valid(choices=SEARCH_MODES)
+    )  # grid | predict | capacity (see SEARCH_MODES)
     predict: PredictConfig = setting(Role.SWEEP, factory=PredictConfig)
     capacity: CapacityConfig = setting(Role.SWEEP, factory=CapacityConfig)
     verbose: bool = setting(
         Role.SWEEP, False
     )  # true: MLflow's download bars, library notices and the like reach the terminal
-    progress_every_s: float = setting(Role.SWEEP, 10.0)  # off a terminal (CI, ray job logs): a progress line this often
+    progress_every_s: float = setting(
+        Role.SWEEP, 10.0, valid=Valid(above=0, hint=" (seconds between progress lines)")
+    )  # off a terminal (CI, ray job logs): a progress line this often
 
     def baseline(self) -> JobConfig:
         """The same point without speculation: what this job is compared against."""

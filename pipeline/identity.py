@@ -20,7 +20,7 @@ import json
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from pipeline.config import ROLE, JobConfig, Role
+from pipeline.config import ADDED, ROLE, JobConfig, Role
 
 HASH_VERSION = 2
 # Tags on each point run: its hash's version, and (version 2 on) the version-1 hash it had.
@@ -57,11 +57,15 @@ def roles(cls: type = JobConfig, prefix: str = "") -> Iterator[tuple[str, Role |
 
 
 def _values(obj: Any, wanted: tuple[Role, ...]) -> dict[str, Any]:
-    """The fields of ``obj`` whose role is wanted, as nested dicts (sections walked into)."""
+    """The fields of ``obj`` whose role is wanted, as nested dicts (sections walked into); a
+    setting added since version 2 only where it is not at its default."""
     out: dict[str, Any] = {}
+    defaults = type(obj)()
     for field in dataclasses.fields(obj):
         value = getattr(obj, field.name)
         role = _role(field)
+        if field.metadata.get(ADDED) and value == getattr(defaults, field.name):
+            continue
         if role is None and dataclasses.is_dataclass(value):
             inner = _values(value, wanted)
             if inner:

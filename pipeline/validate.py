@@ -5,21 +5,12 @@ Engine-independent; each engine adds its own checks (``pipeline.engines.vllm``, 
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Iterator
+from typing import Any
 
-from pipeline.config import (
-    DEVICES,
-    DTYPES,
-    ENDPOINTS,
-    PREFIX_CACHE_POLICIES,
-    SEARCH_MODES,
-    SPEC_METHODS,
-    VLLM_RESULT_MODES,
-    ConfigError,
-    EngineConfig,
-    JobConfig,
-    stats_problem,
-)
+from pipeline.config import VALID, ConfigError, EngineConfig, JobConfig, Valid, stats_problem
 from pipeline.engines.registry import ENGINES
 
 
@@ -28,27 +19,40 @@ def _choice(key: str, value: str, choices: tuple[str, ...]) -> None:
         raise ConfigError(f"{key}={value!r} is not valid; choose one of: {', '.join(choices)}")
 
 
+def declared(section: Any, prefix: str = "") -> Iterator[tuple[str, Any, Valid]]:
+    """Every setting that declares its valid values (config.Valid), with its dotted key."""
+    for field in dataclasses.fields(section):
+        value = getattr(section, field.name)
+        if dataclasses.is_dataclass(value):
+            yield from declared(value, f"{prefix}{field.name}.")
+        elif VALID in field.metadata:
+            yield f"{prefix}{field.name}", value, field.metadata[VALID]
+
+
 def validate(job: JobConfig) -> None:
+    """Each setting against what it declares, then what settings mean together."""
+    _choice("engine.name", job.engine.name, tuple(ENGINES))
+    for key, value, valid in declared(job):
+        problem = valid.problem(key, value)
+        if problem:
+            raise ConfigError(problem)
+    _validate_together(job)
+    _validate_addresses(job)
+    _validate_exposure(job.engine)
+    _validate_revision(job.model.id, job.model.revision)
+    _validate_external(job)
+    _validate_search(job)
+
+
+def _validate_together(job: JobConfig) -> None:
     spec, load, engine, workload = job.spec, job.load, job.engine, job.workload
-    _choice("engine.name", engine.name, tuple(ENGINES))
     serving = ENGINES[engine.name]
-    _choice("spec.method", spec.method, SPEC_METHODS)
-    _choice("engine.device", engine.device, DEVICES)
-    _choice("engine.dtype", engine.dtype, DTYPES)
-    _choice("workload.endpoint", workload.endpoint, ENDPOINTS)
-    _choice("engine.prefix_cache", engine.prefix_cache, PREFIX_CACHE_POLICIES)
-    _choice("tracking.vllm_result", job.tracking.vllm_result, VLLM_RESULT_MODES)
-    if not job.progress_every_s > 0:
-        raise ConfigError(f"progress_every_s={job.progress_every_s} must be > 0 (seconds between progress lines)")
     no_cache_flag = serving.no_prefix_cache_flag
     if engine.prefix_cache != "off" and no_cache_flag and no_cache_flag in engine.extra_args:
         raise ConfigError(
             f"engine.prefix_cache={engine.prefix_cache} needs prefix caching, but engine.extra_args turns it "
             f"off ({no_cache_flag}); remove the flag and set engine.prefix_cache=off"
         )
-    _validate_exposure(engine)
-    _validate_revision(job.model.id, job.model.revision)
-    _validate_external(job)
     if workload.endpoint not in serving.endpoints:
         raise ConfigError(
             f"workload.endpoint={workload.endpoint} is not served by {serving.label} (generate is SGLang's native "
@@ -72,21 +76,8 @@ def validate(job: JobConfig) -> None:
             f"{spec.method} beside a method with a draft, put the draft in that method's own group "
             f"(conf/spec/<name>.yaml with draft_model: ..., docs/methods.md), not on the command line"
         )
-    if not (load.request_rate > 0):
-        raise ConfigError(f"load.request_rate={load.request_rate} must be > 0 (use inf to send all at once)")
-    if not (load.burstiness > 0) or math.isinf(load.burstiness):
-        raise ConfigError(f"load.burstiness={load.burstiness} must be a positive number (1.0 is Poisson)")
-    if load.num_requests < 1:
-        raise ConfigError(f"load.num_requests={load.num_requests} must be >= 1")
-    if load.duration_s is not None:
-        if not load.duration_s > 0 or math.isinf(load.duration_s):
-            raise ConfigError(f"load.duration_s={load.duration_s} must be a positive number of seconds or null")
-        if math.isinf(load.request_rate):
-            raise ConfigError("load.duration_s needs a finite load.request_rate; for closed loop use load.num_requests")
-    if load.max_concurrency is not None and load.max_concurrency < 1:
-        raise ConfigError(f"load.max_concurrency={load.max_concurrency} must be >= 1 or null")
-    if load.client_workers < 1:
-        raise ConfigError(f"load.client_workers={load.client_workers} must be >= 1")
+    if load.duration_s is not None and math.isinf(load.request_rate):
+        raise ConfigError("load.duration_s needs a finite load.request_rate; for closed loop use load.num_requests")
     if load.max_concurrency is not None and load.client_workers > 1:
         # Split into per-worker caps, one worker's free slot could not take another's
         # queued request: the cap would not be vLLM's one global --max-concurrency.
@@ -94,26 +85,10 @@ def validate(job: JobConfig) -> None:
             f"load.max_concurrency={load.max_concurrency} with load.client_workers={load.client_workers}: a "
             f"concurrency cap needs one client process; set load.client_workers=1 (a capped load rarely needs more)"
         )
-    if load.max_error_rate is not None and not 0 <= load.max_error_rate < 1:
-        raise ConfigError(f"load.max_error_rate={load.max_error_rate} must lie in [0, 1), e.g. 0.5, or null")
-    if load.window_timeout_s is not None and not load.window_timeout_s > 0:
-        raise ConfigError(f"load.window_timeout_s={load.window_timeout_s} must be a positive number of seconds or null")
-    if load.warmup_requests < 0:
-        raise ConfigError(f"load.warmup_requests={load.warmup_requests} must be >= 0")
-    if load.request_timeout_s <= 0:
-        raise ConfigError(f"load.request_timeout_s={load.request_timeout_s} must be > 0")
-    if not 0 <= workload.random_range_ratio < 1:
-        raise ConfigError(f"workload.random_range_ratio={workload.random_range_ratio} must be in [0, 1)")
-    if workload.random_input_len < 1 or workload.random_output_len < 1:
-        raise ConfigError("workload.random_input_len and workload.random_output_len must be >= 1")
-    if workload.max_tokens < 1:
-        raise ConfigError(f"workload.max_tokens={workload.max_tokens} must be >= 1")
     if engine.max_model_len < workload.max_tokens + 1:
         raise ConfigError(
             f"engine.max_model_len={engine.max_model_len} leaves no room for workload.max_tokens={workload.max_tokens}"
         )
-    if job.repeats.count < 1:
-        raise ConfigError(f"repeats.count={job.repeats.count} must be >= 1")
     problem = stats_problem(job.stats.confidence, job.stats.floor, job.stats.resamples)
     if problem:
         raise ConfigError(problem)
@@ -121,10 +96,6 @@ def validate(job: JobConfig) -> None:
         raise ConfigError(
             f"aa=true compares two servers without speculation; set spec=none (got spec.method={spec.method})"
         )
-    if job.lossless.prompts < 0 or job.lossless.max_tokens < 1:
-        raise ConfigError("lossless.prompts must be >= 0 and lossless.max_tokens >= 1")
-    if job.ray.connect_timeout_s <= 0:
-        raise ConfigError(f"ray.connect_timeout_s={job.ray.connect_timeout_s} must be > 0")
     for name, amount in job.ray.resources_per_group.items():
         if not isinstance(amount, (int, float)) or not amount > 0:
             raise ConfigError(f"ray.resources_per_group.{name}={amount!r} must be a positive number, e.g. 1")
@@ -136,23 +107,6 @@ def validate(job: JobConfig) -> None:
             f"engine.tensor_parallel_size={tp} takes; leave GPU out (each group then asks for its server's GPUs) "
             f"or set ray.resources_per_group.GPU={tp}"
         )
-    gate = job.gate
-    if gate.history < 1:
-        raise ConfigError(f"gate.history={gate.history} must be >= 1 (the number of past runs in the reference)")
-    for key in ("floor_median", "floor_p99"):
-        if not 0 <= getattr(gate, key) < 1:
-            raise ConfigError(f"gate.{key}={getattr(gate, key)} must lie in [0, 1), e.g. 0.05 for 5 %")
-    if not 0 <= gate.floor_acceptance_pp < 100:
-        raise ConfigError(f"gate.floor_acceptance_pp={gate.floor_acceptance_pp} must lie in [0, 100)")
-    for key in ("ttft_ms", "tpot_ms", "e2el_ms"):
-        value = getattr(job.slo, key)
-        if value is not None and value <= 0:
-            raise ConfigError(f"slo.{key}={value} must be > 0 or null")
-    if not 0 < job.slo.percentile <= 100:
-        raise ConfigError(f"slo.percentile={job.slo.percentile} must lie in (0, 100], e.g. 99 for p99")
-    if not 0 < job.slo.min_goodput <= 1:
-        raise ConfigError(f"slo.min_goodput={job.slo.min_goodput} must lie in (0, 1], e.g. 0.99")
-    _validate_search(job)
 
 
 def is_loopback(host: str) -> bool:
@@ -193,6 +147,22 @@ def _validate_exposure(engine: EngineConfig) -> None:
             raise ConfigError(f"engine.env_from entry {name!r} is not a variable name; e.g. engine.env_from=[HF_TOKEN]")
         if name not in os.environ:
             raise ConfigError(f"engine.env_from names {name}, which this environment does not set; export {name}=...")
+
+
+def _validate_addresses(job: JobConfig) -> None:
+    """No credential inside an address: outputs, logs and MLflow would keep it."""
+    from urllib.parse import urlsplit
+
+    for key, value, where in (
+        ("tracking.uri", job.tracking.uri, "export MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD"),
+        ("ray.address", job.ray.address, "Ray reads its token from RAY_AUTH_TOKEN: export it"),
+    ):
+        parts = urlsplit(value) if value and "://" in value else None
+        if parts is not None and (parts.username or parts.password):
+            raise ConfigError(
+                f"{key} holds a user name or password, which outputs, logs and MLflow would keep; give the address "
+                f"alone and {where}"
+            )
 
 
 def _validate_revision(model_id: str, revision: str | None) -> None:
@@ -268,18 +238,9 @@ def _validate_external(job: JobConfig) -> None:
 
 def _validate_search(job: JobConfig) -> None:
     """One job's search settings; what needs the whole grid (two k values) is checked by the planner."""
-    _choice("search", job.search, SEARCH_MODES)
-    if job.predict.max_confirm < 0:
-        raise ConfigError(f"predict.max_confirm={job.predict.max_confirm} must be >= 0 (0 measures no prediction)")
     cap = job.capacity
-    if not (0 < cap.start_rate < math.inf):
-        raise ConfigError(f"capacity.start_rate={cap.start_rate} must be a positive, finite rate, e.g. 1")
     if not 0 < cap.min_rate <= cap.start_rate:
         raise ConfigError(f"capacity.min_rate={cap.min_rate} must lie in (0, capacity.start_rate={cap.start_rate}]")
-    if not 0 < cap.resolution < 1:
-        raise ConfigError(f"capacity.resolution={cap.resolution} must lie in (0, 1), e.g. 0.1 for 10 %")
-    if cap.max_probes < 2:
-        raise ConfigError(f"capacity.max_probes={cap.max_probes} must be >= 2 (a bracket needs two probes)")
     if job.search == "capacity":
         slo = job.slo
         if slo.ttft_ms is None and slo.tpot_ms is None and slo.e2el_ms is None:

@@ -52,6 +52,8 @@ def read_jsonl(path: Path) -> list[Item]:
     items = []
     for where, record in _jsonl(path):
         prompt = _field(record, "prompt", str, where)
+        if not prompt.strip():
+            raise DatasetError(f"{where}: field 'prompt' is empty; every request needs text to send: drop the line")
         output = _field(record, "output_tokens", int, where, required=False)
         if output is not None and output < 1:
             raise DatasetError(f"{where}: field 'output_tokens' must be >= 1, found {output}")
@@ -65,8 +67,8 @@ def read_spec_bench(path: Path) -> list[Item]:
     items = []
     for where, record in _jsonl(path):
         turns = _field(record, "turns", list, where)
-        if not turns or not isinstance(turns[0], str):
-            raise DatasetError(f"{where}: field 'turns' must be a non-empty list of strings")
+        if not turns or not isinstance(turns[0], str) or not turns[0].strip():
+            raise DatasetError(f"{where}: field 'turns' must be a non-empty list of strings, the first not empty")
         items.append(Item(turns[0], _field(record, "category", str, where)))
     return items
 

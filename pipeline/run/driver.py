@@ -203,7 +203,6 @@ class Sweep:
         return Path(self.first.output_dir).resolve()
 
     def tasks(self, part: SweepPlan) -> list[GroupTask]:
-        capacity = self.kind is SEARCHES["capacity"]
         return [
             GroupTask(
                 g,
@@ -211,7 +210,7 @@ class Sweep:
                 self.tracker.experiment_id,
                 self.parent,
                 self.targets[g.index].engine_gpus(g.server_job),
-                capacity=capacity,
+                profile=self.kind.profile,
                 progress=self.channel,
             )
             for g in part.groups

@@ -16,7 +16,8 @@ from typing import Any
 
 from pipeline import startup
 from pipeline.config import JobConfig
-from pipeline.engines.base import Server, ServerError
+from pipeline.engines.base import Server, ServerError, ServerSpec
+from pipeline.engines.engine import Target
 from pipeline.engines.models import load_tokenizer
 from pipeline.engines.process import log_tail
 from pipeline.engines.registry import engine_of
@@ -25,15 +26,18 @@ from pipeline.load.loadgen import run_window
 from pipeline.record.journal import JOURNAL_NAME, JournaledTracker
 from pipeline.record.tracking import Tracker, flatten_params
 from pipeline.redact import redact_text, secret_values
-from pipeline.run import diskfull, progress, search_capacity
+from pipeline.run import diskfull, progress
 from pipeline.run.job import point_requests, resolve_target, server_spec
 from pipeline.run.measure import WINDOW_STOPPED
 from pipeline.run.outcomes import GroupOutcome, GroupTask, PointOutcome, ProbeOutput
 from pipeline.run.plan import Point, ServerGroup
 from pipeline.run.point import finish_run, measure_point, point_tags
+from pipeline.run.profiles import Measured, Planned
 
 
 def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
+    """Start the group's server once, measure what its load profile asks for, record each
+    point; the server never outlives this call."""
     group = task.group
     # On a node of a cluster this is the worker's first call; a local Ray's inherit it anyway.
     startup.configure(group.server_job.verbose)
@@ -44,110 +48,177 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
     if len(kept) == len(group.points):
         return GroupOutcome(group.index, tuple(kept[p.hash] for p in group.points))
     group = replace(group, points=tuple(p for p in group.points if p.hash not in kept))
-    reporter = progress.reporter_for(task.progress, group.label)
     try:
         target = resolve_target(group.server_job)
         tokenizer = load_tokenizer(target.model_path, target.model_revision)
     except Exception as exc:  # noqa: BLE001 - reported per point, like a failed start
         return GroupOutcome.failed(task, f"{type(exc).__name__}: {exc}")
     spec = server_spec(target, group.server_job, out_dir / "server.log")
-    secrets = secret_values(spec.command, {**os.environ, **spec.env}) + [os.environ.get(n, "") for n in spec.env_from]
-    secrets = [s for s in secrets if s]
-    command = spec.redacted_command()
     try:
-        (out_dir / "server_command.txt").write_text(command + "\n")
+        (out_dir / "server_command.txt").write_text(spec.redacted_command() + "\n")
     except OSError as exc:
         if not diskfull.is_disk_full(exc):
             raise
         return GroupOutcome.failed(task, diskfull.message(exc, out_dir))  # before any run or server: nothing to lose
-    run_ids: dict[str, str] = {}
-    points: list[Point] = []  # every point given a run, in order (capacity probes are added as they run)
+    run = GroupRun(task, group, tracker, target, spec, tokenizer, out_dir)
+    outcome = run.run()
+    return replace(outcome, points=tuple(kept.values()) + outcome.points)
 
-    def open_run(p: Point) -> Point:
-        tags = point_tags(p, target, spec.engine_version, task.confirms.get(p.hash))
-        run_ids[p.hash] = tracker.start_run(
-            p.label, tags | ({"search": "capacity"} if task.capacity else {}), task.parent_run_id
-        )
-        tracker.log_params(run_ids[p.hash], flatten_params(p.job))
-        points.append(p)
-        return p
 
-    results: dict[str, PointOutcome] = {}
-    for p in group.points:
-        open_run(p)
-    probe: tuple[ProbeOutput, ...] = ()
-    probe_s = 0.0
-    server: Server | None = None
-    interrupted = False
-    restarts = 0
-    reported: set[str] = set()  # the points the live display was told of as they finished
-    try:
-        reporter.emit("server_starting")
-        with engine_of(group.server_job).server(spec) as server:
-            reporter.emit("server_ready")
-            started = f"in {server.startup_s:.1f} s " if server.startup_s is not None else "(already running) "
-            print(f"[{group.label}] server ready {started}at {server.base_url}")
-            if (server.niceness() or 0) > 0:
-                print(
-                    f"[{group.label}] warning: the server runs at niceness {server.niceness()} and yields the "
-                    f"CPU to other processes; on a Ray cluster start its nodes with RAY_worker_niceness=0"
-                )
+class GroupRun:
+    """One group's server and its points, with what the run has reached so far."""
 
-            def measure_one(point: Point, first: bool) -> PointOutcome:
-                results[point.hash] = measure_point(
-                    point, server, tokenizer, tracker, run_ids, out_dir, first, reporter
-                )
-                reporter.emit("point_done", point.label, failed=results[point.hash].error is not None)
-                reported.add(point.hash)
-                return results[point.hash]
+    def __init__(
+        self,
+        task: GroupTask,
+        group: ServerGroup,
+        tracker: JournaledTracker,
+        target: Target,
+        spec: ServerSpec,
+        tokenizer: Any,
+        out_dir: Path,
+    ) -> None:
+        self.task, self.group, self.tracker, self.target = task, group, tracker, target
+        self.spec, self.tokenizer, self.out_dir = spec, tokenizer, out_dir
+        self.reporter = progress.reporter_for(task.progress, group.label)
+        secrets = secret_values(spec.command, {**os.environ, **spec.env}) + [
+            os.environ.get(n, "") for n in spec.env_from
+        ]
+        self.secrets = [s for s in secrets if s]
+        self.run_ids: dict[str, str] = {}
+        self.points: list[Point] = []  # every point given a run, in order (a profile's later points as reached)
+        self.results: dict[str, PointOutcome] = {}
+        self.reported: set[str] = set()  # the points the live display was told of as they finished
+        self.server: Server | None = None
+        self.lossless: tuple[ProbeOutput, ...] = ()
+        self.probe_s = 0.0
+        self.restarts = 0
 
-            if task.capacity:
+    def open_run(self, point: Point) -> None:
+        tags = point_tags(point, self.target, self.spec.engine_version, self.task.confirms.get(point.hash))
+        run_id = self.tracker.start_run(point.label, tags | self.task.profile.tags, self.task.parent_run_id)
+        self.run_ids[point.hash] = run_id
+        self.tracker.log_params(run_id, flatten_params(point.job))
+        self.points.append(point)
 
-                def log_probe(p: Point, metrics: dict[str, float]) -> None:
-                    tracker.log_metrics(run_ids[p.hash], metrics)
-                    results[p.hash] = replace(results[p.hash], metrics={**results[p.hash].metrics, **metrics})
-
-                search_capacity.probe(group.points[0], open_run, measure_one, out_dir, log_probe)
-            else:
-                restarts = _measure_all(group, server, measure_one, tracker, run_ids, results)
-            probe_started = time.monotonic()
-            probe = lossless_probe(server.base_url, group.server_job, tokenizer)
-            probe_s = time.monotonic() - probe_started
-    except ServerError as exc:
-        message = redact_text(str(exc), secrets)
-        print(f"[{group.label}] FAILED: {message}")
-        for p in points:
-            results.setdefault(p.hash, PointOutcome(p.hash, run_ids[p.hash], error=message))
-    except OSError as exc:
-        if not diskfull.is_disk_full(exc):
+    def run(self) -> GroupOutcome:
+        for point in self.group.points if self.task.profile.opens_planned else ():
+            self.open_run(point)
+        interrupted = False
+        try:
+            self.reporter.emit("server_starting")
+            with engine_of(self.group.server_job).server(self.spec) as server:
+                self.server = server
+                self._ready(server)
+                self._measure(server)
+                started = time.monotonic()
+                self.lossless = lossless_probe(server.base_url, self.group.server_job, self.tokenizer)
+                self.probe_s = time.monotonic() - started
+        except ServerError as exc:
+            self._fail_rest(redact_text(str(exc), self.secrets))
+        except OSError as exc:
+            if not diskfull.is_disk_full(exc):
+                interrupted = True
+                raise
+            self._fail_rest(diskfull.message(exc, self.out_dir))
+        except BaseException:
             interrupted = True
             raise
-        message = diskfull.message(exc, out_dir)
-        print(f"[{group.label}] FAILED: {message}")
-        for p in points:
-            results.setdefault(p.hash, PointOutcome(p.hash, run_ids[p.hash], error=message))
-    except BaseException:
-        interrupted = True
-        raise
-    finally:
-        _redact_log(spec.log_path, secrets)
-        for p in points:  # a point left without an outcome was cut short by an interrupt
-            outcome = results.get(p.hash) or PointOutcome(p.hash, run_ids[p.hash], error="interrupted")
-            finish_run(tracker, outcome, out_dir, interrupted)
-            if p.hash not in reported:  # never measured: its server failed, or the disk filled, first
-                reporter.emit("point_done", p.label, failed=True)
-    startup_s = server.startup_s if server else None
-    outcomes = tuple(kept.values()) + tuple(results[p.hash] for p in points)
-    return GroupOutcome(
-        group.index,
-        outcomes,
-        started=True,
-        startup_s=startup_s,
-        lossless=probe,
-        probe_s=probe_s,
-        ran=tuple(points) if task.capacity else (),
-        restarts=restarts,
-    )
+        finally:
+            self._finish_runs(interrupted)
+        return GroupOutcome(
+            self.group.index,
+            tuple(self.results[p.hash] for p in self.points),
+            started=True,
+            startup_s=self.server.startup_s if self.server else None,
+            lossless=self.lossless,
+            probe_s=self.probe_s,
+            ran=tuple(self.points) if not isinstance(self.task.profile, Planned) else (),
+            restarts=self.restarts,
+        )
+
+    def _ready(self, server: Server) -> None:
+        label = self.group.label
+        self.reporter.emit("server_ready")
+        started = f"in {server.startup_s:.1f} s " if server.startup_s is not None else "(already running) "
+        print(f"[{label}] server ready {started}at {server.base_url}")
+        if (server.niceness() or 0) > 0:
+            print(
+                f"[{label}] warning: the server runs at niceness {server.niceness()} and yields the "
+                f"CPU to other processes; on a Ray cluster start its nodes with RAY_worker_niceness=0"
+            )
+
+    def _fail_rest(self, message: str) -> None:
+        print(f"[{self.group.label}] FAILED: {message}")
+        for p in self.points:
+            self.results.setdefault(p.hash, PointOutcome(p.hash, self.run_ids[p.hash], error=message))
+
+    def _finish_runs(self, interrupted: bool) -> None:
+        _redact_log(self.spec.log_path, self.secrets)
+        for p in self.points:  # a point left without an outcome was cut short by an interrupt
+            outcome = self.results.get(p.hash) or PointOutcome(p.hash, self.run_ids[p.hash], error="interrupted")
+            finish_run(self.tracker, outcome, self.out_dir, interrupted)
+            if p.hash not in self.reported:  # never measured: its server failed, or the disk filled, first
+                self.reporter.emit("point_done", p.label, failed=True)
+
+    def _measure_one(self, point: Point, first: bool) -> PointOutcome:
+        assert self.server is not None
+        outcome = measure_point(
+            point, self.server, self.tokenizer, self.tracker, self.run_ids, self.out_dir, first, self.reporter
+        )
+        self.results[point.hash] = outcome
+        self.reporter.emit("point_done", point.label, failed=outcome.error is not None)
+        self.reported.add(point.hash)
+        return outcome
+
+    def _measure(self, server: Server) -> None:
+        """What the profile asks for, in turn. A server that dies or hangs during a window fails
+        that point, with its log tail; it is then restarted for the rest (engine.restart_on_crash),
+        or the rest fail."""
+        walk = self.task.profile.start(self.group)
+        history: list[Measured] = []
+        fresh = True
+        while (point := walk.next_point(history)) is not None:
+            if point.hash not in self.run_ids:
+                self.open_run(point)
+            if self.restarts:
+                self.tracker.set_tags(self.run_ids[point.hash], {"server.restarts_before": str(self.restarts)})
+            outcome = self._measure_one(point, first=fresh)
+            fresh = False
+            extra = walk.judge(Measured(point, outcome), self.out_dir)
+            if extra:
+                self.tracker.log_metrics(self.run_ids[point.hash], extra)
+                outcome = self.results[point.hash] = replace(outcome, metrics={**outcome.metrics, **extra})
+            history.append(Measured(point, outcome))
+            if outcome.error and outcome.error.startswith(diskfull.PREFIX):
+                self._not_measured(walk.left(history), outcome.error)  # no room for their results either
+                return
+            fault = _server_fault(server, outcome)
+            if fault is not None and not self._after_fault(server, point, outcome, fault, walk.left(history)):
+                return
+            fresh = fresh or fault is not None
+
+    def _after_fault(
+        self, server: Server, point: Point, outcome: PointOutcome, fault: str, rest: tuple[Point, ...]
+    ) -> bool:
+        """Record a fault on its point; restart the server for the rest, and say whether to go on."""
+        tail = log_tail(server.spec.log_path)
+        error = f"{outcome.error or 'measured'}; {fault}\n--- last lines of the server log ---\n{tail}"
+        self.results[point.hash] = replace(outcome, error=error)
+        self.tracker.set_tags(self.run_ids[point.hash], {"server.fault": fault})
+        if not rest:
+            return False
+        if not point.job.engine.restart_on_crash:
+            self._not_measured(rest, f"{fault} at {point.label}, and engine.restart_on_crash=false")
+            return False
+        print(f"[{self.group.label}] {fault}; restarting it for the {len(rest)} point(s) left")
+        server.restart()
+        self.restarts += 1
+        return True
+
+    def _not_measured(self, points: tuple[Point, ...], why: str) -> None:
+        for later in points:
+            self.results[later.hash] = PointOutcome(later.hash, self.run_ids[later.hash], error=f"not measured: {why}")
 
 
 LOST = (
@@ -172,7 +243,7 @@ def _earlier_attempt(task: GroupTask, tracker: JournaledTracker) -> dict[str, Po
     for run in runs:  # newest first
         if run.status == "RUNNING":
             tracker.end_run(run.run_id, error=LOST)
-        elif run.finished and not task.capacity and run.point_hash not in kept:
+        elif run.finished and task.profile.keeps_earlier and run.point_hash not in kept:
             kept[run.point_hash] = PointOutcome(run.point_hash, run.run_id, run.metrics)
     if runs:
         print(
@@ -180,54 +251,6 @@ def _earlier_attempt(task: GroupTask, tracker: JournaledTracker) -> dict[str, Po
             f"{sum(r.status == 'RUNNING' for r in runs)} run(s) it left running ended as lost"
         )
     return kept
-
-
-def _measure_all(
-    group: ServerGroup,
-    server: Server,
-    measure_one: Any,
-    tracker: JournaledTracker,
-    run_ids: dict[str, str],
-    results: dict[str, PointOutcome],
-) -> int:
-    """Each point in turn. A server that dies or hangs during a window fails that point, with
-    its log tail; it is then restarted for the rest (engine.restart_on_crash), or the rest fail.
-    Returns the number of restarts."""
-    restarts, fresh = 0, True
-    for i, point in enumerate(group.points):
-        if restarts:
-            tracker.set_tags(run_ids[point.hash], {"server.restarts_before": str(restarts)})
-        outcome = measure_one(point, first=fresh)
-        fresh = False
-        if outcome.error and outcome.error.startswith(diskfull.PREFIX):
-            for later in group.points[i + 1 :]:  # no room for their results either
-                results[later.hash] = PointOutcome(
-                    later.hash, run_ids[later.hash], error=f"not measured: {outcome.error}"
-                )
-            break
-        fault = _server_fault(server, outcome)
-        if fault is None:
-            continue
-        tail = log_tail(server.spec.log_path)
-        results[point.hash] = replace(
-            outcome, error=f"{outcome.error or 'measured'}; {fault}\n--- last lines of the server log ---\n{tail}"
-        )
-        tracker.set_tags(run_ids[point.hash], {"server.fault": fault})
-        rest = group.points[i + 1 :]
-        if not rest:
-            break
-        if not point.job.engine.restart_on_crash:
-            for later in rest:
-                results[later.hash] = PointOutcome(
-                    later.hash,
-                    run_ids[later.hash],
-                    error=(f"not measured: {fault} at {point.label}, and engine.restart_on_crash=false"),
-                )
-            break
-        print(f"[{group.label}] {fault}; restarting it for the {len(rest)} point(s) left")
-        server.restart()
-        restarts, fresh = restarts + 1, True
-    return restarts
 
 
 def _server_fault(server: Server, outcome: PointOutcome) -> str | None:

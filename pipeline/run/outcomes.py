@@ -10,6 +10,7 @@ from typing import Protocol
 
 from pipeline.record.tracking import Store
 from pipeline.run.plan import Point, ServerGroup
+from pipeline.run.profiles import LoadProfile, Planned
 
 
 @dataclass(frozen=True)
@@ -23,8 +24,9 @@ class GroupTask:
     gpus: int  # what the group's server needs, for the launcher's resource request
     # A regression gate's re-measurement: point hash -> the run it confirms (tagged on its run).
     confirms: dict[str, str] = field(default_factory=dict)
-    # search=capacity: probe rates on this server from its one planned point (pipeline.run.search_capacity).
-    capacity: bool = False
+    # What the worker measures on this server: the planned points, or (search=capacity) the
+    # rates it picks as it goes from its seed point (pipeline.run.profiles).
+    profile: LoadProfile = field(default_factory=lambda: Planned())
     progress: str | None = None  # the driver's live display (pipeline.run.progress)
 
     def save(self, path: Path) -> Path:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pipeline.config import JobConfig
 from pipeline.run import predict_plan
 from pipeline.run.plan import SweepPlan, plan_sweep
+from pipeline.run.profiles import Bracketing, LoadProfile, Planned
 from pipeline.run.search_predict import PredictSearch
 from pipeline.run.searches import Capacity, Context, Grid, Search
 
@@ -33,10 +34,11 @@ class SearchKind:
     shown: Callable[[SweepPlan], SweepPlan]  # what a dry run shows and the estimate covers
     start: Callable[[SweepPlan, Context], Search]
     resumes: bool
+    profile: LoadProfile  # what each server's worker measures (pipeline.run.profiles)
 
 
 SEARCHES = {
-    "grid": SearchKind(Grid.planned, Grid.shown, Grid, Grid.resumes),
-    "predict": SearchKind(_PredictPlans.planned, _PredictPlans.shown, PredictSearch, PredictSearch.resumes),
-    "capacity": SearchKind(Capacity.planned, Capacity.shown, Capacity, Capacity.resumes),
+    "grid": SearchKind(Grid.planned, Grid.shown, Grid, Grid.resumes, Planned()),
+    "predict": SearchKind(_PredictPlans.planned, _PredictPlans.shown, PredictSearch, PredictSearch.resumes, Planned()),
+    "capacity": SearchKind(Capacity.planned, Capacity.shown, Capacity, Capacity.resumes, Bracketing()),
 }

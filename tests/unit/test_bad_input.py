@@ -137,6 +137,16 @@ CASES: list[tuple[str, bool, list[str], str]] = [
     ("cap-with-workers", False, ["load.max_concurrency=4", "load.client_workers=2"], "set load.client_workers=1"),
     ("error-rate", False, ["load.max_error_rate=1.5"], "load.max_error_rate=1.5 must lie in [0, 1)"),
     ("window-timeout", False, ["load.window_timeout_s=0"], "load.window_timeout_s=0.0 must be a positive number"),
+    # values the engine or a library would refuse later, after a server start or with a traceback
+    ("negative-seed", False, ["seed=-1"], "seed=-1 must be >= 0"),
+    ("negative-temperature", False, ["workload.temperature=-0.5"], "the server refuses a negative one"),
+    ("zero-tensor-parallel", False, ["engine.tensor_parallel_size=0"], "engine.tensor_parallel_size=0 must be >= 1"),
+    (
+        "credential-in-tracking-uri",
+        False,
+        ["tracking.uri=http://me:sentinel@127.0.0.1:5000"],
+        "export MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD",
+    ),
     # workloads and their files
     ("max-tokens", False, ["workload.max_tokens=0"], "workload.max_tokens=0 must be >= 1"),
     (
@@ -146,6 +156,12 @@ CASES: list[tuple[str, bool, list[str], str]] = [
         "workload.path=/no/such/file is not a file",
     ),
     ("workload-file-malformed", False, ["workload=jsonl", "workload.path={tmp}/bad.jsonl"], "not valid JSON"),
+    (
+        "workload-empty-prompt",
+        False,
+        ["workload=jsonl", "workload.path={tmp}/empty.jsonl"],
+        "2: field 'prompt' is empty",
+    ),
     ("workload-without-path", False, ["workload=jsonl", "workload.path=null"], "set workload.path=/path/to/file"),
     # traces (docs/traces.md)
     ("trace-missing-file", False, ["workload=trace", "workload.path=/no/such/trace.jsonl"], "no such file"),
@@ -274,6 +290,7 @@ def _prepare(case: tuple[str, bool, list[str], str], root: Path) -> tuple[Path, 
     folder = root / case[0]
     folder.mkdir()
     (folder / "bad.jsonl").write_text('{"prompt": "a"}\n{"prompt": \n')
+    (folder / "empty.jsonl").write_text('{"prompt": "a"}\n{"prompt": "  "}\n')
     traces = {
         "trace": '{"timestamp": 0, "prompt": "a"}\n{"timestamp": 3, "prompt": "b"}\n',
         "nostamp": '{"timestamp": 0, "prompt": "a"}\n{"prompt": "b"}\n',

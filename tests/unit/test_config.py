@@ -199,3 +199,24 @@ def test_the_nightly_measures_the_operators_model_in_its_own_experiment(monkeypa
     monkeypatch.setenv("SPECSWEEP_EXPERIMENT", "team-a-nightly")
     theirs = _compose(["+sweep=nightly"])
     assert theirs.model.id == "meta-llama/Llama-3.1-70B-Instruct" and theirs.tracking.experiment == "team-a-nightly"
+
+
+def test_declared_rules_say_the_key_the_rule_and_the_fix() -> None:
+    from pipeline.config import Valid
+    from pipeline.validate import declared
+
+    assert Valid(at_least=1).problem("load.num_requests", 0) == "load.num_requests=0 must be >= 1"
+    assert Valid(above=0, hint=" or null").problem("slo.tpot_ms", -5.0) == "slo.tpot_ms=-5.0 must be > 0 or null"
+    assert Valid(above=0).problem("load.request_rate", float("inf")) is None  # inf sends all at once
+    assert (
+        Valid(positive=True).problem("load.burstiness", float("inf")) == "load.burstiness=inf must be a positive number"
+    )
+    assert Valid(interval="(0, 1]").problem("slo.min_goodput", 0.0) == "slo.min_goodput=0.0 must lie in (0, 1]"
+    assert Valid(interval="(0, 1]").problem("slo.min_goodput", 1.0) is None
+    assert Valid(interval="[0, 1)").problem("gate.floor_p99", 1.0) == "gate.floor_p99=1.0 must lie in [0, 1)"
+    assert "choose one of: a, b" in (Valid(choices=("a", "b")).problem("x", "c") or "")
+    assert Valid(at_least=1).problem("load.max_concurrency", None) is None  # null is its own meaning
+    # Every declared default is valid, and the rules reach into every section.
+    found = {key: valid.problem(key, value) for key, value, valid in declared(JobConfig())}
+    assert not [k for k, p in found.items() if p], found
+    assert {"load.num_requests", "gate.history", "capacity.max_probes", "seed", "workload.temperature"} <= set(found)

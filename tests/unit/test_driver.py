@@ -23,6 +23,7 @@ from pipeline.record.tracking import Tracker
 from pipeline.run import driver, search_capacity, search_predict
 from pipeline.run.job import Target
 from pipeline.run.outcomes import GroupOutcome, GroupTask, PointOutcome
+from pipeline.run.profiles import Bracketing
 from tests.synthetic import PROFILE, true_tpot, window
 
 # search=capacity's synthetic server: it meets the SLO up to this rate.
@@ -47,7 +48,7 @@ class SyntheticExecutor:
     def _group(self, task: GroupTask) -> GroupOutcome:
         tracker = Tracker(task.store, task.experiment_id)
         points = list(task.group.points)
-        if task.capacity:
+        if isinstance(task.profile, Bracketing):
             points = [search_capacity.at_rate(points[0], r) for r in (1.0, 2.0, 4.0)]
         outcomes = []
         for p in points:
@@ -66,13 +67,13 @@ class SyntheticExecutor:
                 metrics |= {"acceptance_length": length}
             if k == len(PROFILE):  # the largest k: its per-position acceptance feeds the model
                 metrics |= {f"spec_decode_acceptance_rate_pos_{j}": v for j, v in enumerate(PROFILE)}
-            if task.capacity:
+            if isinstance(task.profile, Bracketing):
                 metrics |= {"slo_passed": float(rate <= CAPACITY_RPS)}
             tracker.log_metrics(run_id, metrics)
             tracker.end_run(run_id)
             self.samples[run_id] = window(tpot, length, seed=len(self.samples))
             outcomes.append(PointOutcome(p.hash, run_id, metrics))
-        ran = tuple(points) if task.capacity else ()
+        ran = tuple(points) if isinstance(task.profile, Bracketing) else ()
         return GroupOutcome(task.group.index, tuple(outcomes), started=True, ran=ran)
 
 
@@ -158,7 +159,7 @@ def test_capacity_keeps_the_rates_each_server_probed(sweep: Any, tmp_path: Path)
     executor = SyntheticExecutor()
     slo = SloConfig(tpot_ms=50)
     assert sweep(executor, (3,), (1.0,), search="capacity", slo=slo, capacity=CapacityConfig(start_rate=1.0)) == 0
-    assert len(executor.calls) == 1 and all(t.capacity for t in executor.calls[0])
+    assert len(executor.calls) == 1 and all(isinstance(t.profile, Bracketing) for t in executor.calls[0])
     frame = _summary(tmp_path)
     # The plan as it ran: the seed point replaced by each server's three probes.
     assert sorted(frame["request_rate"]) == [1.0, 1.0, 2.0, 2.0, 4.0, 4.0]

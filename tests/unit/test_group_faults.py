@@ -9,7 +9,7 @@ from pathlib import Path
 from pipeline.config import EngineConfig, JobConfig, LoadConfig
 from pipeline.record.tracking import PointRun
 from pipeline.run import diskfull
-from pipeline.run.group import LOST, _earlier_attempt, _measure_all
+from pipeline.run.group import LOST, GroupRun, _earlier_attempt
 from pipeline.run.measure import WINDOW_STOPPED
 from pipeline.run.outcomes import GroupTask, PointOutcome
 from pipeline.run.plan import plan_sweep
@@ -75,9 +75,25 @@ def _run(tmp_path: Path, faults: dict[float, str], restart: bool = True):  # typ
             results[point.hash] = PointOutcome(point.hash, point.label, {"completed": 6.0})
         return results[point.hash]
 
-    run_ids = {p.hash: p.label for p in group.points}
-    restarts = _measure_all(group, server, measure_one, tracker, run_ids, results)  # type: ignore[arg-type]
-    return group, results, tracker.tags, restarts, firsts
+    run = ScriptedGroup(group, tracker, measure_one, tmp_path)
+    run._measure(server)  # type: ignore[arg-type]
+    return group, run.results, tracker.tags, run.restarts, firsts
+
+
+class ScriptedGroup(GroupRun):
+    """A group's measuring loop (GroupRun._measure) over a scripted server and window."""
+
+    def __init__(self, group, tracker, measure_one, out_dir: Path) -> None:  # type: ignore[no-untyped-def]
+        self.task = GroupTask(group, None, "0", "parent", 0)  # type: ignore[arg-type]
+        self.group, self.tracker, self.out_dir = group, tracker, out_dir
+        self.run_ids = {p.hash: p.label for p in group.points}
+        self.results: dict[str, PointOutcome] = {}
+        self.restarts = 0
+        self.scripted = measure_one
+
+    def _measure_one(self, point, first: bool) -> PointOutcome:  # type: ignore[no-untyped-def]
+        self.results[point.hash] = self.scripted(point, first)
+        return self.results[point.hash]
 
 
 def test_a_crash_fails_its_point_with_the_log_tail_and_the_server_is_restarted_for_the_rest(tmp_path: Path) -> None:

@@ -192,3 +192,19 @@ def test_a_store_written_before_version_2_keeps_its_gate_history(v1_project: Pat
         assert fingerprint(before.tags, aliases) == fingerprint(run.tags, aliases)
     # Without tonight's aliases an old run matches nothing of this version.
     assert fingerprint(old["baseline-r1"].tags) != fingerprint(tonight[0].tags)
+
+
+def test_a_setting_added_since_version_2_leaves_every_hash_as_it_was_at_its_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pipeline.config import ADDED, SpecConfig
+
+    # As if spec.options had been added since: the hashes of points that leave it at its default
+    # are the hashes they had before it existed.
+    fields = {f.name: f for f in dataclasses.fields(SpecConfig)}
+    without = identity._values(_job(), identity.IDENTITY)
+    without["spec"].pop("options")
+    monkeypatch.setattr(fields["options"], "metadata", {**fields["options"].metadata, ADDED: True})
+    assert identity.point_hash(_job()) == identity._digest(without)
+    set_options = _job(spec=SpecConfig(options={"prompt_lookup_max": 4}))
+    assert identity.point_hash(set_options) != identity.point_hash(_job())  # and counts once set

@@ -18,7 +18,8 @@ from pipeline.identity import point_hash
 from pipeline.load.slo import SloTarget
 from pipeline.run import predict_plan, search_capacity, search_predict
 from pipeline.run.outcomes import GroupOutcome, PointOutcome
-from pipeline.run.plan import Point, SweepPlan, plan_sweep
+from pipeline.run.plan import Point, ServerGroup, SweepPlan, plan_sweep
+from pipeline.run.profiles import Bracketing, Measured
 from pipeline.run.searches import Capacity, Context
 from pipeline.validate import validate
 from tests.synthetic import PROFILE, measured_outcomes, true_tpot
@@ -199,22 +200,27 @@ def test_probe_loop_brackets_then_bisects_to_the_resolution(tmp_path: Path) -> N
         capacity=CapacityConfig(start_rate=1.0, resolution=0.1, max_probes=10),
     )
     seed = Point("baseline", job, point_hash(job))
-    opened, logged = [seed], []
-
-    def measure(point: Point, first: bool) -> PointOutcome:
+    walk = Bracketing().start(ServerGroup(1, "baseline", (seed,)))
+    measured: list[Measured] = []
+    logged: list[dict[str, float]] = []
+    while (point := walk.next_point(measured)) is not None:
         sample = capacity_sample(point.job.load.request_rate, 3.0, noise=0.0)
         write_requests(tmp_path / point.label, sample)
-        return PointOutcome(point.hash, "r", {"duration": sample.duration_s})
-
-    history = search_capacity.probe(
-        seed, lambda p: opened.append(p) or p, measure, tmp_path, lambda p, m: logged.append(m)
-    )
+        done = Measured(point, PointOutcome(point.hash, "r", {"duration": sample.duration_s}))
+        logged.append(walk.judge(done, tmp_path))
+        measured.append(done)
+    history = [
+        (m.point.job.load.request_rate, bool(extra["slo_passed"])) for m, extra in zip(measured, logged, strict=True)
+    ]
     rates = [r for r, _ in history]
     assert rates[:3] == [1.0, 2.0, 4.0]  # doubles until the SLO is missed
     passed = max(r for r, ok in history if ok)
     missed = min(r for r, ok in history if not ok)
     assert passed <= 3.0 * 50 / 40 <= missed and missed / passed - 1 <= 0.1  # the true boundary: 3.75 req/s
-    assert len(opened) == len(history) and [m["slo_passed"] for m in logged] == [float(ok) for _, ok in history]
+    assert [m["capacity_probe"] for m in logged] == [float(i) for i in range(1, len(logged) + 1)]
+    # A probe that fails to measure ends the walk.
+    failed = Measured(seed, PointOutcome(seed.hash, "r", error="server died"))
+    assert walk.judge(failed, tmp_path) == {} and walk.next_point([*measured, failed]) is None
 
 
 def test_a_rate_grid_is_refused_and_the_probed_plan_replaces_the_planned_points() -> None:
