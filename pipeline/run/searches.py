@@ -86,7 +86,7 @@ class Grid:
 
 class Capacity(Grid):
     """One seed point per server at capacity.start_rate; each server's worker probes the rates
-    itself (:mod:`pipeline.run.search_capacity`), and the plan as it ran holds what it probed."""
+    itself (:class:`pipeline.run.profiles.Bracketing`), and the plan as it ran holds what it probed."""
 
     resumes = False
 
