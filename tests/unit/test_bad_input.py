@@ -12,22 +12,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from pipeline.compose import register_schema, to_job_config
-from pipeline.config import ConfigError
 from pipeline.exitcode import ExitCode
-from pipeline.run.driver import run_guarded
-from pipeline.run.outcomes import GroupOutcome, GroupTask
-
-CONF = Path(__file__).resolve().parents[2] / "conf"
+from tests.in_process import sweep_in_process
 
 # (id, multirun?, overrides, what the message must say). {tmp} is the case's own folder.
 CASES: list[tuple[str, bool, list[str], str]] = [
@@ -276,16 +267,6 @@ CLI_CASES = {
 }
 
 
-class NoLaunch:
-    """The driver's executor for refusals: reaching it means a bad input got through."""
-
-    def preflight(self, tasks: Sequence[GroupTask]) -> None:
-        return None
-
-    def run(self, tasks: Sequence[GroupTask]) -> list[GroupOutcome]:
-        raise AssertionError(f"a refused input reached the launch of {len(tasks)} server group(s)")
-
-
 def _prepare(case: tuple[str, bool, list[str], str], root: Path) -> tuple[Path, list[str]]:
     folder = root / case[0]
     folder.mkdir()
@@ -301,24 +282,6 @@ def _prepare(case: tuple[str, bool, list[str], str], root: Path) -> tuple[Path, 
     for name, text in traces.items():
         (folder / f"{name}.jsonl").write_text(text)
     return folder, [o.replace("{tmp}", str(folder)) for o in case[2]]
-
-
-def _in_process(case: tuple[str, bool, list[str], str], folder: Path, args: list[str]) -> int:
-    """Compose as the entry point does, then convert and run the driver: the exit code."""
-    register_schema()
-    if case[1]:  # a sweep: one config per grid point, as the sweeper expands the command line
-        grid = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(args), None)[0]
-        points = [list(point) for point in grid]
-    else:
-        points = [args]
-    with initialize_config_dir(config_dir=str(CONF), version_base=None):
-        cfgs = [compose(config_name="config", overrides=[*p, f"output_dir={folder}/out"]) for p in points]
-    try:
-        jobs = [to_job_config(cfg) for cfg in cfgs]
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return ExitCode.BAD_INPUT
-    return run_guarded(jobs, NoLaunch(), folder)
 
 
 def _cli(case: tuple[str, bool, list[str], str], folder: Path, args: list[str]) -> subprocess.CompletedProcess[str]:
@@ -365,7 +328,7 @@ def test_bad_input_is_refused_before_any_server_starts_naming_the_fix(
 ) -> None:
     folder, args = _prepare(case, tmp_path)
     monkeypatch.chdir(folder)  # relative paths in a case are the user's working directory's
-    code = _in_process(case, folder, args)
+    code = sweep_in_process(case[1], folder, args)
     out = capsys.readouterr()
     assert code == ExitCode.BAD_INPUT, out.out[-1500:] + out.err[-1500:]
     assert case[3] in out.err, out.err[-1500:]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_bad_input import _in_process
+from tests.in_process import sweep_in_process
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "gpu.md"
 
@@ -37,7 +37,7 @@ def test_each_command_dry_runs_and_shows_the_gpu_plan(
     assert "dry_run=true" in args  # the page shows each plan before anything runs
     multirun = "-m" in args or any(a.startswith("+sweep=nightly") for a in args)
     overrides = [a for a in args if a != "-m"]
-    code = _in_process(("gpu-doc", multirun, overrides, ""), tmp_path, overrides)
+    code = sweep_in_process(multirun, tmp_path, overrides)
     out = capsys.readouterr()
     assert code == 0, out.err[-3000:]
     assert "dry run: nothing was started." in out.out

@@ -1,0 +1,49 @@
+"""A sweep's command line run in this process: composed as the entry point composes it, then the
+driver, with an executor that fails the test if anything reaches a launch. For the refusals
+(test_bad_input) and the dry runs of a page's commands (test_gpu_doc), without a subprocess."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+from pipeline.compose import register_schema, to_job_config
+from pipeline.config import ConfigError
+from pipeline.exitcode import ExitCode
+from pipeline.run.driver import run_guarded
+from pipeline.run.outcomes import GroupOutcome, GroupTask
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+class NoLaunch:
+    """The driver's executor for refusals and dry runs: reaching it means an input got through."""
+
+    def preflight(self, tasks: Sequence[GroupTask]) -> None:
+        return None
+
+    def run(self, tasks: Sequence[GroupTask]) -> list[GroupOutcome]:
+        raise AssertionError(f"a refused input reached the launch of {len(tasks)} server group(s)")
+
+
+def sweep_in_process(multirun: bool, folder: Path, args: list[str]) -> int:
+    """Compose as the entry point does, then convert and run the driver: the exit code."""
+    register_schema()
+    if multirun:  # a sweep: one config per grid point, as the sweeper expands the command line
+        grid = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(args), None)[0]
+        points = [list(point) for point in grid]
+    else:
+        points = [args]
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        cfgs = [compose(config_name="config", overrides=[*p, f"output_dir={folder}/out"]) for p in points]
+    try:
+        jobs = [to_job_config(cfg) for cfg in cfgs]
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    return run_guarded(jobs, NoLaunch(), folder)
