@@ -60,11 +60,10 @@ def _values(obj: Any, wanted: tuple[Role, ...]) -> dict[str, Any]:
     """The fields of ``obj`` whose role is wanted, as nested dicts (sections walked into); a
     setting added since version 2 only where it is not at its default."""
     out: dict[str, Any] = {}
-    defaults = type(obj)()
     for field in dataclasses.fields(obj):
         value = getattr(obj, field.name)
         role = _role(field)
-        if field.metadata.get(ADDED) and value == getattr(defaults, field.name):
+        if field.metadata.get(ADDED) and value == getattr(type(obj)(), field.name):
             continue
         if role is None and dataclasses.is_dataclass(value):
             inner = _values(value, wanted)

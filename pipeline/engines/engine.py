@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from pipeline.config import EngineConfig, JobConfig
 from pipeline.engines.acceptance import Scrape
 from pipeline.engines.base import Server, ServerSpec
+from pipeline.engines.hardware import gpu_names, resolve_device
 from pipeline.engines.models import resolve_model
 from pipeline.engines.sglang_acceptance import SglangAcceptance
 from pipeline.load.client import RequestRecord
@@ -36,6 +37,13 @@ class Target:
     def engine_gpus(self, job: JobConfig) -> int:
         """GPUs the server takes; a draft model shares the target's GPUs in vLLM."""
         return job.engine.tensor_parallel_size if self.on_gpu else 0
+
+
+def planned_device(job: JobConfig, plan_only: bool) -> tuple[bool, bool]:
+    """(on a GPU, only planned): a dry run plans engine.device=gpu servers from a machine without
+    a GPU, as for a cluster's GPU nodes, and this machine's device and build are then not checked."""
+    planned = plan_only and job.engine.device == "gpu" and not gpu_names()
+    return (True if planned else resolve_device(job.engine.device)), planned
 
 
 def resolve_models(job: JobConfig, install: Any, on_gpu: bool, *, build: bool) -> Target:

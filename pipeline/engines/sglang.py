@@ -23,8 +23,7 @@ from packaging.version import InvalidVersion, Version
 from pipeline.config import ConfigError, EngineConfig, JobConfig, SpecConfig
 from pipeline.engines.acceptance import Scrape
 from pipeline.engines.base import EngineServer, Server, ServerSpec
-from pipeline.engines.engine import Target, launch_args, resolve_models
-from pipeline.engines.hardware import gpu_names, resolve_device
+from pipeline.engines.engine import Target, launch_args, planned_device, resolve_models
 from pipeline.engines.sglang_acceptance import SglangAcceptance, server_info, sglang_acceptance
 from pipeline.engines.vllm import EngineNotInstalled, LaunchPlan, run_probe
 from pipeline.load.client import RequestRecord
@@ -267,8 +266,7 @@ class SglangEngine:
 
     def resolve(self, job: JobConfig, *, build: bool, plan_only: bool) -> Target:
         # build=False (before anything is built) plans a server even where SGLang cannot run.
-        planned_gpu = plan_only and job.engine.device == "gpu" and not gpu_names()
-        on_gpu = True if planned_gpu else resolve_device(job.engine.device)
+        on_gpu, _ = planned_device(job, plan_only)
         install = detect_install(job.engine.python, required=build)
         if build:
             validate_engine(job.engine, install, on_gpu, python_given=job.engine.python is not None)

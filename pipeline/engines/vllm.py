@@ -21,8 +21,7 @@ from packaging.version import InvalidVersion, Version
 from pipeline.config import ConfigError, EngineConfig, JobConfig, SpecConfig
 from pipeline.engines.acceptance import Scrape
 from pipeline.engines.base import EngineServer, Server, ServerSpec
-from pipeline.engines.engine import Target, launch_args, resolve_models
-from pipeline.engines.hardware import gpu_names, resolve_device
+from pipeline.engines.engine import Target, launch_args, planned_device, resolve_models
 from pipeline.engines.models import cache_root
 from pipeline.engines.sglang_acceptance import SglangAcceptance
 from pipeline.load.client import RequestRecord
@@ -261,10 +260,7 @@ class VllmEngine:
     emits_k_schedule = True
 
     def resolve(self, job: JobConfig, *, build: bool, plan_only: bool) -> Target:
-        # A dry run plans engine.device=gpu servers from a machine without a GPU, as for a
-        # cluster's GPU nodes: this machine's device and engine build are then not checked.
-        planned_gpu = plan_only and job.engine.device == "gpu" and not gpu_names()
-        on_gpu = True if planned_gpu else resolve_device(job.engine.device)
+        on_gpu, planned_gpu = planned_device(job, plan_only)
         install = detect_install(job.engine.python)
         if not planned_gpu:
             validate_engine(job.engine, install, on_gpu)

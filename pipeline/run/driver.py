@@ -195,6 +195,11 @@ class Sweep:
         return None
 
     @property
+    def resumed(self) -> int:
+        """Points of the plan that earlier runs finished, and this one does not measure again."""
+        return len(self.plan.points) - len(self.plan.without(self.done).points)
+
+    @property
     def experiment(self) -> str:
         return self.first.tracking.experiment or self.first.sweep_name
 
@@ -254,7 +259,7 @@ class Sweep:
         return self.finish(executor, end, frame, failed)
 
     def _announce(self, shown: SweepPlan) -> None:
-        skipped = len(self.plan.points) - len(self.plan.without(self.done).points)
+        skipped = self.resumed
         first = self.first
         print(
             f"plan: {len(shown.groups)} server(s), {len(shown.points)} point(s) to measure"
@@ -337,7 +342,7 @@ class Sweep:
             "points": len(end.plan.points),
             "points_measured": sum(len(o.points) for o in outcomes),
             "points_predicted": len(end.predicted),
-            "points_resumed": len(self.plan.points) - len(self.plan.without(self.done).points),
+            "points_resumed": self.resumed,
             "points_failed": failed,
             "lossless_probe_s": sum(o.probe_s for o in outcomes),
             "sweep_wall_s": time.monotonic() - started,

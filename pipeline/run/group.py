@@ -32,7 +32,7 @@ from pipeline.run.measure import WINDOW_STOPPED
 from pipeline.run.outcomes import GroupOutcome, GroupTask, PointOutcome, ProbeOutput
 from pipeline.run.plan import Point, ServerGroup
 from pipeline.run.point import finish_run, measure_point, point_tags
-from pipeline.run.profiles import Measured, Planned
+from pipeline.run.profiles import Measured
 
 
 def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
@@ -133,7 +133,7 @@ class GroupRun:
             startup_s=self.server.startup_s if self.server else None,
             lossless=self.lossless,
             probe_s=self.probe_s,
-            ran=tuple(self.points) if not isinstance(self.task.profile, Planned) else (),
+            ran=tuple(self.points) if self.task.profile.chooses_points else (),
             restarts=self.restarts,
         )
 

@@ -63,6 +63,8 @@ class LoadProfile(Protocol):
     # Whether the planned points are given runs before the server starts (a failed start then
     # fails each of them), or each as the walk reaches it.
     opens_planned: bool
+    # Whether the walk picks its points as it goes (then the group reports the points it ran).
+    chooses_points: bool
 
     def start(self, group: ServerGroup) -> Walk: ...
 
@@ -74,6 +76,7 @@ class Planned:
     tags = {}  # noqa: RUF012 - read-only, the same for every grid group
     keeps_earlier = True
     opens_planned = True
+    chooses_points = False
 
     def start(self, group: ServerGroup) -> Walk:
         return _PlannedWalk(group.points)
@@ -101,6 +104,7 @@ class Bracketing:
     tags = {"search": "capacity"}  # noqa: RUF012
     keeps_earlier = False
     opens_planned = True  # the seed; each later probe is given its run as it is reached
+    chooses_points = True
 
     def start(self, group: ServerGroup) -> Walk:
         return _BracketingWalk(group.points[0])

@@ -318,14 +318,18 @@ class PredictSearch:
 
     resumes = True
 
-    def __init__(self, plan: SweepPlan, context: Context) -> None:
+    def __init__(
+        self, plan: SweepPlan, context: Context, cap: int | None = None, check_model: bool | None = None
+    ) -> None:
+        """``cap`` and ``check_model`` default to the sweep's predict.max_confirm and predict.check_model."""
         assert context.samples and context.log_predicted and isinstance(context.opts, StatsOptions)
         self.plan = plan
         self.samples = context.samples
         self.log_predicted = context.log_predicted
         self.opts: StatsOptions = context.opts
-        self.cap = plan.points[0].job.predict.max_confirm if plan.points else 1
-        self.check_model = plan.points[0].job.predict.check_model if plan.points else False
+        settings = plan.points[0].job.predict if plan.points else None
+        self.cap = cap if cap is not None else (settings.max_confirm if settings else 1)
+        self.check_model = check_model if check_model is not None else bool(settings and settings.check_model)
         self.by_hash: dict[str, PointOutcome] = dict(context.done)
         self.outcomes: list[GroupOutcome] = []
         self.phase = 0
@@ -407,8 +411,7 @@ def run(
 ) -> PredictRun:
     """Measure, predict, confirm; then predict what is left with the confirmations as anchors:
     :class:`PredictSearch` driven to its end by ``executor_run``, as the driver drives it."""
-    search = PredictSearch(plan, Context(done, samples, log_predicted, opts))
-    search.cap, search.check_model = cap, check_model
+    search = PredictSearch(plan, Context(done, samples, log_predicted, opts), cap, check_model)
     outcomes: list[GroupOutcome] = []
     while (part := search.next_plan(outcomes)) is not None:
         outcomes = executor_run(part)
