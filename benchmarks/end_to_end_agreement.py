@@ -117,7 +117,7 @@ from pipeline.identity import point_hash  # noqa: E402
 from pipeline.load.items import Request  # noqa: E402
 from pipeline.run.job import point_requests, resolve_target, server_spec  # noqa: E402
 from pipeline.run.measure import reset_prefix_cache  # noqa: E402
-from pipeline.run.signals import exit_on_sigterm  # noqa: E402
+from pipeline.run.plumbing.signals import exit_on_sigterm  # noqa: E402
 from pipeline.sweep import CONF_DIR  # noqa: E402  (importing it registers the config schema)
 
 MODEL = "embedded:smollm2-135m"

@@ -168,18 +168,18 @@ PROFILE = (0.8, 0.6, 0.45, 0.3)
 def predict_interval(trials: int, opts: StatsOptions) -> tuple[int, int]:
     """search=predict's TPOT at k=2 from the baseline and k=4, against a synthetic engine that
     follows the model exactly (step cost linear in k, L from the per-position rates)."""
-    from pipeline.analysis import predict
-    from pipeline.run.search_predict import Measured, model_windows
+    from pipeline.analysis import kcurve
+    from pipeline.run.search.predicting import MeasuredK, model_windows
 
     def tpot(k: int) -> float:
         return (0.044 + 0.004 * k) / (1 + sum(PROFILE[:k]))
 
-    def measured(rng: np.random.Generator, prompt: np.ndarray, k: int) -> Measured:
+    def measured(rng: np.random.Generator, prompt: np.ndarray, k: int) -> MeasuredK:
         w = window(rng, prompt, tpot(k))
         length = 1 + sum(PROFILE[:k])
         w = dataclasses.replace(w, chunks=np.round(64 / length) * np.ones(w.size) + 1)
         metrics = {"acceptance_length": 64 / np.round(64 / length)} if k else {}
-        return Measured((w,), (metrics,))
+        return MeasuredK((w,), (metrics,))
 
     rng = np.random.default_rng(6)
     hits = 0
@@ -187,8 +187,8 @@ def predict_interval(trials: int, opts: StatsOptions) -> tuple[int, int]:
         prompt = rng.normal(0, 0.3, 64)
         got = model_windows({0: measured(rng, prompt, 0), 4: measured(rng, prompt, 4)}, opts, seed=s)
         top = got[4]
-        inputs = predict.RateInputs(1.0, got[0], top, PROFILE)
-        found = predict.predict(inputs, 2, opts)
+        inputs = kcurve.RateInputs(1.0, got[0], top, PROFILE)
+        found = kcurve.extrapolate(inputs, 2, opts)
         # The prompts' own median scales every window alike and cancels in the speedup: its truth is known.
         true_speedup = tpot(0) / tpot(2)
         hits += found.speedup_low <= true_speedup <= found.speedup_high
@@ -602,8 +602,8 @@ def group_table(kind: str, base: Sample, spec: Sample, opts: StatsOptions) -> pd
 
     samples = {"b": base, "s": spec}
     if kind == "category":
-        return categories.compare(GROUP_FRAME, samples, opts).sort_values("category")
-    return timeline.compare(GROUP_FRAME, samples, opts).sort_values("start_s")
+        return categories.compare_groups(GROUP_FRAME, samples, opts).sort_values("category")
+    return timeline.compare_stretches(GROUP_FRAME, samples, opts).sort_values("start_s")
 
 
 def group_coverage(

@@ -19,9 +19,9 @@ from pipeline import startup
 from pipeline.analysis.samples import StatsOptions
 from pipeline.config import TrackingConfig
 from pipeline.exitcode import ExitCode
-from pipeline.finish.judge import EXIT_CODES, recorded_config, run
+from pipeline.finish.judge import EXIT_CODES, judge_sweep, recorded_config
 from pipeline.record.readers import HistoryReader
-from pipeline.record.tracking import Store, TrackingError, TrackingUnreachable, check_reachable, resolve_store
+from pipeline.record.tracking import Store, TrackingError, TrackingUnreachable, check_store_reachable, resolve_store
 
 
 def _uri(given: str | None, project: Path) -> Store:
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--history={args.history} must be >= 1")
     store = _uri(args.tracking_uri, args.project.resolve())
     try:
-        check_reachable(store)
+        check_store_reachable(store)
         reader = HistoryReader(store.tracking_uri)
         if action != "judge":
             run_id = refs[0] if action == "pin" else reader.find_parent(refs[0])
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"with the defaults " + ", ".join(f"gate.{n}={getattr(config, n)}" for n in defaulted),
                 file=sys.stderr,
             )
-        result, summary = run(reader, parent, config, opts, args.out or Path("outputs") / f"gate-{parent[:8]}")
+        result, summary = judge_sweep(reader, parent, config, opts, args.out or Path("outputs") / f"gate-{parent[:8]}")
     except TrackingUnreachable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.INFRA

@@ -22,8 +22,8 @@ import hydra
 from pipeline.compose import GROUP_FILE_KEY, register_schema, to_job_config
 from pipeline.config import ConfigError
 from pipeline.exitcode import ExitCode
-from pipeline.run import entry
-from pipeline.run.signals import exit_on_sigterm
+from pipeline.run.plumbing import entry
+from pipeline.run.plumbing.signals import exit_on_sigterm
 
 RAY_PACKAGE_DIR = "runtime_resources/working_dir_files"
 STABLE_COPY_ENV = "SPECSWEEP_JOB_COPY"
@@ -90,4 +90,4 @@ register_schema()
 
 if __name__ == "__main__":
     run_from_a_stable_copy()  # only the driver: a Ray task imports this module, and must stay put
-    entry.run(main)
+    entry.run_command(main)

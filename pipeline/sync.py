@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pipeline import startup
 from pipeline.exitcode import ExitCode
-from pipeline.record.journal import journals, make_tracker, replay
+from pipeline.record.journal import journals, make_tracker, replay_journal
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     if not found:
         print(f"nothing to sync: no {args.outputs}/**/mlflow-journal.jsonl")
         return 0
-    made, left = replay(found, lambda header: make_tracker(header, args.tracking_uri))
+    made, left = replay_journal(found, lambda header: make_tracker(header, args.tracking_uri))
     print(
         f"synced {made} MLflow write(s) from {len(found)} journal(s)"
         + (f"; {left} still left: is the tracking server up? run this again" if left else "")

@@ -19,7 +19,7 @@ import httpx
 from pipeline import startup
 from pipeline.config import TrackingConfig
 from pipeline.engines.process import free_port
-from pipeline.run.signals import exit_on_sigterm
+from pipeline.run.plumbing.signals import exit_on_sigterm
 
 READY_TIMEOUT_S = 60.0
 

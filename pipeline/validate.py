@@ -253,7 +253,7 @@ def _validate_search(job: JobConfig) -> None:
         if job.gate.enabled:
             raise ConfigError("search=capacity probes adaptive rates that no reference shares; set gate.enabled=false")
     if job.search == "predict":
-        from pipeline.analysis.predict import VALIDATED_METHODS
+        from pipeline.analysis.kcurve import VALIDATED_METHODS
 
         if job.spec.method not in ("none", *VALIDATED_METHODS):
             raise ConfigError(

@@ -22,7 +22,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from pipeline.compose import GROUP_FILE_KEY
 from pipeline.config import RayConfig
-from pipeline.run import cluster, progress_hub
+from pipeline.run.plumbing import cluster
+from pipeline.run.progress import ray_hub
 
 if TYPE_CHECKING:  # the driver's records import MLflow: not on every command line
     from pipeline.run.outcomes import GroupTask
@@ -114,7 +115,7 @@ class SpecsweepRayLauncher(Launcher):
 
         requests = [cluster.group_request(ray_config, GroupTask.load_bytes(t).gpus if t else 0) for t in tasks]
         channels = {c for t in tasks if t and (c := GroupTask.load_bytes(t).progress)}
-        forwarding = [progress_hub.forward(channel) for channel in channels]
+        forwarding = [ray_hub.forward(channel) for channel in channels]
         refs = []
         try:
             if not ray_config.resources_per_group and not any(r.get("num_gpus") for r in requests):

@@ -24,8 +24,8 @@ from omegaconf.errors import OmegaConfBaseException
 from pipeline.compose import GROUP_FILE_KEY, to_job_config
 from pipeline.config import ConfigError
 from pipeline.exitcode import ExitCode
-from pipeline.run import diskfull, entry
-from pipeline.run.signals import exit_on_sigterm
+from pipeline.run.plumbing import diskfull, entry
+from pipeline.run.plumbing.signals import exit_on_sigterm
 
 # Hydra imports every plugin on every command line, a refused one too: the driver (MLflow,
 # pandas, scipy, plotly) is imported where a sweep runs, not here.

@@ -15,18 +15,15 @@ import pandas as pd
 from pipeline.analysis import (
     advisor,
     categories,
-    iplots,
-    iplots_search,
-    model,
+    leviathan,
     quality,
     search_report,
     stats,
     timeline,
     verdicts,
 )
-from pipeline.analysis.markdown import ReportData, conditions, run_names
+from pipeline.analysis.markdown import ReportData, conditions
 from pipeline.analysis.samples import Sample, StatsOptions
-from pipeline.analysis.timeline import TIMELINE_FIGURE
 from pipeline.engines.acceptance import alpha_from_length
 from pipeline.engines.registry import emits_k_schedule
 from pipeline.load.slo import SloTarget
@@ -95,7 +92,7 @@ def analyse(
     if not points.empty and points["acceptance_length"].isna().all():
         gaps.append("acceptance, alpha and the model: the engine reported no acceptance metrics")
     crossings = verdicts.crossovers(comparisons)
-    fits, skipped = model.fit(points)
+    fits, skipped = leviathan.fit_curves(points)
     gaps += [f"model: {s}" for s in skipped]
     base = verdicts.measured(frame, "baseline")
     # The k schedule is written in one engine's format: its points and baselines only.
@@ -127,13 +124,13 @@ def analyse(
     curves = search_report.capacity(frame, samples, target, opts) if target is not None else []
     sections = search_report.capacity_lines(curves, target, opts) if target is not None else []
     sections += search_report.predict_lines(predictions if predictions is not None else pd.DataFrame())
-    by_type = categories.compare(frame, samples, opts)
+    by_type = categories.compare_groups(frame, samples, opts)
     advice += advisor.by_request_type(by_type)
-    sections += categories.lines(by_type)
-    by_turn = categories.compare(frame, samples, opts, categories.BY_TURN)
+    sections += categories.group_lines(by_type)
+    by_turn = categories.compare_groups(frame, samples, opts, categories.BY_TURN)
     sections += categories.turn_lines(by_turn)
-    over_time = timeline.compare(frame, samples, opts)
-    sections += timeline.lines(over_time, schedules)
+    over_time = timeline.compare_stretches(frame, samples, opts)
+    sections += timeline.stretch_lines(over_time, schedules)
     lead = search_report.capacity_headline(curves, target) if target is not None else ""
     return ReportData(
         title,
@@ -230,32 +227,11 @@ def _lossless(probes: list[dict]) -> list[quality.Lossless]:
         base = by_group.get(probe.get("baseline_group") or "")
         if probe["role"] == "speculative" and base:
             found.append(
-                quality.compare(probe["group"], base["group"], probe["dtype"], probe["outputs"], base["outputs"])
+                quality.compare_outputs(
+                    probe["group"], base["group"], probe["dtype"], probe["outputs"], base["outputs"]
+                )
             )
     return found
-
-
-def interactive_figures(data: ReportData) -> dict:
-    """Every figure of the report as Plotly, by the same names as their PNGs (the gate's trends stay PNGs)."""
-    names = run_names(data.frame)
-
-    def url(run: str) -> str:
-        return data.run_url.format(run=run)
-
-    made = {
-        "Output throughput against median TPOT": iplots.throughput_vs_tpot(data.levels, names, url),
-        "Output throughput against p99 TPOT": iplots.throughput_vs_p99_tpot(data.frame, names, url),
-        "Median-TPOT speedup against request rate": iplots.speedup_vs_rate(data.points, names, url),
-        "TTFT against request rate": iplots.ttft_vs_rate(data.frame, names, url),
-        "Acceptance against k": iplots.acceptance_vs_k(data.points, names, url),
-        "Median-TPOT speedup over k x request rate": iplots.speedup_heatmap(data.points, names, url),
-        "Capacity under the SLO": iplots_search.capacity_curve(data.capacity, names, url),
-        "Median TPOT against k: measured and predicted": iplots_search.k_curve(
-            data.predictions, data.frame, names, url
-        ),
-        TIMELINE_FIGURE: iplots.trace_timeline(data.over_time),
-    }
-    return {name: fig for name, fig in made.items() if fig is not None}
 
 
 def output_length_tests(frame: pd.DataFrame, requests: Mapping[str, pd.DataFrame]) -> list[tuple[str, float, float]]:

@@ -85,7 +85,7 @@ def _median_ms(samples: Sequence[Sample], metric: str) -> float:
     return float(np.median(finite)) * 1e3 if len(finite) else math.nan
 
 
-def compare(
+def compare_groups(
     frame: pd.DataFrame, samples: Mapping[str, Sample], opts: StatsOptions, by: Grouping = BY_CATEGORY
 ) -> pd.DataFrame:
     """One row per (speculative point, group) where a point's windows hold two or more groups
@@ -188,7 +188,7 @@ def _length_text(row: pd.Series) -> str:
     return f"L {row['acceptance_length']:.2f} [{row['acceptance_length_low']:.2f}, {row['acceptance_length_high']:.2f}]"
 
 
-def lines(table: pd.DataFrame) -> list[str]:
+def group_lines(table: pd.DataFrame) -> list[str]:
     """The report's "By request type" section; with a routing line where the verdicts of one
     point disagree (one category helps while another hurts)."""
     if table.empty:

@@ -15,7 +15,7 @@ from scipy import stats as scipy_stats
 
 from pipeline.analysis.advisor import Advice
 from pipeline.analysis.decisions import HELPS, HURTS, INCONCLUSIVE, TOO_FEW, smallest_resolvable
-from pipeline.analysis.model import Fit
+from pipeline.analysis.leviathan import LeviathanFit
 from pipeline.analysis.quality import Lossless
 from pipeline.analysis.samples import server_spread
 from pipeline.analysis.stats import RATIOS
@@ -38,7 +38,7 @@ class ReportData:
     frame: pd.DataFrame  # every point (the sweep's summary table)
     points: pd.DataFrame  # verdicts per (engine, method, k, rate)
     crossings: list[Crossover]
-    fits: list[Fit]
+    fits: list[LeviathanFit]
     advice: list[Advice]
     schedules: list[dict]
     lossless: list[Lossless]
@@ -367,7 +367,7 @@ def _divergences(q: object) -> str:
     return f"; first divergence: {', '.join(found)}" if found else ""
 
 
-def _measured_text(data: ReportData, fit: Fit, k: int) -> str:
+def _measured_text(data: ReportData, fit: LeviathanFit, k: int) -> str:
     points = data.points
     match = points[
         (points["engine"] == fit.engine)

@@ -39,7 +39,7 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def compare(server: str, baseline: str, dtype: str, spec: Sequence[dict], base: Sequence[dict]) -> Lossless:
+def compare_outputs(server: str, baseline: str, dtype: str, spec: Sequence[dict], base: Sequence[dict]) -> Lossless:
     """``spec``/``base``: probe outputs ({index, token_ids, error}) of the two servers."""
     by_index = {o["index"]: o for o in base if not o.get("error")}
     pairs = [(o, by_index[o["index"]]) for o in spec if not o.get("error") and o["index"] in by_index]

@@ -64,7 +64,7 @@ class Floors:
 
 
 @dataclass(frozen=True, eq=False)
-class PointRun:
+class GatedRun:
     """One measured point of one sweep run."""
 
     run_id: str
@@ -115,12 +115,12 @@ class GateResult:
 
 
 def judge(
-    current: Sequence[PointRun],
-    history: Mapping[str, Sequence[PointRun]],
+    current: Sequence[GatedRun],
+    history: Mapping[str, Sequence[GatedRun]],
     opts: StatsOptions,
     floors: Floors,
     aa: ServerSpread | None = None,
-    spread_from: Mapping[str, Sequence[PointRun]] | None = None,
+    spread_from: Mapping[str, Sequence[GatedRun]] | None = None,
 ) -> GateResult:
     """``history[key]``: the reference runs of each point, newest first (one, if pinned).
     ``spread_from``: the past runs that measure the spread between runs (default: history)."""
@@ -132,7 +132,7 @@ def judge(
         for m in GATED
     }
     ratios: list[Ratio] = []
-    slots: list[tuple[PointRun, GateMetric, float, float, bool]] = []
+    slots: list[tuple[GatedRun, GateMetric, float, float, bool]] = []
     for i, point in enumerate(current):
         past = history.get(point.key, ())
         for j, metric in enumerate(GATED):
@@ -175,8 +175,8 @@ def judge(
 
 def _one_past_run(
     metric: GateMetric,
-    point: PointRun,
-    past: PointRun,
+    point: GatedRun,
+    past: GatedRun,
     value: float,
     reference: float,
     opts: StatsOptions,
@@ -206,9 +206,9 @@ def _verdict(decision: decisions.Decision, measured: bool) -> str:
 
 
 def _collect(
-    current: Sequence[PointRun],
+    current: Sequence[GatedRun],
     findings: Sequence[Finding],
-    history: Mapping[str, Sequence[PointRun]],
+    history: Mapping[str, Sequence[GatedRun]],
     spread: dict[str, tuple[float, int]],
 ) -> GateResult:
     points = {}
@@ -245,7 +245,7 @@ def _pct(ratio: Ratio) -> str:
     return text
 
 
-def markdown(result: GateResult, title: str, reference: str) -> str:
+def gate_markdown(result: GateResult, title: str, reference: str) -> str:
     """A short summary fit for a CI comment: the verdict, then what moved."""
     head = {"fail": "❌ regression", "pass": "✅ pass", "insufficient": "⚠️ insufficient data"}[result.overall]
     lines = [f"### Regression gate: {head}", "", f"{title}; reference: {reference}.", ""]

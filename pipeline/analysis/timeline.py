@@ -77,12 +77,12 @@ def in_flight(sample: Sample, lo: float, hi: float) -> float:
     return float(overlap.sum() / (hi - lo))
 
 
-def compare(frame: pd.DataFrame, samples: Mapping[str, Sample], opts: StatsOptions) -> pd.DataFrame:
+def compare_stretches(frame: pd.DataFrame, samples: Mapping[str, Sample], opts: StatsOptions) -> pd.DataFrame:
     """One row per (speculative trace point, time bucket); empty where no point replayed a trace."""
     if "trace_requests" not in frame or frame["trace_requests"].isna().all():
         return pd.DataFrame()
     traced = frame[frame["trace_requests"].notna()]
-    table = categories.compare(traced, samples, opts, ByTime())
+    table = categories.compare_groups(traced, samples, opts, ByTime())
     return table.rename(columns={"category": "bucket"}) if not table.empty else table
 
 
@@ -97,7 +97,7 @@ def schedule_k(schedules: Sequence[dict], method: str, batch: float) -> int | No
     return None
 
 
-def lines(table: pd.DataFrame, schedules: Sequence[dict] = ()) -> list[str]:
+def stretch_lines(table: pd.DataFrame, schedules: Sequence[dict] = ()) -> list[str]:
     """The report's "Over the trace" section: per point, each bucket's load and verdict, and
     where speculation stopped paying."""
     if table.empty:

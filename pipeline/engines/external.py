@@ -75,7 +75,7 @@ def served_version(url: str, timeout_s: float = 10.0) -> str:
     return "unknown"
 
 
-def check_reachable(key: str, url: str, timeout_s: float = 10.0) -> None:
+def check_server_reachable(key: str, url: str, timeout_s: float = 10.0) -> None:
     """Refuse a server that does not answer, naming the key; before anything is measured."""
     problem = _unhealthy(url, timeout_s)
     if problem:
@@ -202,7 +202,7 @@ class ExternalEngine:
         key, url = external_url(job)
         version = "unknown, a dry run contacts no server"
         if not plan_only:
-            check_reachable(key, url)
+            check_server_reachable(key, url)
             version = served_version(url)
         return Target(
             ExternalInstall(version), False, resolve_model(job.model.id, build=build), None, job.model.revision

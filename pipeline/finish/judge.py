@@ -21,12 +21,12 @@ from pipeline.analysis.regression import (
     GATED,
     Flip,
     Floors,
+    GatedRun,
     GateResult,
-    PointRun,
     decision_flips,
     flips_markdown,
+    gate_markdown,
     judge,
-    markdown,
 )
 from pipeline.analysis.samples import StatsOptions
 from pipeline.config import GateConfig
@@ -78,21 +78,21 @@ def point_runs(
     children: Sequence[ChildRun],
     work: Path,
     aliases: Mapping[str, str] = MappingProxyType({}),
-) -> list[PointRun]:
+) -> list[GatedRun]:
     started = reader.started_ms(parent_id)
     out = []
     for child in children:
         sample = window_sample(reader, child.run_id, child.metrics.get("duration", math.nan), work)
         values = {m.column: child.metrics.get(m.column, math.nan) for m in GATED}
         key = fingerprint(child.tags, aliases)
-        out.append(PointRun(child.run_id, parent_id, key, child.name, values, sample, started))
+        out.append(GatedRun(child.run_id, parent_id, key, child.name, values, sample, started))
     return out
 
 
 @dataclass(frozen=True)
 class Reference:
-    runs: dict[str, list[PointRun]]  # fingerprint -> reference runs, newest first
-    spread_from: dict[str, list[PointRun]]  # fingerprint -> past runs that measure the spread
+    runs: dict[str, list[GatedRun]]  # fingerprint -> reference runs, newest first
+    spread_from: dict[str, list[GatedRun]]  # fingerprint -> past runs that measure the spread
     text: str
     tag: str  # gate.reference on the parent: a run id, or "median:<ids>"
 
@@ -100,13 +100,13 @@ class Reference:
 def reference_for(
     reader: HistoryReader,
     parent_id: str,
-    current: Sequence[PointRun],
+    current: Sequence[GatedRun],
     history: int,
     work: Path,
     aliases: Mapping[str, str] = MappingProxyType({}),
 ) -> Reference:
     keys = {p.key for p in current}
-    past: dict[str, list[PointRun]] = {k: [] for k in keys}
+    past: dict[str, list[GatedRun]] = {k: [] for k in keys}
     used: list[str] = []
     for run_id in reader.past_sweeps(parent_id)[: 4 * history]:
         if all(len(v) >= history for v in past.values()):
@@ -134,12 +134,12 @@ def record(
     parent_id: str,
     result: GateResult,
     ref: Reference,
-    current: Sequence[PointRun],
+    current: Sequence[GatedRun],
     summary: str,
     out_dir: Path,
 ) -> list[Path]:
     """Verdicts on the runs, the summary and one trend plot per point on the parent run."""
-    from pipeline.analysis import plots
+    from pipeline.analysis import figures, plots
 
     for run_id, verdict in result.points.items():
         reader.set_tags(run_id, {"gate.verdict": verdict})
@@ -159,14 +159,14 @@ def record(
         reference = {f.metric: f.reference for f in result.findings if f.run_id == point.run_id}
         if len(past) and reference:
             path = out_dir / f"trend{i}.png"
-            path.write_bytes(plots.gate_trend(point.label, series, reference))
+            path.write_bytes(plots.png(figures.gate_trend(point.label, series, reference)))
             paths.append(path)
     for path in paths:
         reader.log_file(parent_id, path, GATE_DIR)
     return paths
 
 
-def run(
+def judge_sweep(
     reader: HistoryReader, parent_id: str, config: GateConfig, opts: StatsOptions, out_dir: Path
 ) -> tuple[GateResult, str]:
     """Judge a sweep run and record the result; returns it and its Markdown summary. Points
@@ -189,7 +189,7 @@ def run(
             second = judge(again, ref.runs, opts, floors, aa, spread_from=ref.spread_from)
             result = confirm(result, second, {c.tags[CONFIRMATION_TAG]: c.run_id for c in remeasured})
         flips, compared = _flips(reader, parent_id, ref, work, opts, known)
-    summary = markdown(result, reader.title(parent_id), ref.text) + "\n" + flips_markdown(flips, compared)
+    summary = gate_markdown(result, reader.title(parent_id), ref.text) + "\n" + flips_markdown(flips, compared)
     record(reader, parent_id, result, ref, current, summary, out_dir / GATE_DIR)
     for flip in flips:
         reader.set_tags(flip.run_id, {FLIP_TAG: f"{flip.before} -> {flip.after} (since sweep run {flip.reference})"})

@@ -14,16 +14,17 @@ import tempfile
 from dataclasses import replace
 from html import escape as html_escape
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
-from pipeline.analysis import categories, iplots
-from pipeline.analysis.assemble import analyse, interactive_figures, output_length_tests
-from pipeline.analysis.markdown import markdown
+from pipeline.analysis import categories
+from pipeline.analysis.assemble import analyse, output_length_tests
+from pipeline.analysis.figures import Figure, FigureKey, report_figures
+from pipeline.analysis.markdown import ReportData, markdown, run_names
 from pipeline.analysis.report_html import page
 from pipeline.analysis.samples import Sample, StatsOptions
 from pipeline.analysis.search_report import PREDICTIONS_CSV
-from pipeline.analysis.timeline import TIMELINE_FIGURE
 from pipeline.load.slo import SloTarget
 from pipeline.record.readers import SweepReader
 from pipeline.record.tracking import TrackingError
@@ -36,8 +37,6 @@ def build(
     reader: SweepReader, parent_id: str, out_dir: Path | None = None, opts: StatsOptions | None = None
 ) -> dict[str, Path]:
     """Analyse the sweep of ``parent_id`` from MLflow; write and log the report."""
-    from pipeline.analysis import plots
-
     title = f"specsweep report: {reader.title(parent_id)}"
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -64,28 +63,19 @@ def build(
                 for run, metrics in categories.run_metrics(table, grouping.prefix).items():
                     reader.log_metrics(run, metrics)
         since, trends = _since_reference(reader, parent_id, work)
-    interactive = interactive_figures(data)
-    figures = {
-        name: png
-        for name, png in (
-            ("Output throughput against median TPOT", plots.throughput_vs_tpot(data.frame, levels=data.levels)),
-            ("Output throughput against p99 TPOT", plots.throughput_vs_tpot(data.frame, "p99_tpot_ms")),
-            ("Median-TPOT speedup against request rate", plots.speedup_vs_rate(data.points)),
-            ("TTFT against request rate", plots.ttft_vs_rate(data.frame)),
-            ("Acceptance against k", plots.acceptance_vs_k(data.points)),
-            ("Median-TPOT speedup over k x request rate", plots.speedup_heatmap(data.points)),
-            ("Capacity under the SLO", plots.capacity_curve(data.capacity)),
-            ("Median TPOT against k: measured and predicted", plots.k_curve(data.predictions)),
-            (TIMELINE_FIGURE, plots.trace_timeline(data.over_time)),
-        )
-        if png is not None
-    } | trends
+    from pipeline.analysis import iplots, plots
+
+    specs = report_figures(data)
+    interactive = interactive_figures(data, specs)
+    # Every figure as a PNG for the Markdown report; the HTML page draws the same ones with
+    # Plotly, and only the gate's trend charts as PNGs.
+    figures = {key.value: plots.png(spec) for key, spec in specs.items()} | trends
     out = (out_dir or Path(tempfile.mkdtemp())) / REPORT_DIR
     out.mkdir(parents=True, exist_ok=True)
     paths = {"html": out / "report.html", "markdown": out / "report.md"}
     section = f"\n## Since the reference\n\n{since}" if since else ""
     html_section = f"<h2>Since the reference</h2><pre>{html_escape(since)}</pre></body>" if since else "</body>"
-    static = {name: png for name, png in figures.items() if name not in interactive}
+    static = trends
     paths["html"].write_text(page(data, static, iplots.html(interactive)).replace("</body>", html_section))
     pngs = [(name, f"figure{i}.png") for i, name in enumerate(figures, start=1)]
     images = "\n## Figures\n\n" + "\n".join(f"![{name}]({file})" for name, file in pngs) + "\n" if pngs else ""
@@ -107,3 +97,16 @@ def _since_reference(reader: SweepReader, parent_id: str, work: Path) -> tuple[s
         return "", {}
     trends = {f"Since the reference ({p.stem})": p.read_bytes() for p in sorted(folder.glob("trend*.png"))}
     return (folder / "summary.md").read_text(), trends
+
+
+def interactive_figures(data: ReportData, specs: dict[FigureKey, Figure] | None = None) -> dict[FigureKey, Any]:
+    """Every figure of the report as Plotly (the HTML page, MLflow's artifact viewer), each
+    point linked to its run in the MLflow UI."""
+    from pipeline.analysis import iplots
+
+    names = run_names(data.frame)
+
+    def url(run: str) -> str:
+        return data.run_url.format(run=run)
+
+    return {key: iplots.plotly(spec, names, url) for key, spec in (specs or report_figures(data)).items()}

@@ -129,7 +129,7 @@ def code_edit(rng: random.Random, count: int) -> list[Item]:
     ]
 
 
-def summarize(rng: random.Random, count: int) -> list[Item]:
+def summarize_items(rng: random.Random, count: int) -> list[Item]:
     return [
         Item(f"{rng.choice(_SUMMARY_INSTRUCTIONS)}\n\n{text}", "summarize")
         for _, text in draw(rng, _reference_passages(1500, 5000), count)
@@ -153,14 +153,14 @@ def chat(rng: random.Random, count: int) -> list[Item]:
 
 def mixed(rng: random.Random, count: int) -> list[Item]:
     """All four kinds, interleaved, so a window holds each in equal share."""
-    sources = (code_edit, summarize, chat, qa)
+    sources = (code_edit, summarize_items, chat, qa)
     per_source = [source(rng, (count + len(sources) - 1 - i) // len(sources)) for i, source in enumerate(sources)]
     return [items[j] for j in range(max(map(len, per_source))) for items in per_source if j < len(items)]
 
 
 BUNDLED: dict[str, Callable[[random.Random, int], list[Item]]] = {
     "code_edit": code_edit,
-    "summarize": summarize,
+    "summarize": summarize_items,
     "chat": chat,
     "qa": qa,
     "mixed": mixed,

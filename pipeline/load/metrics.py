@@ -163,7 +163,7 @@ def _ratio(numerator: float | None, denominator: float | None) -> float:
     return numerator / denominator
 
 
-def compare(baseline: dict[str, float], speculative: dict[str, float]) -> Comparison:
+def compare_summaries(baseline: dict[str, float], speculative: dict[str, float]) -> Comparison:
     return Comparison(
         speedup_median_tpot=_ratio(baseline.get("median_tpot_ms"), speculative.get("median_tpot_ms")),
         speedup_median_e2el=_ratio(baseline.get("median_e2el_ms"), speculative.get("median_e2el_ms")),

@@ -350,7 +350,7 @@ def items(replayed: Replay, tokenizer: Tokenizer | None) -> list[Item]:
 # The bundled trace: about 150 s at 1x, bursts between lulls, three kinds of text (code
 # editing accepts n-gram drafts well, chat poorly), from Python's own text and source.
 _BUNDLED_PHASES = ((30.0, 0.3), (20.0, 1.2), (40.0, 0.2), (20.0, 1.0), (40.0, 0.35))  # (seconds, req/s)
-_BUNDLED_KINDS = (("code_edit", bundled.code_edit), ("chat", bundled.chat), ("summarize", bundled.summarize))
+_BUNDLED_KINDS = (("code_edit", bundled.code_edit), ("chat", bundled.chat), ("summarize", bundled.summarize_items))
 
 
 # Its conversations: (start s, kind, think time s), three turns each. A code conversation asks

@@ -149,7 +149,7 @@ def make_tracker(header: dict[str, Any], tracking_uri: str | None = None) -> Any
     return Tracker(Store(tracking_uri or header["tracking_uri"], header.get("artifact_root")), header["experiment_id"])
 
 
-def replay(paths: Iterable[Path], make_tracker: Any) -> tuple[int, int]:
+def replay_journal(paths: Iterable[Path], make_tracker: Any) -> tuple[int, int]:
     """Make every journaled write not made yet; returns (writes made, writes left). Stops at the
     first write that fails again, keeping the progress made."""
     paths = list(paths)

@@ -110,7 +110,7 @@ def _finite(metrics: Mapping[str, float]) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
 
 
-def check_reachable(store: Store, timeout_s: float = 5.0) -> None:
+def check_store_reachable(store: Store, timeout_s: float = 5.0) -> None:
     """Fail fast on a tracking server that does not answer; MLflow itself retries for minutes."""
     if not store.tracking_uri.startswith(("http://", "https://")):
         return

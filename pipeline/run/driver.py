@@ -29,8 +29,6 @@ from pipeline.identity import in_this_version, sweep_level
 from pipeline.load.workloads import load_items
 from pipeline.record.journal import JOURNAL_NAME, JournaledTracker
 from pipeline.redact import redact_args, redact_mapping
-from pipeline.run import cluster, diskfull, progress_display, search_predict
-from pipeline.run.errors import LaunchError, Unreachable
 from pipeline.run.group import run_group
 from pipeline.run.job import Target, resolve_target, server_spec
 from pipeline.run.outcomes import Executor, GroupOutcome, GroupTask, PointOutcome
@@ -43,8 +41,12 @@ from pipeline.run.plan import (
     plan_sweep,
     search_note,
 )
-from pipeline.run.search_registry import SEARCHES, SearchKind
-from pipeline.run.searches import Context, SearchEnd
+from pipeline.run.plumbing import cluster, diskfull
+from pipeline.run.plumbing.errors import LaunchError, Unreachable
+from pipeline.run.progress import screen
+from pipeline.run.search import predicting
+from pipeline.run.search.kinds import SEARCHES, SearchKind
+from pipeline.run.search.strategy import Context, SearchEnd
 from pipeline.run.sweep_end import gate_sweep, log_probes, report_sweep, sweep_identity, sync_journals
 
 
@@ -168,7 +170,7 @@ class Sweep:
         first = self.first
         self.store = tracking.resolve_store(first.tracking, self.project_root)
         try:
-            tracking.check_reachable(self.store)
+            tracking.check_store_reachable(self.store)
             experiment_id = tracking.prepare(self.store, self.experiment)
             self.tracker = JournaledTracker(tracking.Tracker(self.store, experiment_id), self.out_dir / JOURNAL_NAME)
         except tracking.TrackingUnreachable as exc:
@@ -178,7 +180,7 @@ class Sweep:
             return _error(str(exc))
         if not first.force and self.kind.resumes:
             self.done = in_this_version(self.tracker.finished_points(), (p.job for p in self.plan.points))
-        self.channel = progress_display.channel_name()
+        self.channel = screen.channel_name()
         try:
             executor.preflight(self.tasks(self.plan.without(self.done)))
         except Unreachable as exc:
@@ -238,7 +240,7 @@ class Sweep:
         started = time.monotonic()
         self._open_parent(identity)
         try:
-            with progress_display.live(
+            with screen.live(
                 self.channel, len(shown.points), estimate_s(shown, self.on_gpu), self.first.progress_every_s
             ):
                 end = self.execute(executor)
@@ -247,7 +249,7 @@ class Sweep:
             self.tracker.end_run(self.parent, killed=True)
             print("interrupted: every server was stopped; finished points are in MLflow", file=sys.stderr)
             return ExitCode.INTERRUPTED
-        except SystemExit:  # SIGTERM (pipeline.run.signals): stopped, like Ctrl-C, not failed
+        except SystemExit:  # SIGTERM (pipeline.run.plumbing.signals): stopped, like Ctrl-C, not failed
             self.tracker.end_run(self.parent, killed=True)
             print("terminated: every server was stopped; finished points are in MLflow", file=sys.stderr)
             raise
@@ -299,8 +301,8 @@ class Sweep:
         from pipeline.record.windows import stats_options
 
         reader = readers.SweepReader(self.store.tracking_uri)
-        log = functools.partial(search_predict.log_predicted, self.tracker, self.parent)
-        return Context(resumed, search_predict.download_samples(reader), log, stats_options(self.first.stats, reader))
+        log = functools.partial(predicting.log_predicted, self.tracker, self.parent)
+        return Context(resumed, predicting.download_samples(reader), log, stats_options(self.first.stats, reader))
 
     def record(self, end: SearchEnd, started: float) -> tuple[Any, int]:
         """The sweep's table (summary.csv, the MLflow table), the speedups on each run, and the

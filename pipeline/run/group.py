@@ -26,13 +26,14 @@ from pipeline.load.loadgen import run_window
 from pipeline.record.journal import JOURNAL_NAME, JournaledTracker
 from pipeline.record.tracking import Tracker, flatten_params
 from pipeline.redact import redact_text, secret_values
-from pipeline.run import diskfull, progress
 from pipeline.run.job import point_requests, resolve_target, server_spec
 from pipeline.run.measure import WINDOW_STOPPED
 from pipeline.run.outcomes import GroupOutcome, GroupTask, PointOutcome, ProbeOutput
 from pipeline.run.plan import Point, ServerGroup
+from pipeline.run.plumbing import diskfull
 from pipeline.run.point import finish_run, measure_point, point_tags
-from pipeline.run.profiles import Measured
+from pipeline.run.progress import events
+from pipeline.run.search.profiles import Measured
 
 
 def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
@@ -80,7 +81,7 @@ class GroupRun:
     ) -> None:
         self.task, self.group, self.tracker, self.target = task, group, tracker, target
         self.spec, self.tokenizer, self.out_dir = spec, tokenizer, out_dir
-        self.reporter = progress.reporter_for(task.progress, group.label)
+        self.reporter = events.reporter_for(task.progress, group.label)
         secrets = secret_values(spec.command, {**os.environ, **spec.env}) + [
             os.environ.get(n, "") for n in spec.env_from
         ]

@@ -30,7 +30,7 @@ from pipeline.load.client import ClientOptions, RequestRecord
 from pipeline.load.items import Request
 from pipeline.load.loadgen import StopRule, Window, run_window
 from pipeline.load.metrics import summarize
-from pipeline.run.progress import Reporter
+from pipeline.run.progress.events import Reporter
 
 
 class MeasurementError(RuntimeError):

@@ -10,7 +10,7 @@ from typing import Protocol
 
 from pipeline.record.tracking import Store
 from pipeline.run.plan import Point, ServerGroup
-from pipeline.run.profiles import LoadProfile, Planned
+from pipeline.run.search.profiles import LoadProfile, Planned
 
 
 @dataclass(frozen=True)
@@ -25,9 +25,9 @@ class GroupTask:
     # A regression gate's re-measurement: point hash -> the run it confirms (tagged on its run).
     confirms: dict[str, str] = field(default_factory=dict)
     # What the worker measures on this server: the planned points, or (search=capacity) the
-    # rates it picks as it goes from its seed point (pipeline.run.profiles).
+    # rates it picks as it goes from its seed point (pipeline.run.search.profiles).
     profile: LoadProfile = field(default_factory=lambda: Planned())
-    progress: str | None = None  # the driver's live display (pipeline.run.progress)
+    progress: str | None = None  # the driver's live display (pipeline.run.progress.events)
 
     def save(self, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -17,11 +17,12 @@ from pipeline.load.loadgen import Window
 from pipeline.record import vllm_result
 from pipeline.record.journal import JournaledTracker
 from pipeline.record.tracking import CONFIRMATION_TAG, flatten_params
-from pipeline.run import diskfull, progress
 from pipeline.run.job import Target, point_requests
 from pipeline.run.measure import Measurement, MeasurementError, measure
 from pipeline.run.outcomes import PointOutcome
 from pipeline.run.plan import Point
+from pipeline.run.plumbing import diskfull
+from pipeline.run.progress import events
 
 
 def point_tags(point: Point, target: Target, version: str, confirms: str | None = None) -> dict[str, str]:
@@ -66,7 +67,7 @@ def measure_point(
     run_ids: dict[str, str],
     out_dir: Path,
     first: bool,
-    reporter: progress.Reporter,
+    reporter: events.Reporter,
 ) -> PointOutcome:
     run_id = run_ids[point.hash]
     sends = point_requests(point.job, tokenizer)

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 import pandas as pd
 
 from pipeline.identity import point_key, setting_key
-from pipeline.load.metrics import Comparison, compare
+from pipeline.load.metrics import Comparison, compare_summaries
 from pipeline.run.measure import resets_cache
 from pipeline.run.outcomes import PointOutcome
 from pipeline.run.plan import SweepPlan
@@ -23,7 +23,7 @@ def comparisons(plan: SweepPlan, outcomes: Mapping[str, PointOutcome]) -> dict[s
             continue
         spec, base = outcomes.get(point.hash), outcomes.get(point.baseline_hash)
         if spec and base and spec.error is None and base.error is None and not spec.predicted:
-            found[point.hash] = compare(base.metrics, spec.metrics)
+            found[point.hash] = compare_summaries(base.metrics, spec.metrics)
     return found
 
 

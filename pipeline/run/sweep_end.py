@@ -24,12 +24,12 @@ from pipeline.run.plan import SweepPlan
 def sync_journals(out_dir: Path) -> dict[str, str] | None:
     """Make the MLflow writes that failed during the sweep (its groups' and its own); say so if
     some still fail. The report and the gate read MLflow, so they wait for it."""
-    from pipeline.record.journal import journals, make_tracker, placeholders, replay
+    from pipeline.record.journal import journals, make_tracker, placeholders, replay_journal
 
     found = journals(out_dir)
     if not found:
         return {}
-    made, left = replay(found, make_tracker)
+    made, left = replay_journal(found, make_tracker)
     if left:
         print(
             f"MLflow: {left} write(s) could not be made and are kept in {len(found)} journal(s) under {out_dir}; "
@@ -76,12 +76,12 @@ def gate_sweep(
     from pipeline.analysis.samples import StatsOptions
     from pipeline.finish import judge
     from pipeline.record.readers import HistoryReader
-    from pipeline.record.tracking import Store, TrackingError, check_reachable
+    from pipeline.record.tracking import Store, TrackingError, check_store_reachable
 
     opts = StatsOptions(confidence=first.stats.confidence, resamples=first.stats.resamples)
     try:
         reader = HistoryReader(tracking_uri)
-        result, summary = judge.run(reader, parent, first.gate, opts, out_dir)
+        result, summary = judge.judge_sweep(reader, parent, first.gate, opts, out_dir)
         flagged = set(result.flagged())
         if first.gate.confirm and flagged:
             originals = {h: o.run_id for h, o in by_hash.items() if o.run_id in flagged}
@@ -92,10 +92,10 @@ def gate_sweep(
                 for g in again.groups
             ]
             executor.run(tasks)
-            result, summary = judge.run(reader, parent, first.gate, opts, out_dir)
+            result, summary = judge.judge_sweep(reader, parent, first.gate, opts, out_dir)
     except Exception as exc:
         try:
-            check_reachable(Store(tracking_uri, None))
+            check_store_reachable(Store(tracking_uri, None))
         except TrackingError:  # the server went away: infrastructure; the measurements are in MLflow
             print(
                 f"gate: not decided, the tracking server failed ({type(exc).__name__}: {exc}); once it is back, "

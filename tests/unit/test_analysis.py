@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pandas as pd
 
-from pipeline.analysis import advisor, model, quality
+from pipeline.analysis import advisor, figures, iplots, leviathan, plots, quality
 from pipeline.analysis.assemble import analyse
+from pipeline.analysis.figures import FigureKey, pareto_mask
 from pipeline.analysis.markdown import look_table, markdown
-from pipeline.analysis.plots import pareto_mask, speedup_heatmap, speedup_vs_rate, throughput_vs_tpot
 from pipeline.analysis.report_html import page
 from pipeline.analysis.samples import Sample, StatsOptions
 from pipeline.engines.acceptance import alpha_from_length
@@ -152,27 +152,27 @@ def test_model_recovers_alpha_and_cost_and_predicts_unmeasured_k() -> None:
                 "k": k,
                 "request_rate": 1.0,
                 "acceptance_length": expected_length(alpha, k),
-                "speedup_median_tpot": model.predict(alpha, c, k),
+                "speedup_median_tpot": leviathan.predicted_speedup(alpha, c, k),
             }
         )
     frame = pd.DataFrame(rows)
-    fits, skipped = model.fit(frame)
+    fits, skipped = leviathan.fit_curves(frame)
     assert not skipped and len(fits) == 1
     fit = fits[0]
     assert math.isclose(fit.alpha, alpha, abs_tol=1e-6) and math.isclose(fit.c, c, abs_tol=1e-6)
-    assert math.isclose(fit.predicted[4], model.predict(alpha, c, 4)) and 4 not in fit.measured
+    assert math.isclose(fit.predicted[4], leviathan.predicted_speedup(alpha, c, 4)) and 4 not in fit.measured
     assert set(fit.measured) == {3, 5}
 
 
 def test_lossless_compare_first_divergence_and_dtype_verdicts() -> None:
     base = [{"index": 0, "token_ids": [1, 2, 3]}, {"index": 1, "token_ids": [4, 5, 6]}]
-    same = quality.compare("s", "b", "float32", base, base)
+    same = quality.compare_outputs("s", "b", "float32", base, base)
     assert same.exact_rate == 1.0 and same.verdict == "identical"
     spec = [{"index": 0, "token_ids": [1, 2, 3]}, {"index": 1, "token_ids": [4, 9, 6]}]
-    differs = quality.compare("s", "b", "float32", spec, base)
+    differs = quality.compare_outputs("s", "b", "float32", spec, base)
     assert differs.first_divergence == (None, 1) and differs.exact == 1
     assert differs.verdict.startswith("CORRECTNESS FAILURE")
-    assert "numerics alone" in quality.compare("s", "b", "bfloat16", spec, base).verdict
+    assert "numerics alone" in quality.compare_outputs("s", "b", "bfloat16", spec, base).verdict
     assert quality.first_divergence([1, 2], [1, 2, 3]) == 2
     statistic, p = quality.length_test([10, 11, 12, 13, 14] * 4, [10, 11, 12, 13, 14] * 4)
     assert statistic == 0.0 and p == 1.0
@@ -350,16 +350,24 @@ def test_aa_report_counts_false_alarms_and_the_smallest_resolvable_effect() -> N
     assert "Smallest median-TPOT speedup this sweep's windows resolve (1 run(s) per point): 1.0" in text
 
 
-def test_plots_carry_their_intervals() -> None:
+def test_one_specification_carries_its_intervals_and_both_renderers_draw_it() -> None:
     frame, samples = _sweep({(3, 1.0): 2.0, (3, 4.0): 1.02})
     data = _analyse(frame, samples)
     assert data.levels is not None and data.levels["median_tpot_ms_low"].notna().all()
-    for png in (
-        throughput_vs_tpot(data.frame, levels=data.levels),
-        speedup_vs_rate(data.points),
-        speedup_heatmap(data.points),
-    ):
-        assert png is not None and png.startswith(b"\x89PNG")
+    specs = figures.report_figures(data)
+    tpot = specs[FigureKey.THROUGHPUT_MEDIAN_TPOT]
+    assert isinstance(tpot, figures.Chart)
+    drawn = [s for s in tpot.series if s.look is not figures.Look.FRONTIER]
+    assert drawn and all(p.x_err is not None and p.x_err[0] <= p.x <= p.x_err[1] for s in drawn for p in s.points)
+    speedup = specs[FigureKey.SPEEDUP_VS_RATE]
+    assert isinstance(speedup, figures.Chart)
+    assert all(p.y_err is not None for s in speedup.series for p in s.points)
+    for key, spec in specs.items():
+        assert plots.png(spec).startswith(b"\x89PNG"), key
+        rendered = iplots.plotly(spec, {}, lambda run: run)
+        if isinstance(spec, figures.Chart):  # the same series, point for point, in both renderers
+            assert [t.name for t in rendered.data] == [s.name for s in spec.series], key
+            assert [list(t.y) for t in rendered.data] == [[p.y for p in s.points] for s in spec.series], key
 
 
 def test_the_aa_spread_is_added_where_repeats_shared_their_servers_not_where_they_restarted() -> None:
@@ -382,13 +390,12 @@ def test_the_aa_spread_is_added_where_repeats_shared_their_servers_not_where_the
 def test_interactive_figures_hover_with_config_rate_interval_and_run_link_and_the_table_links_runs() -> None:
     from dataclasses import replace as with_
 
-    from pipeline.analysis import iplots
-    from pipeline.analysis.assemble import interactive_figures
+    from pipeline.finish.report_build import interactive_figures
 
     frame, samples = _sweep({(3, 1.0): 2.0, (3, 4.0): 1.4, (5, 1.0): 1.8, (5, 4.0): 1.2})
     data = with_(_analyse(frame, samples), run_url="http://mlflow:5000/#/experiments/7/runs/{run}")
-    figures = interactive_figures(data)
-    assert set(figures) == {
+    drawn = interactive_figures(data)
+    assert {key.value for key in drawn} == {
         "Output throughput against median TPOT",
         "Output throughput against p99 TPOT",
         "Median-TPOT speedup against request rate",
@@ -396,24 +403,26 @@ def test_interactive_figures_hover_with_config_rate_interval_and_run_link_and_th
         "Acceptance against k",
         "Median-TPOT speedup over k x request rate",
     }
-    (heat,) = figures["Median-TPOT speedup over k x request rate"].data
+    (heat,) = drawn[FigureKey.SPEEDUP_HEATMAP].data
     cell = heat.customdata[list(heat.y).index("vllm ngram k=3")][list(heat.x).index("1")]
     assert cell[2].startswith("median-TPOT speedup 2.") and "x [" in cell[2] and cell[2].endswith(": helps")
     assert cell[4] == "http://mlflow:5000/#/experiments/7/runs/ngram-k3-r1-code_edit-rep0"
-    p99 = figures["Output throughput against p99 TPOT"]
+    p99 = drawn[FigureKey.THROUGHPUT_P99_TPOT]
     assert all(
-        c[2].startswith("p99 TPOT ") and c[4].startswith("http://mlflow:5000/") for t in p99.data for c in t.customdata
-    )
-    speedup = figures["Median-TPOT speedup against request rate"]
+        c[2].startswith("p99 TPOT ") and c[4].startswith("http://mlflow:5000/")
+        for t in p99.data[:-1]
+        for c in t.customdata
+    )  # the last trace is the Pareto frontier, which has no runs
+    speedup = drawn[FigureKey.SPEEDUP_VS_RATE]
     (k3,) = [t for t in speedup.data if t.name == "vllm ngram k=3"]
     config, rate, value, link, target = k3.customdata[0]
     assert (config, rate) == ("vllm ngram k=3", "1") and value.startswith("median-TPOT speedup 2.")
     assert "x [" in value and value.endswith(": helps")  # the estimate with its interval, and the verdict
     assert link.startswith('<a href="http://mlflow:5000/#/experiments/7/runs/ngram-k3-r1-code_edit-rep0">MLflow run: ')
     assert target == "http://mlflow:5000/#/experiments/7/runs/ngram-k3-r1-code_edit-rep0"
-    pareto = figures["Output throughput against median TPOT"]
+    pareto = drawn[FigureKey.THROUGHPUT_MEDIAN_TPOT]
     assert any("median TPOT " in c[2] and " ms [" in c[2] for t in pareto.data for c in t.customdata)
-    html = page(data, {}, iplots.html(figures))
+    html = page(data, {}, iplots.html(drawn))
     assert html.count("Plotly.newPlot") == 6 and "plotly_click" in html and "<script src=" not in html  # offline
     assert "<th>MLflow runs</th>" in html
     assert (
@@ -461,16 +470,15 @@ def test_the_kv_capacity_rule_fires_from_vllms_own_figures_beside_the_speedup() 
 
 
 def test_a_point_too_small_for_a_ratio_is_left_out_of_the_interactive_figures_not_a_crash() -> None:
-    from pipeline.analysis import iplots
-
     frame, samples = _sweep({(3, 1.0): 2.0, (3, 4.0): 1.5})
     points = _analyse(frame, samples).points.copy()
     points.loc[points.index[0], ["speedup_median_tpot", "speedup_median_tpot_low", "speedup_median_tpot_high"]] = None
     points.loc[points.index[0], "verdict"] = "not enough requests"
-    curve = iplots.speedup_vs_rate(points, {}, lambda run: run)
-    assert curve is not None and [len(t.x) for t in curve.data] == [1]  # the other rate only
-    heat = iplots.speedup_heatmap(points, {}, lambda run: run)
-    assert heat is not None and "no ratio: not enough requests" in str(heat.data[0].customdata)
+    curve = figures.speedup_vs_rate(points)
+    assert curve is not None and [len(s.points) for s in curve.series] == [1]  # the other rate only
+    heat = figures.speedup_heatmap(points)
+    assert heat is not None
+    assert "no ratio: not enough requests" in str(iplots.plotly(heat, {}, lambda run: run).data[0].customdata)
 
 
 def test_the_memory_rule_reads_device_memory_where_every_server_reports_it() -> None:

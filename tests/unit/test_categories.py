@@ -65,13 +65,13 @@ def test_a_category_that_gains_beside_one_that_loses_is_told_apart_and_routed() 
     frame = _frame()
     base = _window({"code_edit": 0.090, "chat": 0.090}, 40, 1)
     spec = _window({"code_edit": 0.036, "chat": 0.108}, 40, 2)  # truth: 2.5x and 0.83x
-    table = categories.compare(frame, {"b": base, "s": spec}, StatsOptions(resamples=1000))
+    table = categories.compare_groups(frame, {"b": base, "s": spec}, StatsOptions(resamples=1000))
     by = table.set_index("category")
     assert set(by.index) == {"chat", "code_edit"}
     code, chat = by.loc["code_edit"], by.loc["chat"]
     assert code["speedup_median_tpot_low"] < 2.5 < code["speedup_median_tpot_high"] and code["verdict"] == "helps"
     assert chat["speedup_median_tpot_low"] < 1 / 1.2 < chat["speedup_median_tpot_high"] and chat["verdict"] == "hurts"
-    text = "\n".join(categories.lines(table))
+    text = "\n".join(categories.group_lines(table))
     assert "## By request type" in text and "route by request type" in text
     assert "speculation on for code_edit 2." in text and "off for chat 0.8" in text
     metrics = categories.run_metrics(table)["s"]
@@ -82,8 +82,8 @@ def test_a_category_that_gains_beside_one_that_loses_is_told_apart_and_routed() 
 def test_one_category_gets_no_section() -> None:
     frame = _frame()
     one = {"b": _window({"code_edit": 0.09}, 30, 1), "s": _window({"code_edit": 0.05}, 30, 2)}
-    assert categories.compare(frame, one, StatsOptions(resamples=500)).empty
-    assert categories.lines(pd.DataFrame()) == []
+    assert categories.compare_groups(frame, one, StatsOptions(resamples=500)).empty
+    assert categories.group_lines(pd.DataFrame()) == []
 
 
 def test_later_turns_are_compared_with_the_first_turns_on_their_own() -> None:
@@ -100,7 +100,9 @@ def test_later_turns_are_compared_with_the_first_turns_on_their_own() -> None:
 
     base = turned(_window({"chat": 0.09}, 60, 1), 1.0)
     spec = turned(_window({"chat": 0.09}, 60, 2), 0.5)
-    table = categories.compare(_frame(), {"b": base, "s": spec}, StatsOptions(resamples=1000), categories.BY_TURN)
+    table = categories.compare_groups(
+        _frame(), {"b": base, "s": spec}, StatsOptions(resamples=1000), categories.BY_TURN
+    )
     by = table.set_index("category")
     first, later = by.loc[categories.FIRST_TURN], by.loc[categories.LATER_TURNS]
     assert later["speedup_median_tpot_low"] < 2.0 < later["speedup_median_tpot_high"] and later["verdict"] == "helps"
@@ -110,7 +112,7 @@ def test_later_turns_are_compared_with_the_first_turns_on_their_own() -> None:
     assert "turn.later_turns.speedup_median_tpot" in categories.run_metrics(table, categories.BY_TURN.prefix)["s"]
     # No conversation, no section.
     plain = {"b": _window({"chat": 0.09}, 30, 1), "s": _window({"chat": 0.05}, 30, 2)}
-    assert categories.compare(_frame(), plain, StatsOptions(resamples=200), categories.BY_TURN).empty
+    assert categories.compare_groups(_frame(), plain, StatsOptions(resamples=200), categories.BY_TURN).empty
 
 
 def test_the_task_type_rules_fire_from_the_category_intervals() -> None:
@@ -118,7 +120,7 @@ def test_the_task_type_rules_fire_from_the_category_intervals() -> None:
 
     base = _window({"code_edit": 0.090, "chat": 0.090}, 40, 1)
     spec = _window({"code_edit": 0.036, "chat": 0.108}, 40, 2)  # truth: 2.5x and 0.83x
-    table = categories.compare(_frame(), {"b": base, "s": spec}, StatsOptions(resamples=1000))
+    table = categories.compare_groups(_frame(), {"b": base, "s": spec}, StatsOptions(resamples=1000))
     advice = {a.rule: a for a in advisor.by_request_type(table)}
     assert "turn speculation off for chat requests" in advice["request type: speculation hurts"].advice
     assert "median-TPOT speedup 0.8" in advice["request type: speculation hurts"].evidence
@@ -129,4 +131,4 @@ def test_the_task_type_rules_fire_from_the_category_intervals() -> None:
         "b": _window({"code_edit": 0.09, "chat": 0.09}, 40, 1),
         "s": _window({"code_edit": 0.09, "chat": 0.09}, 40, 2),
     }
-    assert advisor.by_request_type(categories.compare(_frame(), even, StatsOptions(resamples=1000))) == []
+    assert advisor.by_request_type(categories.compare_groups(_frame(), even, StatsOptions(resamples=1000))) == []

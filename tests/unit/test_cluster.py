@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.run.cluster import Need, check_feasible, check_store, probe
 from pipeline.run.driver import LaunchError
+from pipeline.run.plumbing.cluster import Need, check_feasible, check_store, probe_address
 
 
 def test_gpu_request_larger_than_any_node_fails_naming_both() -> None:
@@ -34,10 +34,10 @@ def test_dead_address_fails_within_the_deadline() -> None:
         port = s.getsockname()[1]
     started = time.monotonic()
     with pytest.raises(LaunchError, match=f"ray.address=127.0.0.1:{port} is not reachable"):
-        probe(f"127.0.0.1:{port}", timeout_s=2.0)
+        probe_address(f"127.0.0.1:{port}", timeout_s=2.0)
     assert time.monotonic() - started < 10
     with pytest.raises(LaunchError, match="not host:port"):
-        probe("head:port", timeout_s=1.0)
+        probe_address("head:port", timeout_s=1.0)
 
 
 def test_local_ray_starts_its_workers_at_normal_priority(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -45,7 +45,7 @@ def test_local_ray_starts_its_workers_at_normal_priority(monkeypatch: pytest.Mon
     import ray
 
     from pipeline.config import RayConfig
-    from pipeline.run import cluster
+    from pipeline.run.plumbing import cluster
 
     seen: dict[str, str | None] = {}
     monkeypatch.delenv(cluster.WORKER_NICENESS, raising=False)
@@ -56,7 +56,7 @@ def test_local_ray_starts_its_workers_at_normal_priority(monkeypatch: pytest.Mon
 
 
 def test_resources_no_node_offers_are_refused_naming_what_the_nodes_have() -> None:
-    from pipeline.run.cluster import check_resources
+    from pipeline.run.plumbing.cluster import check_resources
 
     nodes = [{"CPU": 1.0, "specsweep_slot": 1.0, "node:10.0.0.1": 1.0}, {"CPU": 1.0, "GPU": 1.0}]
     check_resources({"specsweep_slot": 1}, nodes)
@@ -71,7 +71,7 @@ def test_resources_no_node_offers_are_refused_naming_what_the_nodes_have() -> No
 
 def test_group_request_maps_cpu_and_gpu_to_rays_own_arguments() -> None:
     from pipeline.config import RayConfig
-    from pipeline.run.cluster import group_request as _request
+    from pipeline.run.plumbing.cluster import group_request as _request
 
     assert _request(RayConfig(), 2) == {"num_cpus": 1, "num_gpus": 2}
     slot = RayConfig(resources_per_group={"specsweep_slot": 1.0})
@@ -88,7 +88,7 @@ def test_a_job_driver_joins_the_cluster_of_ray_address(monkeypatch: pytest.Monke
     import ray
 
     from pipeline.config import RayConfig
-    from pipeline.run import cluster
+    from pipeline.run.plumbing import cluster
 
     seen: dict[str, object] = {}
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")

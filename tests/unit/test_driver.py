@@ -20,10 +20,11 @@ from pipeline.config import CapacityConfig, JobConfig, LoadConfig, ModelConfig, 
 from pipeline.engines.vllm import VllmInstall
 from pipeline.identity import hash_tags
 from pipeline.record.tracking import Tracker
-from pipeline.run import driver, search_capacity, search_predict
+from pipeline.run import driver
 from pipeline.run.job import Target
 from pipeline.run.outcomes import GroupOutcome, GroupTask, PointOutcome
-from pipeline.run.profiles import Bracketing
+from pipeline.run.search import capacity_points, predicting
+from pipeline.run.search.profiles import Bracketing
 from tests.synthetic import PROFILE, true_tpot, window
 
 # search=capacity's synthetic server: it meets the SLO up to this rate.
@@ -49,7 +50,7 @@ class SyntheticExecutor:
         tracker = Tracker(task.store, task.experiment_id)
         points = list(task.group.points)
         if isinstance(task.profile, Bracketing):
-            points = [search_capacity.at_rate(points[0], r) for r in (1.0, 2.0, 4.0)]
+            points = [capacity_points.at_rate(points[0], r) for r in (1.0, 2.0, 4.0)]
         outcomes = []
         for p in points:
             k, rate = p.job.spec.k, p.job.load.request_rate
@@ -91,7 +92,7 @@ def sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., tupl
     def run(executor: SyntheticExecutor, ks: Sequence[int], rates: Sequence[float], **settings: Any) -> int:
         # The window samples come from the executor, as MLflow's requests.csv would give them.
         monkeypatch.setattr(
-            search_predict,
+            predicting,
             "download_samples",
             lambda reader: lambda found: [executor.samples.get(str(o.run_id)) for o in found],
         )

@@ -21,10 +21,10 @@ from pipeline.analysis.regression import (
     REGRESSED,
     SUSPECT,
     Floors,
-    PointRun,
+    GatedRun,
     confirm,
+    gate_markdown,
     judge,
-    markdown,
 )
 from pipeline.analysis.samples import Sample, StatsOptions
 from pipeline.config import GateConfig
@@ -41,7 +41,7 @@ def night(
     throughput: float = 50.0,
     acceptance: float | None = None,
     sample: Sample | None = None,
-) -> PointRun:
+) -> GatedRun:
     values = {
         "median_tpot_ms": tpot,
         "p99_tpot_ms": 1.5 * tpot,
@@ -50,10 +50,10 @@ def night(
     }
     if acceptance is not None:
         values["spec_decode_acceptance_rate"] = acceptance
-    return PointRun(f"run{i}-{key}", f"parent{i}", key, f"{key}-r1", values, sample)
+    return GatedRun(f"run{i}-{key}", f"parent{i}", key, f"{key}-r1", values, sample)
 
 
-def history(rng: np.random.Generator, nights: int = 5, noise: float = 0.03) -> dict[str, list[PointRun]]:
+def history(rng: np.random.Generator, nights: int = 5, noise: float = 0.03) -> dict[str, list[GatedRun]]:
     def jitter() -> float:
         return math.exp(noise * rng.standard_normal())
 
@@ -95,7 +95,7 @@ def test_unchanged_night_passes_and_a_slower_one_regresses_on_the_right_metric()
     flagged = {f.metric for f in slower.findings if f.verdict == REGRESSED}
     assert {"median_tpot_ms", "output_throughput"} <= flagged and "spec_decode_acceptance_rate" not in flagged
     assert slower.overall == "fail" and slower.flagged() == ["run9-spec"]
-    text = markdown(slower, "nightly", "the median of the last 5 runs")
+    text = gate_markdown(slower, "nightly", "the median of the last 5 runs")
     assert "| spec-r1 | median_tpot_ms | **regressed** |" in text
     faster = judge([night(9, "base", 201, 50), night(9, "spec", 90, 105, 40)], past, OPTS, Floors())
     assert faster.points["run9-spec"] == IMPROVED and faster.overall == "pass"
@@ -117,7 +117,7 @@ def test_acceptance_floor_is_in_percentage_points() -> None:
 def test_no_history_is_insufficient_never_a_pass() -> None:
     result = judge([night(9, "base", 200)], {}, OPTS, Floors())
     assert result.points == {"run9-base": INSUFFICIENT} and result.overall == "insufficient"
-    assert "No reference for: base-r1" in markdown(result, "t", "r")
+    assert "No reference for: base-r1" in gate_markdown(result, "t", "r")
 
 
 def _sample(rng: np.random.Generator, tpot: float, n: int = 40) -> Sample:
@@ -153,10 +153,10 @@ def test_a_regression_stands_only_if_the_confirmation_shows_it_again() -> None:
     past = history(rng)
     first = judge([night(9, "spec", 150, 64, 40)], past, OPTS, Floors())
     assert first.points == {"run9-spec": REGRESSED}
-    gone = judge([PointRun("again", "parent9", "spec", "spec-r1", dict(past["spec"][0].values))], past, OPTS, Floors())
+    gone = judge([GatedRun("again", "parent9", "spec", "spec-r1", dict(past["spec"][0].values))], past, OPTS, Floors())
     assert confirm(first, gone, {"run9-spec": "again"}).points == {"run9-spec": SUSPECT}
     seen = judge(
-        [PointRun("again", "parent9", "spec", "spec-r1", night(0, "spec", 150, 64, 40).values)], past, OPTS, Floors()
+        [GatedRun("again", "parent9", "spec", "spec-r1", night(0, "spec", 150, 64, 40).values)], past, OPTS, Floors()
     )
     assert confirm(first, seen, {"run9-spec": "again"}).points == {"run9-spec": REGRESSED}
 

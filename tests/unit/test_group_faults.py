@@ -8,11 +8,11 @@ from pathlib import Path
 
 from pipeline.config import EngineConfig, JobConfig, LoadConfig
 from pipeline.record.tracking import PointRun
-from pipeline.run import diskfull
 from pipeline.run.group import LOST, GroupRun, _earlier_attempt
 from pipeline.run.measure import WINDOW_STOPPED
 from pipeline.run.outcomes import GroupTask, PointOutcome
 from pipeline.run.plan import plan_sweep
+from pipeline.run.plumbing import diskfull
 
 TOO_MANY_ERRORS = "12 of the first 12 requests failed"
 

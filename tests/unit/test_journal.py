@@ -10,7 +10,7 @@ from mlflow.tracking import MlflowClient
 
 from pipeline import sync
 from pipeline.config import TrackingConfig
-from pipeline.record.journal import JOURNAL_NAME, JournaledTracker, journals, make_tracker, replay
+from pipeline.record.journal import JOURNAL_NAME, JournaledTracker, journals, make_tracker, replay_journal
 from pipeline.record.tracking import Tracker, prepare, resolve_store
 
 
@@ -71,7 +71,7 @@ def test_writes_after_an_outage_are_journaled_in_order_and_replayed_once(tmp_pat
     runs = {r.info.run_name: r.info.status for r in client.search_runs([real.experiment_id])}
     assert runs == {"sweep": "RUNNING", "earlier": "FAILED"}  # "earlier" went straight through
 
-    made, left = replay(journals(tmp_path / "out"), make_tracker)
+    made, left = replay_journal(journals(tmp_path / "out"), make_tracker)
     assert (made, left) == (6, 0)
     runs = {r.info.run_name: r for r in client.search_runs([real.experiment_id])}
     done = runs["baseline-r1"]
@@ -97,8 +97,8 @@ def test_a_replay_that_fails_again_keeps_its_progress(tmp_path: Path) -> None:
                 raise ConnectionError("down again")
             return getattr(self.inner, name)
 
-    assert replay(journals(tmp_path / "out"), lambda h: FailsSecond(make_tracker(h))) == (1, 1)
-    assert replay(journals(tmp_path / "out"), make_tracker) == (1, 0)  # the rest, not the first again
+    assert replay_journal(journals(tmp_path / "out"), lambda h: FailsSecond(make_tracker(h))) == (1, 1)
+    assert replay_journal(journals(tmp_path / "out"), make_tracker) == (1, 0)  # the rest, not the first again
     (only,) = client.search_runs([real.experiment_id])
     assert only.data.metrics["completed"] == 6.0
 
@@ -112,7 +112,7 @@ def test_a_journal_cut_short_mid_line_replays_what_was_written_whole(tmp_path: P
     real, client, path, run = _journaled_run(tmp_path)
     with path.open("a") as fh:  # the process died while writing the next write
         fh.write('{"op": "log_metrics", "args": ["' + run + '", {"comp')
-    assert replay(journals(tmp_path / "out"), make_tracker) == (2, 0)
+    assert replay_journal(journals(tmp_path / "out"), make_tracker) == (2, 0)
     assert "its last line was cut short" in capsys.readouterr().err
     (only,) = client.search_runs([real.experiment_id])
     assert only.data.metrics["completed"] == 6.0
@@ -123,7 +123,7 @@ def test_a_damaged_line_before_the_last_is_refused_with_its_number(tmp_path: Pat
     lines = path.read_text().splitlines()
     path.write_text("\n".join([lines[0], "{not json", *lines[1:]]) + "\n")
     with pytest.raises(ValueError, match="line 2 is not a journaled write"):
-        replay(journals(tmp_path / "out"), make_tracker)
+        replay_journal(journals(tmp_path / "out"), make_tracker)
 
 
 def test_a_replay_that_died_between_a_write_and_its_mark_makes_no_second_run(tmp_path: Path) -> None:
@@ -146,7 +146,7 @@ def test_a_replay_that_died_between_a_write_and_its_mark_makes_no_second_run(tmp
             return start
 
     with pytest.raises(KeyboardInterrupt):
-        replay(journals(tmp_path / "out"), lambda h: DiesAfterStarting(make_tracker(h)))
-    assert replay(journals(tmp_path / "out"), make_tracker) == (2, 0)
+        replay_journal(journals(tmp_path / "out"), lambda h: DiesAfterStarting(make_tracker(h)))
+    assert replay_journal(journals(tmp_path / "out"), make_tracker) == (2, 0)
     (only,) = client.search_runs([real.experiment_id])  # one run, not two
     assert only.data.metrics["completed"] == 6.0

@@ -132,3 +132,38 @@ def test_there_is_no_utils() -> None:
     # Modules are split by concept, not by a line count (a 400-line module that does one thing
     # beats three that share one): no size cap, but no grab-bag either.
     assert not [p for p in MODULES.values() if "util" in p.stem], "no utils modules: name a module after its one job"
+
+
+def test_no_two_modules_share_a_name() -> None:
+    """``pipeline.analysis.capacity`` and ``pipeline.run.search.capacity`` would read the same in
+    a traceback and an import line: every module and package has a name of its own."""
+    stems: dict[str, list[str]] = {}
+    for name in MODULES:
+        if name != "pipeline":
+            stems.setdefault(name.rsplit(".", 1)[-1], []).append(name)
+    assert not {stem: names for stem, names in stems.items() if len(names) > 1}
+
+
+# Names that mean the same thing wherever they are defined: a command's entry point, and the
+# helpers each engine's module provides behind the Engine interface (engines/vllm.py and
+# engines/sglang.py each have their own build_launch, validate_spec, ...).
+SAME_PART = {"main"}
+PER_ENGINE = {"pipeline.engines.vllm", "pipeline.engines.sglang"}
+
+
+def _public_names(name: str) -> set[str]:
+    tree = ast.parse(MODULES[name].read_text())
+    kinds = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    return {n.name for n in tree.body if isinstance(n, kinds) and not n.name.startswith("_")}
+
+
+def test_no_two_public_functions_or_classes_share_a_name() -> None:
+    owners: dict[str, set[str]] = {}
+    for name in MODULES:
+        for public in _public_names(name) - SAME_PART:
+            owners.setdefault(public, set()).add(name)
+    clashes = {k: sorted(v) for k, v in owners.items() if len(v) > 1 and not v <= PER_ENGINE}
+    assert not clashes, f"one name, two things: {clashes}"
+    # The engines' twins are the same part, so each engine module has every one of them.
+    twins = {k for k, v in owners.items() if v == PER_ENGINE}
+    assert twins and all(twins <= _public_names(m) for m in PER_ENGINE)

@@ -6,7 +6,7 @@ import pytest
 
 from pipeline.config import SloConfig
 from pipeline.load.client import RequestRecord
-from pipeline.load.metrics import compare, summarize
+from pipeline.load.metrics import compare_summaries, summarize
 
 
 def rec(i: int, sent: float, chunks: list[float], tokens: int | None, error: str | None = None) -> RequestRecord:
@@ -74,12 +74,12 @@ def test_comparison_is_baseline_over_speculative_for_latency() -> None:
         "p99_tpot_ms": 100.0,
         "output_throughput": 55.0,
     }
-    c = compare(base, spec)
+    c = compare_summaries(base, spec)
     assert c.speedup_median_tpot == pytest.approx(40 / 18)
     assert c.speedup_median_ttft == pytest.approx(500 / 600)  # < 1: a TTFT regression
     assert c.speedup_p99_tpot == pytest.approx(0.5)
     assert c.output_throughput_ratio == pytest.approx(2.2)
-    assert math.isnan(compare(base, {**spec, "median_tpot_ms": math.nan}).speedup_median_tpot)
+    assert math.isnan(compare_summaries(base, {**spec, "median_tpot_ms": math.nan}).speedup_median_tpot)
 
 
 def test_per_category_summaries_when_the_window_mixes_kinds() -> None:

@@ -7,14 +7,14 @@ import math
 import numpy as np
 import pytest
 
-from pipeline.analysis.predict import (
+from pipeline.analysis.kcurve import (
     WITHIN_WINDOW_NOTE,
     Estimate,
+    KWindow,
     RateInputs,
-    Window,
     choose,
     correction,
-    predict,
+    extrapolate,
     predicted_length,
     step_cost,
     to_confirm,
@@ -39,14 +39,14 @@ def true_tpot(k: int) -> float:
     return (STEP_BASE + STEP_PER_TOKEN * k) / true_length(k)
 
 
-def window(rng: np.random.Generator, k: int, tpot_s: float, length: float = 1.0, noise: float = 0.01) -> Window:
+def window(rng: np.random.Generator, k: int, tpot_s: float, length: float = 1.0, noise: float = 0.01) -> KWindow:
     """Exact observed values; noise only in the replicates, around the logs."""
     reps = rng.normal(math.log(tpot_s), noise, B)
     length_reps = rng.normal(math.log(length), noise, B) if k else None
-    return Window(k, tpot_s, reps, length, length_reps)
+    return KWindow(k, tpot_s, reps, length, length_reps)
 
 
-def engine(seed: int = 0, anchors: tuple[Window, ...] = ()) -> RateInputs:
+def engine(seed: int = 0, anchors: tuple[KWindow, ...] = ()) -> RateInputs:
     rng = np.random.default_rng(seed)
     base = window(rng, 0, true_tpot(0))
     top = window(rng, K_MAX, true_tpot(K_MAX), true_length(K_MAX))
@@ -81,7 +81,7 @@ def test_step_cost_is_piecewise_linear() -> None:
 def test_predict_recovers_the_synthetic_engine() -> None:
     inputs = engine()
     for k in range(1, K_MAX):
-        got = predict(inputs, k, OPTS)
+        got = extrapolate(inputs, k, OPTS)
         assert got.length == pytest.approx(true_length(k), abs=1e-9)
         assert got.tpot_s == pytest.approx(true_tpot(k), abs=1e-9)
         assert got.speedup == pytest.approx(true_tpot(0) / true_tpot(k), abs=1e-9)
@@ -95,7 +95,7 @@ def test_predict_recovers_the_synthetic_engine() -> None:
 
 def test_predict_at_k_max_reproduces_the_measurement() -> None:
     inputs = engine()
-    got = predict(inputs, K_MAX, OPTS)
+    got = extrapolate(inputs, K_MAX, OPTS)
     assert got.tpot_s == pytest.approx(inputs.top.tpot_s, rel=1e-12)
     assert got.length == pytest.approx(inputs.top.length, rel=1e-12)
     # The interval is the measured window's own (L enters and leaves TPOT again).
@@ -106,8 +106,8 @@ def test_predict_at_k_max_reproduces_the_measurement() -> None:
 def test_a_profile_that_disagrees_with_the_counters_is_scaled_to_them() -> None:
     inputs = engine()
     scaled = RateInputs(1.0, inputs.base, inputs.top, tuple(0.9 * p for p in TRUE_P))
-    assert predict(scaled, K_MAX, OPTS).length == pytest.approx(true_length(K_MAX), rel=1e-12)
-    assert predict(scaled, 2, OPTS).length == pytest.approx(true_length(2), rel=1e-12)
+    assert extrapolate(scaled, K_MAX, OPTS).length == pytest.approx(true_length(K_MAX), rel=1e-12)
+    assert extrapolate(scaled, 2, OPTS).length == pytest.approx(true_length(2), rel=1e-12)
 
 
 def test_an_anchor_corrects_acceptance_and_step_cost() -> None:
@@ -122,32 +122,32 @@ def test_an_anchor_corrects_acceptance_and_step_cost() -> None:
     assert correction(1, inputs) == pytest.approx(c2)  # flat below the lowest anchor
     assert 1.0 < correction(3, inputs) < c2
     assert correction(3, inputs) == pytest.approx(c2 + (1 - c2) / 3)
-    at_anchor = predict(inputs, 2, OPTS)
+    at_anchor = extrapolate(inputs, 2, OPTS)
     assert at_anchor.length == pytest.approx(anchor.length, rel=1e-12)
     assert at_anchor.tpot_s == pytest.approx(anchor.tpot_s, rel=1e-12)
     assert at_anchor.anchored
-    assert predict(inputs, 1, OPTS).length == pytest.approx(1 + c2 * TRUE_P[0])
+    assert extrapolate(inputs, 1, OPTS).length == pytest.approx(1 + c2 * TRUE_P[0])
     # k=3 lies between the anchor and k_max: its step cost comes from those two knots.
     step3 = step_cost(3, [(2, anchor.tpot_s * anchor.length), (K_MAX, true_tpot(K_MAX) * true_length(K_MAX))])
-    three = predict(inputs, 3, OPTS)
+    three = extrapolate(inputs, 3, OPTS)
     assert three.tpot_s == pytest.approx(step3 / three.length)
     assert three.anchored
-    assert not predict(engine(), 3, OPTS).anchored
+    assert not extrapolate(engine(), 3, OPTS).anchored
 
 
 def test_server_spread_widens_the_interval() -> None:
     inputs = engine()
-    within = predict(inputs, 2, OPTS)
-    across = predict(inputs, 2, OPTS, server_sd=0.05, server_df=8)
+    within = extrapolate(inputs, 2, OPTS)
+    across = extrapolate(inputs, 2, OPTS, server_sd=0.05, server_df=8)
     assert within.note == WITHIN_WINDOW_NOTE
     assert within.note.startswith("within-window noise only")
     assert across.note == ""
     assert across.tpot_high_s - across.tpot_low_s > 2 * (within.tpot_high_s - within.tpot_low_s)
     assert across.speedup_high - across.speedup_low > 2 * (within.speedup_high - within.speedup_low)
     assert across.tpot_s == within.tpot_s  # the spread widens, it does not move the estimate
-    assert predict(inputs, 2, OPTS, server_sd=0.05, server_df=8) == across  # seeded
+    assert extrapolate(inputs, 2, OPTS, server_sd=0.05, server_df=8) == across  # seeded
     with pytest.raises(ValueError):
-        predict(inputs, 2, OPTS, server_sd=0.05)  # no degrees of freedom
+        extrapolate(inputs, 2, OPTS, server_sd=0.05)  # no degrees of freedom
 
 
 def test_choose_keeps_every_overlapping_interval() -> None:
@@ -206,11 +206,11 @@ def test_rate_inputs_name_their_problem() -> None:
         RateInputs(1.0, base, top, (0.5, 0.3))
     with pytest.raises(ValueError, match="k_max window has k=0"):
         RateInputs(1.0, base, window(rng, 0, 0.01), (0.5,))
-    short = Window(3, 0.01, np.zeros(B - 1), 2.0, np.zeros(B - 1))
+    short = KWindow(3, 0.01, np.zeros(B - 1), 2.0, np.zeros(B - 1))
     with pytest.raises(ValueError, match="one length"):
         RateInputs(1.0, base, short, (0.5, 0.3, 0.2))
     with pytest.raises(ValueError, match="anchors"):
         RateInputs(1.0, base, top, (0.5, 0.3, 0.2), (window(rng, 3, 0.01, 2.0),))
     with pytest.raises(ValueError, match="replicates of log L"):
-        RateInputs(1.0, base, Window(3, 0.01, np.zeros(B), 2.0), (0.5, 0.3, 0.2))
+        RateInputs(1.0, base, KWindow(3, 0.01, np.zeros(B), 2.0), (0.5, 0.3, 0.2))
     RateInputs(1.0, base, top, (0.5, 0.3, 0.2, 0.1))  # a longer profile is fine: k_max's positions are used

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from pipeline.run import progress, progress_display
-from pipeline.run.progress import Event, Hub, Reporter
-from pipeline.run.progress_display import Display, SweepState
+from pipeline.run.progress import events, screen
+from pipeline.run.progress.events import Event, Hub, Reporter
+from pipeline.run.progress.screen import Display, SweepState
 
 
 def _scripted_group(reporter: Reporter, points: list[str], total: int) -> None:
@@ -26,15 +26,15 @@ def _scripted_group(reporter: Reporter, points: list[str], total: int) -> None:
 def test_a_scripted_group_drives_the_sweep_state_through_an_in_process_channel() -> None:
     state = SweepState(planned=3, estimate_s=600, started=1000.0)
     seen: list[Event] = []
-    progress.register("chan", lambda e: (seen.append(e), state.apply(e)))
+    events.register("chan", lambda e: (seen.append(e), state.apply(e)))
     try:
-        reporter = progress.reporter_for("chan", "00-ngram-k3")
+        reporter = events.reporter_for("chan", "00-ngram-k3")
         reporter.clock = lambda: 5000.0  # the reporter's time stands still: no second passes mid-window
         reporter.emit("server_starting")
         assert state.lines(time.time())[1].startswith("  [00-ngram-k3] server starting, ")
         _scripted_group(reporter, ["ngram-k3-r1", "ngram-k3-r2"], total=8)
     finally:
-        progress.unregister("chan")
+        events.unregister("chan")
     assert state.done == 2 and state.failed == 1 and not state.starting and not state.windows
     # Throttled, not one per request: with no time passing, the first update and each window's last
     # arrive, and nothing between (the throttle is the reporter's: the second window's first update too).
@@ -48,7 +48,7 @@ def test_a_scripted_group_drives_the_sweep_state_through_an_in_process_channel()
 
 
 def test_mid_window_updates_pass_once_a_throttle_interval_has_gone_by(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(progress, "WINDOW_EVERY_S", 1.0)
+    monkeypatch.setattr(events, "WINDOW_EVERY_S", 1.0)
     seen: list[Event] = []
     now = [5000.0]
     reporter = Reporter(seen.append, "g", clock=lambda: now[0])
@@ -86,7 +86,7 @@ class _Lines(io.StringIO):
 
 
 def test_plain_lines_come_every_interval_and_are_never_redrawn(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(progress_display, "PLAIN_EVERY_S", 0.05)
+    monkeypatch.setattr(screen, "PLAIN_EVERY_S", 0.05)
     out = _Lines(want=3)
     display = Display(
         SweepState(planned=1, estimate_s=60, started=1000.0), stream=out, interactive=False, clock=lambda: 1000.0
@@ -114,7 +114,7 @@ def test_a_broken_sink_costs_lines_not_the_group() -> None:
     reporter.emit("server_starting")
     reporter.emit("server_ready")  # silently dropped from now on
     assert len(calls) == 1
-    assert progress.reporter_for(None, "g").sink is None and progress.reporter_for("no-such-channel", "g").sink is None
+    assert events.reporter_for(None, "g").sink is None and events.reporter_for("no-such-channel", "g").sink is None
 
 
 def test_the_ray_hub_hands_events_over_in_order_once() -> None:

@@ -11,16 +11,16 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.analysis import iplots_search, search_report
+from pipeline.analysis import figures, iplots, search_report
 from pipeline.analysis.samples import Sample, ServerSpread, StatsOptions
 from pipeline.config import CapacityConfig, ConfigError, JobConfig, LoadConfig, SloConfig, SpecConfig
 from pipeline.identity import point_hash
 from pipeline.load.slo import SloTarget
-from pipeline.run import predict_plan, search_capacity, search_predict
 from pipeline.run.outcomes import GroupOutcome, PointOutcome
 from pipeline.run.plan import Point, ServerGroup, SweepPlan, plan_sweep
-from pipeline.run.profiles import Bracketing, Measured
-from pipeline.run.searches import Capacity, Context
+from pipeline.run.search import capacity_points, predict_phases, predicting
+from pipeline.run.search.profiles import Bracketing, Measured
+from pipeline.run.search.strategy import Capacity, Context
 from pipeline.validate import validate
 from tests.synthetic import PROFILE, measured_outcomes, true_tpot
 
@@ -40,7 +40,7 @@ def grid(ks: tuple[int, ...], rates: tuple[float, ...], method: str = "ngram") -
 
 def test_first_phase_measures_the_baseline_and_the_largest_k_at_every_rate() -> None:
     plan = grid((1, 2, 3), (1.0, 4.0))
-    first = predict_plan.first_phase(plan)
+    first = predict_phases.first_phase(plan)
     assert len(plan.groups) == 4 and len(first.groups) == 2
     assert sorted((p.role, p.job.spec.k, p.job.load.request_rate) for p in first.points) == [
         ("baseline", 0, 1.0),
@@ -52,8 +52,8 @@ def test_first_phase_measures_the_baseline_and_the_largest_k_at_every_rate() -> 
 
 def test_a_curve_with_one_k_is_refused() -> None:
     with pytest.raises(ConfigError, match="at least 2 values of spec.k"):
-        predict_plan.check_plan(grid((3,), (1.0,)))
-    predict_plan.check_plan(grid((2, 3), (1.0,)))
+        predict_phases.check_plan(grid((3,), (1.0,)))
+    predict_phases.check_plan(grid((2, 3), (1.0,)))
 
 
 @pytest.mark.parametrize(
@@ -98,11 +98,11 @@ def test_predictor_predicts_every_unmeasured_k_and_proposes_the_best_for_confirm
     outcomes, samples = measured_outcomes(plan, {4})
     # A confirmation runs on a fresh server: with an A/A spread, k=3's 3 % edge is not resolved.
     spread = dataclasses.replace(OPTS, server_spread=ServerSpread({"speedup_median_tpot": 0.05}, 10, "aa"))
-    predictor = search_predict.Predictor(plan, spread, lambda found: [samples.get(str(o.run_id)) for o in found])
-    ((setting, points),) = predict_plan.curves(plan).items()
+    predictor = predicting.Predictor(plan, spread, lambda found: [samples.get(str(o.run_id)) for o in found])
+    ((setting, points),) = predict_phases.curves(plan).items()
     result = predictor.curve(setting, points, outcomes, None, cap=1)
     # Without it, the paired replicates tell k=3 from the measured k=4: nothing to confirm.
-    plain = search_predict.Predictor(plan, OPTS, lambda found: [samples.get(str(o.run_id)) for o in found])
+    plain = predicting.Predictor(plan, OPTS, lambda found: [samples.get(str(o.run_id)) for o in found])
     assert plain.curve(setting, points, outcomes, None, cap=1).confirm == {}
     assert sorted(result.final) == [(k, r) for k in (1, 2, 3) for r in (1.0, 8.0)]
     for (k, rate), prediction in result.final.items():
@@ -110,7 +110,7 @@ def test_predictor_predicts_every_unmeasured_k_and_proposes_the_best_for_confirm
         assert abs(prediction.tpot_s - truth) / truth < 0.05  # the synthetic engine follows the model
         assert prediction.length == pytest.approx(1 + sum(PROFILE[:k]), rel=0.02)
     assert len(result.confirm) == 1 and set(result.measured) == {(4, 1.0), (4, 8.0)}
-    confirm = search_predict.confirmation_plan(plan, [result])
+    confirm = predicting.confirmation_plan(plan, [result])
     (k,) = result.confirm
     assert {(p.job.spec.k, p.job.load.request_rate) for p in confirm.points} == {(k, r) for r in result.confirm[k]}
     table = search_report.predictions_table([result])
@@ -123,8 +123,8 @@ def test_confirmations_become_anchors_and_the_table_sets_prediction_against_meas
     first_outcomes = {
         h: o for h, o in outcomes.items() if not any(p.hash == h and p.job.spec.k == 2 for p in plan.points)
     }
-    predictor = search_predict.Predictor(plan, OPTS, lambda found: [samples.get(str(o.run_id)) for o in found])
-    ((setting, points),) = predict_plan.curves(plan).items()
+    predictor = predicting.Predictor(plan, OPTS, lambda found: [samples.get(str(o.run_id)) for o in found])
+    ((setting, points),) = predict_phases.curves(plan).items()
     first = predictor.curve(setting, points, first_outcomes, None, cap=2)
     final = predictor.curve(setting, points, outcomes, first.first, cap=2)
     assert (2, 2.0) in first.final and (2, 2.0) not in final.final  # measured now, no longer predicted
@@ -148,7 +148,9 @@ def test_confirmations_become_anchors_and_the_table_sets_prediction_against_meas
             for k in (2, 4)
         ]
     )
-    figure = iplots_search.k_curve(table, frame, {}, lambda run: f"http://ui/#/runs/{run}")
+    spec = figures.k_curve(table, frame)
+    assert spec is not None
+    figure = iplots.plotly(spec, {}, lambda run: f"http://ui/#/runs/{run}")
     seen = [c for trace in figure.data if trace.name.endswith("measured") for c in trace.customdata]
     guessed = [c for trace in figure.data if trace.name.endswith("predicted") for c in trace.customdata]
     assert {c[4] for c in seen} == {"http://ui/#/runs/run-k2", "http://ui/#/runs/run-k4"}
@@ -226,9 +228,9 @@ def test_probe_loop_brackets_then_bisects_to_the_resolution(tmp_path: Path) -> N
 def test_a_rate_grid_is_refused_and_the_probed_plan_replaces_the_planned_points() -> None:
     jobs = [dataclasses.replace(JobConfig(), search="capacity", load=LoadConfig(request_rate=r)) for r in (1, 2)]
     with pytest.raises(ConfigError, match="searches the request rate itself"):
-        search_capacity.seed_jobs(jobs)
-    plan = plan_sweep(search_capacity.seed_jobs(jobs[:1]))
-    probed = tuple(search_capacity.at_rate(plan.groups[0].points[0], r) for r in (1.0, 2.0))
+        capacity_points.seed_jobs(jobs)
+    plan = plan_sweep(capacity_points.seed_jobs(jobs[:1]))
+    probed = tuple(capacity_points.at_rate(plan.groups[0].points[0], r) for r in (1.0, 2.0))
     outcome = GroupOutcome(plan.groups[0].index, (), ran=probed)
     search = Capacity(plan, Context({}))
     assert search.next_plan([]) is plan and search.next_plan([outcome]) is None  # one plan: the seeds
@@ -272,7 +274,9 @@ def test_report_capacity_headline_gives_each_boundary_and_the_ratio_with_interva
     assert spec.ratio is not None and spec.ratio.estimate == pytest.approx(2.83 / 2.0, rel=0.01)
     headline = search_report.capacity_headline(curves, target)
     assert headline.startswith("Max sustainable req/s under the SLO (p99 TPOT <= 50 ms") and "baseline 2" in headline
-    figure = iplots_search.capacity_curve(curves, {"s0p2": "baseline-4rps"}, lambda run: f"http://ui/#/runs/{run}")
+    spec = figures.capacity_curve(curves)
+    assert spec is not None
+    figure = iplots.plotly(spec, {"s0p2": "baseline-4rps"}, lambda run: f"http://ui/#/runs/{run}")
     (base_trace, _) = figure.data
     by_rate = {c[1]: c for c in base_trace.customdata}
     assert by_rate["4"][2].endswith("missed<br>boundary " + base.boundary.text) and by_rate["1"][2].count(": met")
@@ -316,9 +320,9 @@ def test_model_windows_pair_replicates_by_prompt_not_by_row() -> None:
     # prompt 0 (a failed request), so its rows are one place off the baseline's.
     rng = np.random.default_rng(3)
     prompt = 0.03 * np.exp(rng.normal(0, 0.6, 60))
-    base = search_predict.Measured((_prompted(prompt, np.arange(60)),), ({},))
-    top = search_predict.Measured((_prompted(prompt[1:] / 2, np.arange(1, 60)),), ({"acceptance_length": 2.0},))
-    windows = search_predict.model_windows({0: base, 4: top}, OPTS, seed=0)
+    base = predicting.MeasuredK((_prompted(prompt, np.arange(60)),), ({},))
+    top = predicting.MeasuredK((_prompted(prompt[1:] / 2, np.arange(1, 60)),), ({"acceptance_length": 2.0},))
+    windows = predicting.model_windows({0: base, 4: top}, OPTS, seed=0)
     difference = windows[0].tpot_log_reps - windows[4].tpot_log_reps
     assert np.std(windows[0].tpot_log_reps) > 0.05  # each window alone is noisy ...
     assert np.std(difference) < 0.01 and np.allclose(difference, math.log(2), atol=0.03)  # ... their ratio is not
@@ -327,11 +331,11 @@ def test_model_windows_pair_replicates_by_prompt_not_by_row() -> None:
 def test_model_windows_draw_each_servers_run_level_offset_independently() -> None:
     # Two repeats per point, no noise inside a window, a different shift per server start: the
     # baseline's and k_max's run-level offsets must not move together (they ran on other servers).
-    def repeats(level: float, shifts: tuple[float, ...], length: float) -> search_predict.Measured:
+    def repeats(level: float, shifts: tuple[float, ...], length: float) -> predicting.MeasuredK:
         windows = tuple(_prompted(np.full(40, level * s), np.arange(40), length) for s in shifts)
-        return search_predict.Measured(windows, tuple({"acceptance_length": length} for _ in shifts))
+        return predicting.MeasuredK(windows, tuple({"acceptance_length": length} for _ in shifts))
 
-    windows = search_predict.model_windows(
+    windows = predicting.model_windows(
         {0: repeats(0.04, (1.0, 1.1), 1.0), 4: repeats(0.02, (1.05, 0.95), 2.0)}, OPTS, seed=0
     )
     base, top = windows[0].tpot_log_reps, windows[4].tpot_log_reps
@@ -374,7 +378,7 @@ def test_predict_runs_whole_with_a_fake_executor_within_its_confirmation_cap(cap
     run, samples, calls = _fake_executor(plan)
     spread = dataclasses.replace(OPTS, server_spread=ServerSpread({"speedup_median_tpot": 0.05}, 10, "aa"))
     logged: list[str] = []
-    result = search_predict.run(
+    result = predicting.run_predict(
         plan, run, samples, lambda p, m: logged.append(p.hash) or f"pred-{p.hash}", spread, cap, {}
     )
     (curve,) = result.results
@@ -402,7 +406,7 @@ def test_the_model_error_is_stored_as_a_number_and_widens_the_final_intervals_by
         logged[point.hash] = metrics
         return f"pred-{point.hash}"
 
-    result = search_predict.run(plan, run, samples, log_predicted, spread, 1, {})
+    result = predicting.run_predict(plan, run, samples, log_predicted, spread, 1, {})
     (curve,) = result.results
     assert curve.confirm == {3: (1.0,)} and (3, 50.0) in curve.final
     # The term is the confirmed point's |log measured / first-predicted TPOT|, measured from its window.
@@ -430,7 +434,7 @@ def test_the_model_error_is_stored_as_a_number_and_widens_the_final_intervals_by
 def test_predict_without_a_baseline_predicts_nothing_and_says_why() -> None:
     plan = grid((1, 2, 3, 4), (1.0,))
     run, samples, calls = _fake_executor(plan, fail_baseline=True)
-    result = search_predict.run(plan, run, samples, lambda p, m: "x", OPTS, 1, {})
+    result = predicting.run_predict(plan, run, samples, lambda p, m: "x", OPTS, 1, {})
     (curve,) = result.results
     assert not result.predicted and not curve.final and len(calls) == 1
     assert any("no prediction (the baseline or k=4" in note for note in curve.notes)
@@ -442,7 +446,7 @@ def test_predict_notes_drafts_shorter_than_k() -> None:
     for p in plan.points:
         if p.hash in outcomes and p.job.spec.k == 4:
             outcomes[p.hash].metrics["acceptance_k_effective"] = 3.2
-    predictor = search_predict.Predictor(plan, OPTS, lambda found: [samples.get(str(o.run_id)) for o in found])
-    ((setting, points),) = predict_plan.curves(plan).items()
+    predictor = predicting.Predictor(plan, OPTS, lambda found: [samples.get(str(o.run_id)) for o in found])
+    ((setting, points),) = predict_phases.curves(plan).items()
     notes = predictor.curve(setting, points, outcomes, None, cap=1).notes
     assert any("averaged 3.20 tokens of 4" in note for note in notes)

@@ -65,7 +65,7 @@ def _frame(with_trace: bool = True) -> pd.DataFrame:
 def test_each_stretch_gets_its_own_paired_speedup_and_load() -> None:
     base = _window({0: 0.05, 1: 0.05, 2: 0.05, 3: 0.05}, 1)
     spec = _window({0: 0.025, 1: 0.025, 2: 0.06, 3: 0.025}, 2)  # truth: 2x, 2x, 0.83x, 2x
-    table = timeline.compare(_frame(), {"b": base, "s": spec}, StatsOptions(resamples=1000))
+    table = timeline.compare_stretches(_frame(), {"b": base, "s": spec}, StatsOptions(resamples=1000))
     assert list(table["bucket"]) == ["0-29 s", "29-59 s", "59-88 s", "88-118 s"]  # 0 to the last send, in 4
     truth = [2.0, 2.0, 0.05 / 0.06, 2.0]
     for row, expected in zip(table.itertuples(index=False), truth, strict=True):
@@ -74,7 +74,7 @@ def test_each_stretch_gets_its_own_paired_speedup_and_load() -> None:
         assert abs(row.in_flight - 0.8) < 0.1
     assert list(table["verdict"]) == ["helps", "helps", "hurts", "helps"]
     schedules = [{"method": "ngram", "num_speculative_tokens_per_batch_size": [[1, 4, 3], [5, 1024, 0]]}]
-    text = "\n".join(timeline.lines(table, schedules))
+    text = "\n".join(timeline.stretch_lines(table, schedules))
     assert "## Over the trace" in text and "59-88 s: 0.41 req/s offered, 0.8 in flight" in text
     assert "the k schedule gives k=3 at this batch" in text
     assert "speculation paid in 3 of the 4 stretches decided; at the busiest" in text
@@ -82,8 +82,10 @@ def test_each_stretch_gets_its_own_paired_speedup_and_load() -> None:
 
 def test_no_trace_or_too_few_requests_gets_no_section() -> None:
     base, spec = _window({i: 0.05 for i in range(4)}, 1), _window({i: 0.03 for i in range(4)}, 2)
-    assert timeline.compare(_frame(with_trace=False), {"b": base, "s": spec}, StatsOptions(resamples=200)).empty
+    assert timeline.compare_stretches(
+        _frame(with_trace=False), {"b": base, "s": spec}, StatsOptions(resamples=200)
+    ).empty
     few = {"b": base.with_index(np.arange(20)), "s": spec.with_index(np.arange(20))}  # 20 < 2 x 12
-    assert timeline.compare(_frame(), few, StatsOptions(resamples=200)).empty
-    assert timeline.lines(pd.DataFrame()) == []
+    assert timeline.compare_stretches(_frame(), few, StatsOptions(resamples=200)).empty
+    assert timeline.stretch_lines(pd.DataFrame()) == []
     assert timeline.schedule_k([], "ngram", 3.0) is None

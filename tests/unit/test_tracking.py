@@ -65,7 +65,7 @@ def test_unreachable_tracking_server_fails_fast_naming_the_fix() -> None:
     import time
 
     from pipeline.config import TrackingConfig
-    from pipeline.record.tracking import TrackingError, check_reachable
+    from pipeline.record.tracking import TrackingError, check_store_reachable
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -73,7 +73,7 @@ def test_unreachable_tracking_server_fails_fast_naming_the_fix() -> None:
     store = resolve_store(TrackingConfig(uri=f"http://127.0.0.1:{port}"), Path("."))
     started = time.monotonic()
     with pytest.raises(TrackingError, match="does not answer.*tracking-server"):
-        check_reachable(store, timeout_s=2.0)
+        check_store_reachable(store, timeout_s=2.0)
     assert time.monotonic() - started < 10
 
 

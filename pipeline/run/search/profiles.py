@@ -23,7 +23,7 @@ from pipeline.analysis.capacity import next_rate, window_passes
 from pipeline.analysis.samples import Sample
 from pipeline.load.slo import SloTarget
 from pipeline.run.plan import Point, ServerGroup
-from pipeline.run.search_capacity import at_rate, rounded, search_settings
+from pipeline.run.search.capacity_points import at_rate, rounded, search_settings
 
 
 class Outcome(Protocol):

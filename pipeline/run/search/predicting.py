@@ -2,7 +2,7 @@
 
 A k grid of K values costs K + 1 server starts per method. Here each curve (one method, draft,
 workload, ...) costs two: the baseline and k_max at every rate. The model in
-:mod:`pipeline.analysis.predict` turns k_max's per-position acceptance and the two step costs
+:mod:`pipeline.analysis.kcurve` turns k_max's per-position acceptance and the two step costs
 into every other k's TPOT with an interval; the predicted best k at each rate, and any k whose
 interval overlaps the best's (up to ``predict.max_confirm`` servers), are then measured on fresh
 servers. Those measurements become the model's anchors for the k still unmeasured, and are
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipeline.analysis import predict, search_report
+from pipeline.analysis import kcurve, search_report
 from pipeline.analysis.samples import Sample, StatsOptions
 from pipeline.identity import point_key, setting_key
 from pipeline.record.readers import SweepReader
@@ -32,12 +32,12 @@ from pipeline.record.tracking import Tracker, flatten_params
 from pipeline.record.windows import window_sample
 from pipeline.run.outcomes import GroupOutcome, PointOutcome
 from pipeline.run.plan import Point, SweepPlan
-from pipeline.run.predict_plan import curves, first_phase, k_max
-from pipeline.run.searches import Context, SearchEnd
+from pipeline.run.search.predict_phases import curves, first_phase, k_max
+from pipeline.run.search.strategy import Context, SearchEnd
 
 
 @dataclass(frozen=True)
-class Measured:
+class MeasuredK:
     """A measured point's repeats as the model's inputs: its windows and metrics."""
 
     windows: tuple[Sample, ...]
@@ -48,7 +48,7 @@ class Measured:
         return float(np.mean(values)) if values else None
 
 
-def model_windows(measured: Mapping[int, Measured], opts: StatsOptions, seed: int) -> dict[int, predict.Window]:
+def model_windows(measured: Mapping[int, MeasuredK], opts: StatsOptions, seed: int) -> dict[int, kcurve.KWindow]:
     """The model's view of every measured point at one rate (k -> its repeats; k = 0 is the
     baseline): median TPOT and (speculative) L, each with replicates paired by prompt.
 
@@ -92,13 +92,13 @@ def model_windows(measured: Mapping[int, Measured], opts: StatsOptions, seed: in
         server_rng = np.random.default_rng([opts.seed, 31, seed, k])
         tpot_c, tpot_r = _over_servers(tpot_est[k], tpot_reps[k], server_rng)
         if k == 0:
-            out[k] = predict.Window(0, math.exp(tpot_c), tpot_r)
+            out[k] = kcurve.KWindow(0, math.exp(tpot_c), tpot_r)
             continue
         length_c, length_r = _over_servers(length_est[k], length_reps[k], server_rng)
         counter = measured[k].mean("acceptance_length")
         if counter is not None and counter > 0:  # the engine's counters are exact for the window: centre on them
             length_r, length_c = length_r - length_c + math.log(counter), math.log(counter)
-        out[k] = predict.Window(k, math.exp(tpot_c), tpot_r, math.exp(length_c), length_r)
+        out[k] = kcurve.KWindow(k, math.exp(tpot_c), tpot_r, math.exp(length_c), length_r)
     return out
 
 
@@ -129,7 +129,7 @@ def _over_servers(
     return float(np.mean(estimates)), within + offset
 
 
-def _trim(*windows: predict.Window) -> list[predict.Window]:
+def _trim(*windows: kcurve.KWindow) -> list[kcurve.KWindow]:
     size = min(len(w.tpot_log_reps) for w in windows)
     return [
         dataclasses.replace(
@@ -147,11 +147,11 @@ class CurveResult:
 
     setting: str
     label: str  # e.g. "vllm ngram"
-    first: dict[tuple[int, float], predict.Prediction]  # from the baseline and k_max alone
-    final: dict[tuple[int, float], predict.Prediction]  # with the confirmations as anchors
-    measured: dict[tuple[int, float], predict.Estimate]
+    first: dict[tuple[int, float], kcurve.Prediction]  # from the baseline and k_max alone
+    final: dict[tuple[int, float], kcurve.Prediction]  # with the confirmations as anchors
+    measured: dict[tuple[int, float], kcurve.Estimate]
     measured_length: dict[tuple[int, float], float]
-    choices: dict[float, predict.Choice]
+    choices: dict[float, kcurve.BestK]
     confirm: dict[int, tuple[float, ...]]
     left_out: tuple[int, ...]
     notes: tuple[str, ...]
@@ -170,27 +170,27 @@ class Predictor:
         check_model: bool = False,
     ) -> None:
         self.plan, self.opts, self.samples = plan, opts, samples
-        self.check_model = check_model  # predict.check_model: see predict.to_confirm
+        self.check_model = check_model  # predict.check_model: see kcurve.to_confirm
         spread = opts.server_spread
         self.server_sd = spread.for_metric("speedup_median_tpot") if spread else None
         self.server_df = spread.comparisons if spread else 0
         self.model_error: tuple[float, int] | None = None  # see model_error()
 
-    def _measured(self, points: Sequence[Point], outcomes: Mapping[str, PointOutcome]) -> Measured | None:
+    def _measured(self, points: Sequence[Point], outcomes: Mapping[str, PointOutcome]) -> MeasuredK | None:
         found = [outcomes.get(p.hash) for p in points]
         if not found or any(o is None or o.error is not None for o in found):
             return None
         windows = self.samples([o for o in found if o is not None])
         if any(w is None for w in windows):
             return None
-        return Measured(tuple(w for w in windows if w is not None), tuple(o.metrics for o in found if o is not None))
+        return MeasuredK(tuple(w for w in windows if w is not None), tuple(o.metrics for o in found if o is not None))
 
     def curve(
         self,
         setting: str,
         points: Sequence[Point],
         outcomes: Mapping[str, PointOutcome],
-        first: Mapping[tuple[int, float], predict.Prediction] | None,
+        first: Mapping[tuple[int, float], kcurve.Prediction] | None,
         cap: int,
     ) -> CurveResult:
         """Predict every unmeasured (k, rate) of the curve from what ``outcomes`` measured."""
@@ -201,8 +201,8 @@ class Predictor:
         base_points = {p.hash: p for p in self.plan.points if p.role == "baseline"}
         rates = sorted({p.job.load.request_rate for p in points})
         ks = sorted({p.job.spec.k for p in points})
-        predictions: dict[tuple[int, float], predict.Prediction] = {}
-        measured: dict[tuple[int, float], predict.Estimate] = {}
+        predictions: dict[tuple[int, float], kcurve.Prediction] = {}
+        measured: dict[tuple[int, float], kcurve.Estimate] = {}
         lengths: dict[tuple[int, float], float] = {}
         notes: list[str] = []
         for i, rate in enumerate(rates):
@@ -213,7 +213,7 @@ class Predictor:
                 for k in [reps[0].job.spec.k]
             }
             per_position: tuple[float, ...] = ()
-            found: dict[int, Measured] = {}
+            found: dict[int, MeasuredK] = {}
             for k, reps in sorted(at_rate.items()):
                 got = self._measured(reps, outcomes)
                 if got is None:
@@ -244,13 +244,13 @@ class Predictor:
             anchors = [w for k, w in windows.items() if k != top_k]
             base_window, top, *anchors = _trim(base_window, windows[top_k], *anchors)
             try:
-                inputs = predict.RateInputs(rate, base_window, top, per_position, tuple(anchors))
+                inputs = kcurve.RateInputs(rate, base_window, top, per_position, tuple(anchors))
             except ValueError as exc:  # e.g. no per-position counters: that rate is said, not guessed
                 notes.append(f"at {rate:g} req/s: no prediction ({exc})")
                 continue
             for k in ks:
                 if k not in windows:
-                    predictions[(k, rate)] = predict.predict(
+                    predictions[(k, rate)] = kcurve.extrapolate(
                         inputs, k, self.opts, self.server_sd, self.server_df, self.model_error
                     )
         choices = {}
@@ -258,8 +258,8 @@ class Predictor:
             estimates = [m for (k, r), m in measured.items() if r == rate]
             estimates += [_estimate(p, False, self.opts) for (k, r), p in predictions.items() if r == rate]
             if estimates:
-                choices[rate] = predict.choose(rate, estimates, self.opts.alpha)
-        confirm, left_out = predict.to_confirm(list(choices.values()), cap, self.check_model)
+                choices[rate] = kcurve.choose(rate, estimates, self.opts.alpha)
+        confirm, left_out = kcurve.to_confirm(list(choices.values()), cap, self.check_model)
         job = points[0].job
         return CurveResult(
             setting,
@@ -275,17 +275,17 @@ class Predictor:
         )
 
 
-def _estimate(source: predict.Window | predict.Prediction, is_measured: bool, opts: StatsOptions) -> predict.Estimate:
-    if isinstance(source, predict.Window):
+def _estimate(source: kcurve.KWindow | kcurve.Prediction, is_measured: bool, opts: StatsOptions) -> kcurve.Estimate:
+    if isinstance(source, kcurve.KWindow):
         finite = source.tpot_log_reps[np.isfinite(source.tpot_log_reps)]
         low, high = np.exp(np.quantile(finite, [opts.alpha / 2, 1 - opts.alpha / 2]))
-        return predict.Estimate(source.k, source.tpot_s, float(low), float(high), is_measured, source.tpot_log_reps)
-    return predict.Estimate(
+        return kcurve.Estimate(source.k, source.tpot_s, float(low), float(high), is_measured, source.tpot_log_reps)
+    return kcurve.Estimate(
         source.k, source.tpot_s, source.tpot_low_s, source.tpot_high_s, is_measured, source.tpot_log_reps
     )
 
 
-def predicted_metrics(prediction: predict.Prediction, model_error: tuple[float, int] | None = None) -> dict[str, float]:
+def predicted_metrics(prediction: kcurve.Prediction, model_error: tuple[float, int] | None = None) -> dict[str, float]:
     """A predicted point's MLflow metrics: the sweep table's names, each with its interval, and
     ``model_error_sd``, the log-scale model-error term its interval carries (where there is one)."""
     error = {} if model_error is None else {"model_error_sd": model_error[0]}
@@ -312,7 +312,7 @@ class PredictRun:
 
 
 class PredictSearch:
-    """search=predict as a strategy (:class:`pipeline.run.searches.Search`): the baseline and
+    """search=predict as a strategy (:class:`pipeline.run.search.strategy.Search`): the baseline and
     the largest k first; then the confirmations the first predictions call for; then nothing.
     :meth:`finish` predicts what is left, with the confirmations as anchors."""
 
@@ -399,7 +399,7 @@ class PredictSearch:
         return predicted
 
 
-def run(
+def run_predict(
     plan: SweepPlan,
     executor_run: Callable[[SweepPlan], list[GroupOutcome]],
     samples: Callable[[Sequence[PointOutcome]], list[Sample | None]],

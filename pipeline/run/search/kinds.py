@@ -1,5 +1,5 @@
 """The sweep-level searches by name (``search``): each one's plan, what its dry run shows, and
-its strategy (:class:`pipeline.run.searches.Search`)."""
+its strategy (:class:`pipeline.run.search.strategy.Search`)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pipeline.config import JobConfig
-from pipeline.run import predict_plan
 from pipeline.run.plan import SweepPlan, plan_sweep
-from pipeline.run.profiles import Bracketing, LoadProfile, Planned
-from pipeline.run.search_predict import PredictSearch
-from pipeline.run.searches import Capacity, Context, Grid, Search
+from pipeline.run.search import predict_phases
+from pipeline.run.search.predicting import PredictSearch
+from pipeline.run.search.profiles import Bracketing, LoadProfile, Planned
+from pipeline.run.search.strategy import Capacity, Context, Grid, Search
 
 
 class _PredictPlans:
@@ -20,12 +20,12 @@ class _PredictPlans:
     @staticmethod
     def planned(jobs: Sequence[JobConfig]) -> SweepPlan:
         plan = plan_sweep(jobs)
-        predict_plan.check_plan(plan)
+        predict_phases.check_plan(plan)
         return plan
 
     @staticmethod
     def shown(plan: SweepPlan) -> SweepPlan:
-        return predict_plan.first_phase(plan)
+        return predict_phases.first_phase(plan)
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class SearchKind:
     shown: Callable[[SweepPlan], SweepPlan]  # what a dry run shows and the estimate covers
     start: Callable[[SweepPlan, Context], Search]
     resumes: bool
-    profile: LoadProfile  # what each server's worker measures (pipeline.run.profiles)
+    profile: LoadProfile  # what each server's worker measures (pipeline.run.search.profiles)
 
 
 SEARCHES = {

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 
 from pipeline.exitcode import ExitCode
-from pipeline.run import signals
+from pipeline.run.plumbing import signals
 
 _entered = False
 
@@ -22,7 +22,7 @@ def entered() -> None:
     _entered = True
 
 
-def run(main: Callable[[], object]) -> None:
+def run_command(main: Callable[[], object]) -> None:
     try:
         main()
     except SystemExit as exc:

@@ -40,7 +40,7 @@ WITHIN_WINDOW_NOTE = "within-window noise only: an A/A sweep (aa=true) measures 
 
 
 @dataclass(frozen=True, eq=False)
-class Window:
+class KWindow:
     """One measured window's inputs to the model."""
 
     k: int  # 0 for the baseline
@@ -53,10 +53,10 @@ class Window:
 @dataclass(frozen=True, eq=False)
 class RateInputs:
     rate: float
-    base: Window
-    top: Window  # the k_max window
+    base: KWindow
+    top: KWindow  # the k_max window
     per_position: tuple[float, ...]  # p_0..p_{k_max-1} from the k_max window
-    anchors: tuple[Window, ...] = ()  # other measured k at this rate (confirmations)
+    anchors: tuple[KWindow, ...] = ()  # other measured k at this rate (confirmations)
 
     def __post_init__(self) -> None:
         problem = self._problem()
@@ -97,7 +97,7 @@ class RateInputs:
         return arrays
 
     @property
-    def windows(self) -> tuple[Window, ...]:
+    def windows(self) -> tuple[KWindow, ...]:
         """The model's knots in k order: baseline, anchors, k_max."""
         return (self.base, *self.anchors, self.top)
 
@@ -198,7 +198,7 @@ def _bounds(values: np.ndarray, opts: StatsOptions) -> tuple[float, float]:
     return float(low), float(high)
 
 
-def predict(
+def extrapolate(
     inputs: RateInputs,
     k: int,
     opts: StatsOptions,
@@ -273,7 +273,7 @@ class Estimate:
 
 
 @dataclass(frozen=True)
-class Choice:
+class BestK:
     rate: float
     best: Estimate  # lowest tpot_s estimate
     candidates: tuple[Estimate, ...]  # the best and every estimate not told apart from it, best first
@@ -292,7 +292,7 @@ def _not_told_apart(e: Estimate, best: Estimate, ceiling: float, alpha: float) -
     return (e.low_s if math.isfinite(e.low_s) else e.tpot_s) <= ceiling
 
 
-def choose(rate: float, estimates: Sequence[Estimate], alpha: float = 0.05) -> Choice:
+def choose(rate: float, estimates: Sequence[Estimate], alpha: float = 0.05) -> BestK:
     """The best k at one rate and every k it cannot be told from. Ties go to the smaller
     k (a shorter draft costs less to make); a missing bound counts as the point estimate."""
     usable = [e for e in estimates if math.isfinite(e.tpot_s)]
@@ -306,11 +306,11 @@ def choose(rate: float, estimates: Sequence[Estimate], alpha: float = 0.05) -> C
     ceiling = best.high_s if math.isfinite(best.high_s) else best.tpot_s
     overlap = [e for e in ordered[1:] if _not_told_apart(e, best, ceiling, alpha)]
     best_predicted = next((e for e in ordered if not e.measured), None)
-    return Choice(rate, best, (best, *overlap), best_predicted)
+    return BestK(rate, best, (best, *overlap), best_predicted)
 
 
 def to_confirm(
-    choices: Sequence[Choice], cap: int, check_model: bool = False
+    choices: Sequence[BestK], cap: int, check_model: bool = False
 ) -> tuple[dict[int, tuple[float, ...]], tuple[int, ...]]:
     """Unmeasured candidate k values to measure on fresh servers (one server start each), ranked by
     how often each is the best, then how often a candidate, then mean TPOT, then k; at most ``cap``.

@@ -4,9 +4,9 @@ The driver runs every search the same way: it asks :meth:`Search.next_plan` for 
 measures it, hands the outcomes back, and stops at ``None``; :meth:`Search.finish` then says
 what the sweep measured (the plan as it ran, and any predicted points). The grid returns its
 plan once; predict returns its first phase, then the confirmations
-(:class:`~pipeline.run.search_predict.PredictSearch`); capacity returns one seed point per
+(:class:`~pipeline.run.search.predicting.PredictSearch`); capacity returns one seed point per
 server, whose rates the worker's load profile picks as it goes. The searches are named in
-:data:`pipeline.run.search_registry.SEARCHES`, by ``search``.
+:data:`pipeline.run.search.kinds.SEARCHES`, by ``search``.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Protocol
 import pandas as pd
 
 from pipeline.config import JobConfig
-from pipeline.run import search_capacity
 from pipeline.run.outcomes import GroupOutcome, PointOutcome
 from pipeline.run.plan import Point, SweepPlan, plan_sweep
+from pipeline.run.search import capacity_points
 
 
 @dataclass(frozen=True)
@@ -86,14 +86,14 @@ class Grid:
 
 class Capacity(Grid):
     """One seed point per server at capacity.start_rate; each server's worker probes the rates
-    itself (:class:`pipeline.run.profiles.Bracketing`), and the plan as it ran holds what it probed."""
+    itself (:class:`pipeline.run.search.profiles.Bracketing`), and the plan as it ran holds what it probed."""
 
     resumes = False
 
     @staticmethod
     def planned(jobs: Sequence[JobConfig]) -> SweepPlan:
         plan_sweep(jobs)  # the grid's own refusals first
-        return plan_sweep(search_capacity.seed_jobs(jobs))
+        return plan_sweep(capacity_points.seed_jobs(jobs))
 
     def finish(self) -> SearchEnd:
         ran = {o.index: o.ran for o in self.outcomes if o.ran}

@@ -1,4 +1,4 @@
-"""Live progress across Ray: the driver's end of the :class:`~pipeline.run.progress.Hub` actor.
+"""Live progress across Ray: the driver's end of the :class:`~pipeline.run.progress.events.Hub` actor.
 
 The Ray launcher starts one hub per display (named after its channel, in the driver's job,
 so it ends with the driver) and drains it into the display twice a second while the groups run.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from pipeline.run.progress import NAMESPACE, Hub, local_sink
+from pipeline.run.progress.events import NAMESPACE, Hub, local_sink
 
 DRAIN_EVERY_S = 0.5
 

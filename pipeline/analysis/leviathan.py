@@ -13,7 +13,7 @@ from pipeline.engines.acceptance import alpha_from_length, expected_length
 
 
 @dataclass(frozen=True)
-class Fit:
+class LeviathanFit:
     engine: str
     method: str
     rate: float  # the low load the fit uses
@@ -23,11 +23,11 @@ class Fit:
     predicted: dict[int, float]  # k -> L(alpha, k) / (k c + 1)
 
 
-def predict(alpha: float, c: float, k: int) -> float:
+def predicted_speedup(alpha: float, c: float, k: int) -> float:
     return expected_length(alpha, k) / (k * c + 1)
 
 
-def fit(points: pd.DataFrame, max_k: int = 8) -> tuple[list[Fit], list[str]]:
+def fit_curves(points: pd.DataFrame, max_k: int = 8) -> tuple[list[LeviathanFit], list[str]]:
     """Per curve (engine, method and every other setting but k and rate), at its lowest
     measured rate. Returns fits and what was skipped."""
     fits, skipped = [], []
@@ -58,14 +58,14 @@ def fit(points: pd.DataFrame, max_k: int = 8) -> tuple[list[Fit], list[str]]:
         alpha, c = statistics.median(alphas), statistics.median(costs)
         ks = range(1, max(max_k, max(measured) + 1) + 1)
         fits.append(
-            Fit(
+            LeviathanFit(
                 engine,
                 method,
                 float(low["request_rate"].iloc[0]),
                 alpha,
                 c,
                 measured,
-                {k: predict(alpha, c, k) for k in ks},
+                {k: predicted_speedup(alpha, c, k) for k in ks},
             )
         )
     return fits, skipped

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.run.progress import Event, register, unregister
+from pipeline.run.progress.events import Event, register, unregister
 
 PLAIN_EVERY_S = 10.0
 

@@ -5,7 +5,7 @@ met the SLO decides the next rate: double while every probe passes, halve while 
 fails, then bisect between the highest pass and the lowest fail until the bracket is within
 ``capacity.resolution`` or ``capacity.max_probes`` windows ran (:mod:`pipeline.analysis.capacity`).
 The server is not restarted between probes, so its start-up is paid once per configuration.
-The walk itself is the worker's load profile, :class:`pipeline.run.profiles.Bracketing`.
+The walk itself is the worker's load profile, :class:`pipeline.run.search.profiles.Bracketing`.
 The boundary's interval is computed afterwards from the probes' requests, by the report.
 """
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.config import RayConfig
-from pipeline.run import signals
-from pipeline.run.errors import LaunchError, Unreachable
+from pipeline.run.plumbing import signals
+from pipeline.run.plumbing.errors import LaunchError, Unreachable
 
 GCS_DEFAULT_PORT = 6379
 WORKER_NICENESS = "RAY_worker_niceness"  # read by the raylet that ray.init starts
@@ -83,7 +83,7 @@ def _split(address: str) -> tuple[str, int]:
         raise LaunchError(f"ray.address={address!r} is not host:port (e.g. 10.0.0.5:6379) or 'auto'") from exc
 
 
-def probe(address: str, timeout_s: float) -> None:
+def probe_address(address: str, timeout_s: float) -> None:
     """ray.init hangs on an explicit address nobody listens on; a TCP connect does not."""
     host, port = _split(address)
     try:
@@ -103,7 +103,7 @@ def connect(config: RayConfig) -> bool:
     if ray.is_initialized():
         return False
     if config.address and config.address != "auto":
-        probe(config.address, config.connect_timeout_s)
+        probe_address(config.address, config.connect_timeout_s)
     # A driver submitted with `ray job submit` runs with RAY_ADDRESS set: it joins that cluster.
     address = config.address or ("auto" if os.environ.get("RAY_ADDRESS") else None)
     try:

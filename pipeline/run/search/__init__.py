@@ -1,0 +1,2 @@
+"""How a sweep searches: the sweep-level strategies (grid, predict, capacity) and their plans,
+and the load profiles a server group walks on the worker."""
