@@ -15,7 +15,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from pipeline.compose import register_schema, to_job_config
 from pipeline.config import ConfigError
 from pipeline.exitcode import ExitCode
-from pipeline.run.driver import run_guarded
+from pipeline.run.driver import local_preflight, run_guarded
 from pipeline.run.outcomes import GroupOutcome, GroupTask
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -25,7 +25,7 @@ class NoLaunch:
     """The driver's executor for refusals and dry runs: reaching it means an input got through."""
 
     def preflight(self, tasks: Sequence[GroupTask]) -> None:
-        return None
+        local_preflight(tasks)  # what the CLI's basic launcher checks of this machine
 
     def run(self, tasks: Sequence[GroupTask]) -> list[GroupOutcome]:
         raise AssertionError(f"a refused input reached the launch of {len(tasks)} server group(s)")

