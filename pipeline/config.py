@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -383,3 +384,40 @@ class JobConfig:
     def baseline(self) -> JobConfig:
         """The same point without speculation: what this job is compared against."""
         return dataclasses.replace(self, spec=SpecConfig(method="none", k=0))
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    """What the whole sweep is set to, read once from its jobs: every ``Role.SWEEP`` setting
+    (a grid may not vary one), and the sweep's output folder. The driver and the searches read
+    these, never a job's copy. ``tests/unit/test_identity.py`` keeps the fields equal to the
+    settings marked ``Role.SWEEP``."""
+
+    tracking: TrackingConfig
+    sweep_name: str
+    dry_run: bool
+    force: bool
+    repeats: RepeatsConfig
+    stats: StatsConfig
+    aa: bool
+    lossless: LosslessConfig
+    ray: RayConfig
+    gate: GateConfig
+    search: str
+    predict: PredictConfig
+    capacity: CapacityConfig
+    verbose: bool
+    progress_every_s: float
+    output_dir: str  # a runtime setting; the sweeper gives every job the sweep's folder
+
+    @staticmethod
+    def of(jobs: Sequence[JobConfig]) -> SweepSettings:
+        """The sweep's settings; a sweep-wide setting that differs between jobs is refused."""
+        if not jobs:
+            raise ConfigError("the sweep has no point to measure")
+        names = [f.name for f in dataclasses.fields(SweepSettings)]
+        for name in names:
+            values = {repr(getattr(job, name)) for job in jobs}
+            if len(values) > 1 and name != "output_dir":
+                raise ConfigError(f"{name} is a setting of the whole sweep and cannot be swept (got {sorted(values)})")
+        return SweepSettings(**{name: getattr(jobs[0], name) for name in names})

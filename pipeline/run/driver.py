@@ -20,12 +20,12 @@ from typing import Any
 
 from pipeline import startup
 from pipeline.analysis.search_report import PREDICTIONS_CSV
-from pipeline.config import ConfigError, JobConfig
+from pipeline.config import ConfigError, JobConfig, SweepSettings
 from pipeline.engines.models import ModelError
 from pipeline.engines.registry import engine_of
 from pipeline.engines.vllm import EngineNotInstalled
 from pipeline.exitcode import ExitCode
-from pipeline.identity import in_this_version, sweep_level
+from pipeline.identity import in_this_version
 from pipeline.load.workloads import load_items
 from pipeline.record.journal import JOURNAL_NAME, JournaledTracker
 from pipeline.redact import redact_args, redact_mapping
@@ -80,13 +80,6 @@ def local_preflight(tasks: Sequence[GroupTask]) -> None:
     cluster.check_local(needs, on_cpu, gpus, os.cpu_count() or 1)
 
 
-def _check_sweep_level(jobs: Sequence[JobConfig]) -> None:
-    for key in sweep_level():
-        values = {repr(getattr(job, key)) for job in jobs}
-        if len(values) > 1:
-            raise ConfigError(f"{key} is a setting of the whole sweep and cannot be swept (got {sorted(values)})")
-
-
 def _server_line(target: Target, job: JobConfig) -> ServerLine:
     spec = server_spec(target, job, Path("server.log"), port=0)
     args = list(redact_args(spec.command))
@@ -124,8 +117,8 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
         sweep = Sweep.prepare(jobs, project_root)
     except (ConfigError, EngineNotInstalled, ModelError) as exc:
         return _error(str(exc))
-    startup.configure(sweep.first.verbose)  # before Ray starts: its workers inherit the environment
-    if sweep.first.dry_run:
+    startup.configure(sweep.settings.verbose)  # before Ray starts: its workers inherit the environment
+    if sweep.settings.dry_run:
         sweep.show()
         return 0
     code = sweep.open(executor)
@@ -139,6 +132,7 @@ class Sweep:
     """One sweep's state between its stages: what was planned, resolved, opened and measured."""
 
     jobs: Sequence[JobConfig]
+    settings: SweepSettings  # the sweep-wide settings, read once (SweepSettings.of)
     project_root: Path
     kind: SearchKind
     plan: SweepPlan
@@ -152,7 +146,8 @@ class Sweep:
 
     @property
     def first(self) -> JobConfig:
-        return self.jobs[0]  # the sweep-wide settings agree across jobs (_check_sweep_level)
+        """A job of the sweep, for what names the sweep beside its settings: its model and SLO."""
+        return self.jobs[0]
 
     @property
     def on_gpu(self) -> bool:
@@ -162,30 +157,30 @@ class Sweep:
     def prepare(jobs: Sequence[JobConfig], project_root: Path) -> Sweep:
         """Every refusal, nothing built: a bad draft path, store or cluster is not found after a
         model build of half a minute. The embedded models are built once all answer."""
-        plan_sweep(jobs)  # an empty grid is refused before the sweep-wide check reads its first job
-        _check_sweep_level(jobs)
-        kind = SEARCHES[jobs[0].search]
+        plan_sweep(jobs)  # an empty grid is refused, with its own message, before anything reads it
+        settings = SweepSettings.of(jobs)
+        kind = SEARCHES[settings.search]
         plan = kind.planned(jobs)
         for workload in {repr(j.workload): j.workload for j in jobs}.values():
             if workload.name != "random":  # a missing or malformed file is refused here, not in a worker
                 load_items(workload, 1, 0, None)
-        plan_only = jobs[0].dry_run
+        plan_only = settings.dry_run
         targets = {g.index: resolve_target(g.server_job, build=False, plan_only=plan_only) for g in plan.groups}
-        return Sweep(jobs, project_root, kind, plan, targets)
+        return Sweep(jobs, settings, project_root, kind, plan, targets)
 
     def show(self) -> None:
         shown = self.kind.shown(self.plan)
         lines = [_server_line(self.targets[g.index], g.server_job) for g in shown.groups]
         print(describe(shown, lines, self.on_gpu))
-        print(search_note(self.first))
+        print(search_note(self.settings))
 
     def open(self, executor: Executor) -> int | None:
         """The store, the resumed points, the cluster and the built models; an exit code where
         one of them refuses, None to go on."""
         from pipeline.record import tracking
 
-        first = self.first
-        self.store = tracking.resolve_store(first.tracking, self.project_root)
+        settings = self.settings
+        self.store = tracking.resolve_store(settings.tracking, self.project_root)
         try:
             tracking.check_store_reachable(self.store)
             experiment_id = tracking.prepare(self.store, self.experiment)
@@ -195,7 +190,7 @@ class Sweep:
             return ExitCode.INFRA
         except tracking.TrackingError as exc:
             return _error(str(exc))
-        if not first.force and self.kind.resumes:
+        if not settings.force and self.kind.resumes:
             self.done = in_this_version(self.tracker.finished_points(), (p.job for p in self.plan.points))
         self.channel = screen.channel_name()
         try:
@@ -220,11 +215,11 @@ class Sweep:
 
     @property
     def experiment(self) -> str:
-        return self.first.tracking.experiment or self.first.sweep_name
+        return self.settings.tracking.experiment or self.settings.sweep_name
 
     @property
     def out_dir(self) -> Path:
-        return Path(self.first.output_dir).resolve()
+        return Path(self.settings.output_dir).resolve()
 
     def tasks(self, part: SweepPlan) -> list[GroupTask]:
         return [
@@ -244,7 +239,7 @@ class Sweep:
         from pipeline.record import readers
 
         identity = sweep_identity(self.plan, self.targets)
-        if self.first.gate.skip_if_done:
+        if self.settings.gate.skip_if_done:
             earlier = readers.HistoryReader(self.store.tracking_uri).ran_before(self.tracker.experiment_id, *identity)
             if earlier:
                 print(
@@ -258,7 +253,7 @@ class Sweep:
         self._open_parent(identity)
         try:
             with screen.live(
-                self.channel, len(shown.points), estimate_s(shown, self.on_gpu), self.first.progress_every_s
+                self.channel, len(shown.points), estimate_s(shown, self.on_gpu), self.settings.progress_every_s
             ):
                 end = self.execute(executor)
             frame, failed = self.record(end, started)
@@ -278,28 +273,27 @@ class Sweep:
         return self.finish(executor, end, frame, failed)
 
     def _announce(self, shown: SweepPlan) -> None:
-        skipped = self.resumed
-        first = self.first
+        skipped, settings = self.resumed, self.settings
         print(
             f"plan: {len(shown.groups)} server(s), {len(shown.points)} point(s) to measure"
             + (f", {skipped} already finished (force=true re-measures them)" if skipped else "")
             + f"; estimated ~{estimate_s(shown, self.on_gpu) / 60:.1f} min (rough)\n"
-            + (f"{search_note(first)}\n" if first.search != "grid" else "")
+            + (f"{search_note(settings)}\n" if settings.search != "grid" else "")
             + f"MLflow: {self.store.tracking_uri} (experiment {self.experiment!r})"
         )
 
     def _open_parent(self, identity: tuple[str, str]) -> None:
-        first = self.first
-        name = f"{first.sweep_name} {time.strftime('%Y-%m-%d %H:%M:%S')}"  # one parent run per invocation
-        tags = {"role": "sweep", "sweep_name": first.sweep_name, "fingerprint": identity[0]}
+        settings, first = self.settings, self.first
+        name = f"{settings.sweep_name} {time.strftime('%Y-%m-%d %H:%M:%S')}"  # one parent run per invocation
+        tags = {"role": "sweep", "sweep_name": settings.sweep_name, "fingerprint": identity[0]}
         self.parent = self.tracker.start_run(name, tags | {"engine.versions": identity[1]})
         # How the report and the gate decide, kept with the sweep: `python -m pipeline.report` and
         # `python -m pipeline.gate` decide the same way later (the gate with this run's floors and history).
         self.tracker.log_params(
             self.parent,
-            {f"stats.{k}": v for k, v in dataclasses.asdict(first.stats).items()}
-            | {"search": first.search, **{f"slo.{k}": str(v) for k, v in dataclasses.asdict(first.slo).items()}}
-            | {f"gate.{k}": str(v) for k, v in dataclasses.asdict(first.gate).items()},
+            {f"stats.{k}": v for k, v in dataclasses.asdict(settings.stats).items()}
+            | {"search": settings.search, **{f"slo.{k}": str(v) for k, v in dataclasses.asdict(first.slo).items()}}
+            | {f"gate.{k}": str(v) for k, v in dataclasses.asdict(settings.gate).items()},
         )
 
     def execute(self, executor: Executor) -> SearchEnd:
@@ -312,14 +306,15 @@ class Sweep:
         return search.finish()
 
     def _context(self, resumed: dict[str, PointOutcome]) -> Context:
-        if self.kind is not SEARCHES["predict"]:
-            return Context(resumed)
+        if not self.kind.reads_windows:
+            return Context(resumed, settings=self.settings)
         from pipeline.record import readers
         from pipeline.record.windows import stats_options
 
         reader = readers.SweepReader(self.store.tracking_uri)
         log = functools.partial(predicting.log_predicted, self.tracker, self.parent)
-        return Context(resumed, predicting.download_samples(reader), log, stats_options(self.first.stats, reader))
+        opts = stats_options(self.settings.stats, reader)
+        return Context(resumed, predicting.download_samples(reader), log, opts, self.settings)
 
     def record(self, end: SearchEnd, started: float) -> tuple[Any, int]:
         """The sweep's table (summary.csv, the MLflow table), the speedups on each run, and the
@@ -371,8 +366,8 @@ class Sweep:
         """The table printed, the journal synced, then the gate and the report."""
         from pipeline.record import table
 
-        first, out_dir = self.first, self.out_dir
-        table.render(frame, f"sweep {first.sweep_name!r}: {len(end.plan.points)} points on {first.model.id}")
+        settings, out_dir = self.settings, self.out_dir
+        table.render(frame, f"sweep {settings.sweep_name!r}: {len(end.plan.points)} points on {self.first.model.id}")
         print(f"summary: {out_dir / 'summary.csv'}; MLflow parent run {self.parent}")
         synced = sync_journals(out_dir)
         if synced is None:
@@ -384,14 +379,14 @@ class Sweep:
             print(f"error: {full}", file=sys.stderr)
             return ExitCode.INFRA
         code = 0
-        if first.gate.enabled:
+        if settings.gate.enabled:
             confirm_task = functools.partial(
                 _confirm_task, self.store, self.tracker.experiment_id, parent, self.targets
             )
             code = gate_sweep(
-                first, self.store.tracking_uri, parent, end.plan, self.by_hash, executor, confirm_task, out_dir
+                settings, self.store.tracking_uri, parent, end.plan, self.by_hash, executor, confirm_task, out_dir
             )
-        report_sweep(self.store.tracking_uri, parent, out_dir, first.stats)
+        report_sweep(self.store.tracking_uri, parent, out_dir, settings.stats)
         return ExitCode.INCOMPLETE if failed else code
 
 

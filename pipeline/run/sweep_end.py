@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import JobConfig, StatsConfig
+from pipeline.config import StatsConfig, SweepSettings
 from pipeline.exitcode import ExitCode
 from pipeline.run.job import Target, server_spec
 from pipeline.run.outcomes import Executor, GroupOutcome, GroupTask, PointOutcome
@@ -62,7 +62,7 @@ def sweep_identity(plan: SweepPlan, targets: dict[int, Target]) -> tuple[str, st
 
 
 def gate_sweep(
-    first: JobConfig,
+    settings: SweepSettings,
     tracking_uri: str,
     parent: str,
     plan: SweepPlan,
@@ -78,12 +78,12 @@ def gate_sweep(
     from pipeline.record.readers import HistoryReader
     from pipeline.record.tracking import Store, TrackingError, check_store_reachable
 
-    opts = StatsOptions(confidence=first.stats.confidence, resamples=first.stats.resamples)
+    opts = StatsOptions(confidence=settings.stats.confidence, resamples=settings.stats.resamples)
     try:
         reader = HistoryReader(tracking_uri)
-        result, summary = judge.judge_sweep(reader, parent, first.gate, opts, out_dir)
+        result, summary = judge.judge_sweep(reader, parent, settings.gate, opts, out_dir)
         flagged = set(result.flagged())
-        if first.gate.confirm and flagged:
+        if settings.gate.confirm and flagged:
             originals = {h: o.run_id for h, o in by_hash.items() if o.run_id in flagged}
             print(f"gate: {len(originals)} point(s) flagged; re-measuring them on fresh servers to confirm")
             again = plan.without(p.hash for p in plan.points if p.hash not in originals)
@@ -92,7 +92,7 @@ def gate_sweep(
                 for g in again.groups
             ]
             executor.run(tasks)
-            result, summary = judge.judge_sweep(reader, parent, first.gate, opts, out_dir)
+            result, summary = judge.judge_sweep(reader, parent, settings.gate, opts, out_dir)
     except Exception as exc:
         try:
             check_store_reachable(Store(tracking_uri, None))

@@ -90,6 +90,15 @@ def test_the_sweep_level_settings_are_the_sweep_role() -> None:
         "verbose",
         "progress_every_s",
     }
+    # The driver reads them once, as one record, with the sweep's folder beside them.
+    from pipeline.config import ConfigError, SweepSettings
+
+    names = {f.name for f in dataclasses.fields(SweepSettings)}
+    assert names == set(identity.sweep_level()) | {"output_dir"}
+    settings = SweepSettings.of([_job(), _job(load=LoadConfig(request_rate=8.0))])  # a swept point setting is fine
+    assert settings.search == "grid" and settings.gate == _job().gate
+    with pytest.raises(ConfigError, match="search is a setting of the whole sweep and cannot be swept"):
+        SweepSettings.of([_job(), _job(search="capacity")])
 
 
 def test_version_1_hashes_are_computed_as_that_code_did() -> None:

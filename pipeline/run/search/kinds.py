@@ -35,10 +35,13 @@ class SearchKind:
     start: Callable[[SweepPlan, Context], Search]
     resumes: bool
     profile: LoadProfile  # what each server's worker measures (pipeline.run.search.profiles)
+    reads_windows: bool = False  # its strategy reads the windows' requests back from MLflow
 
 
 SEARCHES = {
     "grid": SearchKind(Grid.planned, Grid.shown, Grid, Grid.resumes, Planned()),
-    "predict": SearchKind(_PredictPlans.planned, _PredictPlans.shown, PredictSearch, PredictSearch.resumes, Planned()),
+    "predict": SearchKind(
+        _PredictPlans.planned, _PredictPlans.shown, PredictSearch, PredictSearch.resumes, Planned(), True
+    ),
     "capacity": SearchKind(Capacity.planned, Capacity.shown, Capacity, Capacity.resumes, Bracketing()),
 }

@@ -327,7 +327,7 @@ class PredictSearch:
         self.samples = context.samples
         self.log_predicted = context.log_predicted
         self.opts: StatsOptions = context.opts
-        settings = plan.points[0].job.predict if plan.points else None
+        settings = context.settings.predict if context.settings else None
         self.cap = cap if cap is not None else (settings.max_confirm if settings else 1)
         self.check_model = check_model if check_model is not None else bool(settings and settings.check_model)
         self.by_hash: dict[str, PointOutcome] = dict(context.done)

@@ -17,7 +17,7 @@ from typing import Protocol
 
 import pandas as pd
 
-from pipeline.config import JobConfig
+from pipeline.config import JobConfig, SweepSettings
 from pipeline.run.outcomes import GroupOutcome, PointOutcome
 from pipeline.run.plan import Point, SweepPlan, plan_sweep
 from pipeline.run.search import capacity_points
@@ -41,6 +41,7 @@ class Context:
     samples: Callable[[Sequence[PointOutcome]], list] | None = None
     log_predicted: Callable[[Point, dict[str, float]], str] | None = None
     opts: object | None = None  # StatsOptions: how intervals are drawn
+    settings: SweepSettings | None = None  # the sweep-wide settings (predict.max_confirm, ...)
 
 
 class Search(Protocol):
