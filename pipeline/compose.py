@@ -96,6 +96,27 @@ def resolve_trace_rate(job: JobConfig) -> JobConfig:
         if workload.think_time_s is not None:
             raise ConfigError("workload.think_time_s paces a trace's conversations: it needs workload=trace")
         return job
+    _check_trace_settings(job)
+    rate = traces.with_rate(workload, load.request_rate)
+    if traces.load_replay(workload, None).conversations:
+        if workload.endpoint != "chat":
+            raise ConfigError(
+                f"the trace holds conversations, whose turns carry their history as chat messages; "
+                f"workload.endpoint={workload.endpoint} cannot send them: use workload.endpoint=chat"
+            )
+        if load.client_workers > 1:
+            raise ConfigError(
+                f"the trace holds conversations, whose turns wait for each other's answers in one client; "
+                f"load.client_workers={load.client_workers} splits them: use load.client_workers=1"
+            )
+    return dataclasses.replace(job, load=dataclasses.replace(load, request_rate=rate))
+
+
+def _check_trace_settings(job: JobConfig) -> None:
+    """What a trace keeps for itself (its arrivals, its length), and its slice and time scale."""
+    from pipeline.load import traces
+
+    load, workload = job.load, job.workload
     think = workload.think_time_s
     if think is not None and (not think >= 0 or math.isinf(think)):
         raise ConfigError(f"workload.think_time_s={think} must be a number of seconds >= 0 (or null: the trace's own)")
@@ -119,16 +140,3 @@ def resolve_trace_rate(job: JobConfig) -> JobConfig:
         raise ConfigError(f"workload.time_scale={workload.time_scale} must be a positive number (0.5: twice as fast)")
     if not workload.start_s >= 0 or (workload.duration_s is not None and not workload.duration_s > 0):
         raise ConfigError("workload.start_s must be >= 0 and workload.duration_s > 0 (or null: to the trace's end)")
-    rate = traces.with_rate(workload, load.request_rate)
-    if traces.load_replay(workload, None).conversations:
-        if workload.endpoint != "chat":
-            raise ConfigError(
-                f"the trace holds conversations, whose turns carry their history as chat messages; "
-                f"workload.endpoint={workload.endpoint} cannot send them: use workload.endpoint=chat"
-            )
-        if load.client_workers > 1:
-            raise ConfigError(
-                f"the trace holds conversations, whose turns wait for each other's answers in one client; "
-                f"load.client_workers={load.client_workers} splits them: use load.client_workers=1"
-            )
-    return dataclasses.replace(job, load=dataclasses.replace(load, request_rate=rate))

@@ -45,7 +45,15 @@ def validate(job: JobConfig) -> None:
 
 
 def _validate_together(job: JobConfig) -> None:
-    spec, load, engine, workload = job.spec, job.load, job.engine, job.workload
+    _validate_engine_use(job)
+    _validate_method(job)
+    _validate_load_shape(job)
+    _validate_sweep_wide(job)
+
+
+def _validate_engine_use(job: JobConfig) -> None:
+    """What the engine serves and how it is started, against the workload."""
+    engine, workload = job.engine, job.workload
     serving = ENGINES[engine.name]
     no_cache_flag = serving.no_prefix_cache_flag
     if engine.prefix_cache != "off" and no_cache_flag and no_cache_flag in engine.extra_args:
@@ -58,6 +66,14 @@ def _validate_together(job: JobConfig) -> None:
             f"workload.endpoint={workload.endpoint} is not served by {serving.label} (generate is SGLang's native "
             f"API); with engine={engine.name} use {' or '.join(serving.endpoints)}"
         )
+    if engine.max_model_len < workload.max_tokens + 1:
+        raise ConfigError(
+            f"engine.max_model_len={engine.max_model_len} leaves no room for workload.max_tokens={workload.max_tokens}"
+        )
+
+
+def _validate_method(job: JobConfig) -> None:
+    spec, serving = job.spec, ENGINES[job.engine.name]
     if spec.method != "none" and spec.k < 1:
         raise ConfigError(f"spec.k={spec.k} is not valid: speculation drafts at least 1 token per step; use spec.k>=1")
     if spec.method in ("draft", "eagle", "eagle3", "medusa") and not spec.draft_model and serving.starts_servers:
@@ -76,6 +92,10 @@ def _validate_together(job: JobConfig) -> None:
             f"{spec.method} beside a method with a draft, put the draft in that method's own group "
             f"(conf/spec/<name>.yaml with draft_model: ..., docs/methods.md), not on the command line"
         )
+
+
+def _validate_load_shape(job: JobConfig) -> None:
+    load = job.load
     if load.duration_s is not None and math.isinf(load.request_rate):
         raise ConfigError("load.duration_s needs a finite load.request_rate; for closed loop use load.num_requests")
     if load.max_concurrency is not None and load.client_workers > 1:
@@ -85,10 +105,10 @@ def _validate_together(job: JobConfig) -> None:
             f"load.max_concurrency={load.max_concurrency} with load.client_workers={load.client_workers}: a "
             f"concurrency cap needs one client process; set load.client_workers=1 (a capped load rarely needs more)"
         )
-    if engine.max_model_len < workload.max_tokens + 1:
-        raise ConfigError(
-            f"engine.max_model_len={engine.max_model_len} leaves no room for workload.max_tokens={workload.max_tokens}"
-        )
+
+
+def _validate_sweep_wide(job: JobConfig) -> None:
+    spec = job.spec
     problem = stats_problem(job.stats.confidence, job.stats.floor, job.stats.resamples)
     if problem:
         raise ConfigError(problem)
@@ -191,17 +211,7 @@ def _validate_external(job: JobConfig) -> None:
 
     engine = job.engine
     if ENGINES[engine.name].starts_servers:
-        for key in ("url", "baseline_url"):
-            if getattr(engine, key):
-                raise ConfigError(
-                    f"engine.{key} is for engine=external (servers that already run); with "
-                    f"engine={engine.name} specsweep starts its own servers: remove engine.{key}"
-                )
-        if engine.prefix_cache == "as_is":
-            raise ConfigError(
-                "engine.prefix_cache=as_is is for engine=external; a server specsweep starts is measured cold, "
-                "warm or off (engine.prefix_cache=cold is the default)"
-            )
+        _validate_not_external(engine)
         return
     for key in ("url", "baseline_url"):
         problem = url_problem(f"engine.{key}", getattr(engine, key))
@@ -222,9 +232,7 @@ def _validate_external(job: JobConfig) -> None:
             f"engine.prefix_cache={engine.prefix_cache} needs a cache reset or a server flag, which a server that "
             f"is not ours does not give; engine=external measures the cache as it is: engine.prefix_cache=as_is"
         )
-    ignored = [name for name in ("extra_args", "env", "env_from") if getattr(engine, name)]
-    if engine.python:
-        ignored.append("python")
+    ignored = [name for name in ("extra_args", "env", "env_from", "python") if getattr(engine, name)]
     if ignored:
         raise ConfigError(
             f"engine.{ignored[0]} configures a server specsweep starts; engine=external starts none, so it would "
@@ -234,6 +242,21 @@ def _validate_external(job: JobConfig) -> None:
         raise ConfigError("repeats.restart=true restarts servers, which engine=external cannot; set it to false")
     if job.engine.device == "gpu":
         raise ConfigError("engine.device=gpu picks the device of a server specsweep starts; remove it")
+
+
+def _validate_not_external(engine: EngineConfig) -> None:
+    """A server specsweep starts has no address of its own to be given, and a cache policy."""
+    for key in ("url", "baseline_url"):
+        if getattr(engine, key):
+            raise ConfigError(
+                f"engine.{key} is for engine=external (servers that already run); with "
+                f"engine={engine.name} specsweep starts its own servers: remove engine.{key}"
+            )
+    if engine.prefix_cache == "as_is":
+        raise ConfigError(
+            "engine.prefix_cache=as_is is for engine=external; a server specsweep starts is measured cold, "
+            "warm or off (engine.prefix_cache=cold is the default)"
+        )
 
 
 def _validate_search(job: JobConfig) -> None:

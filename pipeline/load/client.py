@@ -12,6 +12,7 @@ import itertools
 import json
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -228,6 +229,33 @@ class _Stream:
         return grew
 
 
+async def _read_stream(response: aiohttp.ClientResponse, stream: _Stream, chunks: list[float], t0: float) -> bool:
+    """Feed the SSE payloads to ``stream`` and time each token-bearing one; True once [DONE] came."""
+    if response.status != 200:
+        detail = (await response.read()).decode(errors="replace")[:500]
+        raise _HTTPStatus(f"HTTP {response.status}: {detail}")
+    decoder = SSEDecoder()
+    async for data in response.content.iter_any():
+        now = clock()  # one reading per read: events in one read arrived together
+        for payload in decoder.feed(data):
+            if payload == b"[DONE]":
+                return True
+            if stream.feed(payload):
+                chunks.append(now - t0)
+    return False
+
+
+def _incomplete(done: bool, stream: _Stream, chunks: Sequence[float]) -> str | None:
+    """Why a stream that ended without a transport error is still a failed request."""
+    if not done:
+        return "stream ended before [DONE]"
+    if not stream.has_usage or stream.output_tokens is None:
+        return "no usage.completion_tokens in the stream; the server ignored stream_options.include_usage"
+    if not chunks:
+        return "the stream carried no token"  # vLLM's bench marks it failed: it has no TTFT to report
+    return None
+
+
 async def send(
     session: aiohttp.ClientSession,
     req: Request,
@@ -239,33 +267,12 @@ async def send(
     path, body = request_body(req, opts)
     chunks: list[float] = []
     stream = _Stream(opts.endpoint)
-    done = False
-    error: str | None = None
     sent = clock()
     try:
         async with asyncio.timeout(opts.timeout_s):
             async with session.post(opts.base_url + path, json=body, headers=opts.headers) as response:
-                if response.status != 200:
-                    detail = (await response.read()).decode(errors="replace")[:500]
-                    raise _HTTPStatus(f"HTTP {response.status}: {detail}")
-                decoder = SSEDecoder()
-                async for data in response.content.iter_any():
-                    now = clock()  # one reading per read: events in one read arrived together
-                    for payload in decoder.feed(data):
-                        if payload == b"[DONE]":
-                            done = True
-                            break
-                        if stream.feed(payload):
-                            chunks.append(now - t0)
-                    if done:
-                        break
-        if not done:
-            error = "stream ended before [DONE]"
-        elif not stream.has_usage or stream.output_tokens is None:
-            error = "no usage.completion_tokens in the stream; the server ignored stream_options.include_usage"
-        elif not chunks:
-            # vLLM's bench marks such a request failed: it has no TTFT to report.
-            error = "the stream carried no token"
+                done = await _read_stream(response, stream, chunks, t0)
+        error = _incomplete(done, stream, chunks)
     except TimeoutError:
         error = f"timed out after {opts.timeout_s:g} s (load.request_timeout_s)"
     except _HTTPStatus as exc:
@@ -274,6 +281,7 @@ async def send(
         error = f"malformed stream chunk: {exc}"
     except aiohttp.ClientError as exc:
         error = f"{type(exc).__name__}: {exc}"
+    spec = stream.spec
     return RequestRecord(
         index=req.index,
         category=req.category,
@@ -287,9 +295,9 @@ async def send(
         text=stream.text,
         error=error,
         spec_verify_ct=stream.verify_ct,
-        spec_steps=stream.spec.num_spec_steps if stream.spec else None,
-        spec_accepted_tokens=stream.spec.num_accepted_draft_tokens if stream.spec else None,
-        spec_draft_tokens=stream.spec.num_draft_tokens if stream.spec else None,
+        spec_steps=spec.num_spec_steps if spec else None,
+        spec_accepted_tokens=spec.num_accepted_draft_tokens if spec else None,
+        spec_draft_tokens=spec.num_draft_tokens if spec else None,
         conversation=req.conversation,
         turn=req.turn,
     )

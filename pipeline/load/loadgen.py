@@ -133,6 +133,70 @@ def _as_sent(req: Request) -> tuple[dict[str, str], ...]:
     return req.messages or ({"role": "user", "content": req.prompt},)
 
 
+def _check_turns(requests: Sequence[Request]) -> None:
+    """A later turn needs its previous turn in the same window: a caller's bug otherwise, said
+    as such (send such a request with Request.alone())."""
+    indices = {r.index for r in requests}
+    orphan = next((r for r in requests if r.after is not None and r.after not in indices), None)
+    if orphan is not None:
+        raise ValueError(
+            f"request {orphan.index} is turn {orphan.turn} of conversation {orphan.conversation!r}, "
+            f"but its previous turn (request {orphan.after}) is not in this window"
+        )
+
+
+class _Sending:
+    """One window's sending on one event loop: each request at its due time (a later turn once
+    its previous turn answered), the counts the stop rule reads, and why the window stopped."""
+
+    def __init__(
+        self,
+        client: aiohttp.ClientSession,
+        opts: ClientOptions,
+        on_done: Callable[[RequestRecord], None],
+        stop: StopRule,
+        start: float,
+        max_concurrency: int | None,
+    ) -> None:
+        self.client, self.opts, self.on_done, self.stop, self.start = client, opts, on_done, stop, start
+        self.slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+        self.counts = [0, 0]  # finished, errors
+        self.stopped = asyncio.Event()
+        self.reason: list[str] = []
+        self.sent: dict[int, tuple[dict[str, str], ...]] = {}  # a conversation turn's messages, as sent
+        self.by_index: dict[int, asyncio.Future[RequestRecord]] = {}  # filled before any task runs
+
+    async def one(self, req: Request, due: float) -> RequestRecord:
+        if req.after is not None:  # a later turn: due once the previous turn has answered
+            answer = await self.by_index[req.after]
+            due = answer.end_s + req.delay_s
+            if not answer.ok:
+                why = f"not sent: turn {answer.turn} of conversation {req.conversation!r} failed"
+                return self.finished(_not_sent(req, due, why))
+            req = next_turn(req, self.sent[req.after], answer)
+        if req.conversation:
+            self.sent[req.index] = _as_sent(req)
+        # Event-loop timers have ~1 ms resolution and may fire early; sleeping again for
+        # less than that would overshoot by more than it corrects.
+        while (delay := due - (clock() - self.start)) > TIMER_SLACK_S:
+            await asyncio.sleep(delay)
+        if self.slots is None:
+            return self.finished(await send(self.client, req, self.opts, due, self.start))
+        queued_from = clock()
+        async with self.slots:
+            record = await send(self.client, req, self.opts, due, self.start, queued_s=clock() - queued_from)
+        return self.finished(record)
+
+    def finished(self, record: RequestRecord) -> RequestRecord:
+        self.on_done(record)
+        self.counts[0] += 1
+        self.counts[1] += 0 if record.ok else 1
+        if not self.reason and (why := self.stop.check(*self.counts)):
+            self.reason.append(why)
+            self.stopped.set()
+        return record
+
+
 async def _run(
     requests: Sequence[Request],
     offsets: Sequence[float],
@@ -143,63 +207,22 @@ async def _run(
     stop: StopRule | None = None,
 ) -> Window:
     """``start_at`` returns the window's time origin once the client is ready to send."""
-    indices = {r.index for r in requests}
-    orphan = next((r for r in requests if r.after is not None and r.after not in indices), None)
-    if orphan is not None:  # a caller's bug, said as such: send such a request with Request.alone()
-        raise ValueError(
-            f"request {orphan.index} is turn {orphan.turn} of conversation {orphan.conversation!r}, "
-            f"but its previous turn (request {orphan.after}) is not in this window"
-        )
+    _check_turns(requests)
     stop = stop or StopRule()
-    counts = [0, 0]  # finished, errors
-    stopped = asyncio.Event()
-    reason: list[str] = []
-    slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     # No pool limit: an open-loop client must never queue requests behind its own sockets.
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=min(30.0, opts.timeout_s))
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as client:
         await _prime(client, opts)
         start = start_at()
-
-        async def one(req: Request, due: float) -> RequestRecord:
-            if req.after is not None:  # a later turn: due once the previous turn has answered
-                answer = await by_index[req.after]
-                due = answer.end_s + req.delay_s
-                if not answer.ok:
-                    why = f"not sent: turn {answer.turn} of conversation {req.conversation!r} failed"
-                    return _finished(_not_sent(req, due, why))
-                req = next_turn(req, sent[req.after], answer)
-            if req.conversation:
-                sent[req.index] = _as_sent(req)
-            # Event-loop timers have ~1 ms resolution and may fire early; sleeping again for
-            # less than that would overshoot by more than it corrects.
-            while (delay := due - (clock() - start)) > TIMER_SLACK_S:
-                await asyncio.sleep(delay)
-            if slots is None:
-                record = await send(client, req, opts, due, start)
-            else:
-                queued_from = clock()
-                async with slots:
-                    record = await send(client, req, opts, due, start, queued_s=clock() - queued_from)
-            return _finished(record)
-
-        def _finished(record: RequestRecord) -> RequestRecord:
-            on_done(record)
-            counts[0] += 1
-            counts[1] += 0 if record.ok else 1
-            if not reason and (why := stop.check(*counts)):
-                reason.append(why)
-                stopped.set()
-            return record
-
-        sent: dict[int, tuple[dict[str, str], ...]] = {}  # a conversation turn's messages, as sent
-        tasks = [asyncio.ensure_future(one(r, d)) for r, d in zip(requests, offsets, strict=True)]
+        sending = _Sending(client, opts, on_done, stop, start, max_concurrency)
+        tasks = [asyncio.ensure_future(sending.one(r, d)) for r, d in zip(requests, offsets, strict=True)]
         # Filled before the loop runs any task: a later turn finds its predecessor's task here.
-        by_index = {r.index: t for r, t in zip(requests, tasks, strict=True)}
+        sending.by_index.update({r.index: t for r, t in zip(requests, tasks, strict=True)})
         everything = asyncio.ensure_future(asyncio.wait(tasks))
-        halt = asyncio.ensure_future(stopped.wait())
+        halt = asyncio.ensure_future(sending.stopped.wait())
         await asyncio.wait([everything, halt], timeout=stop.deadline_s, return_when=asyncio.FIRST_COMPLETED)
+        reason = sending.reason
         if not everything.done() and not reason:
             reason.append(
                 f"the window deadline of {stop.deadline_s:g} s passed with "
@@ -276,13 +299,24 @@ def run_window(
     ends within its timeout."""
     if workers <= 1:
         return _event_loop_run(_run(requests, offsets, opts, on_done, max_concurrency=max_concurrency, stop=stop))
-    stop = stop or StopRule()
     if max_concurrency is not None:
         # Per-worker caps are not one global cap (config validation says so to users).
         raise ValueError("max_concurrency needs a single client worker")
     if any(r.after is not None for r in requests):
         # A turn waits for its predecessor's answer, which another process would not see.
         raise ValueError("a trace's conversations need a single client worker")
+    return _run_workers(requests, offsets, opts, on_done, workers, stop or StopRule())
+
+
+def _run_workers(
+    requests: Sequence[Request],
+    offsets: Sequence[float],
+    opts: ClientOptions,
+    on_done: Callable[[RequestRecord], None],
+    workers: int,
+    stop: StopRule,
+) -> Window:
+    """The window split over client processes that share one time origin."""
     ctx = mp.get_context("spawn")  # no fork: the parent holds threads (MLflow, progress)
     ready, go, out = ctx.Queue(), ctx.Queue(), ctx.Queue()
     procs = [
@@ -301,24 +335,7 @@ def run_window(
         t0 = clock() + 0.05
         for _ in procs:
             go.put(t0)
-        records: list[RequestRecord] = []
-        finished = 0
-        while finished < len(procs) and reason is None:
-            if stop.deadline_s is not None and clock() - t0 > stop.deadline_s:
-                reason = f"the window deadline of {stop.deadline_s:g} s passed"
-                break
-            try:
-                item = out.get(timeout=0.2)
-            except queue.Empty:
-                if not any(p.is_alive() for p in procs):
-                    raise RuntimeError("a load-generator worker died; see its output above") from None
-                continue
-            if item is None:
-                finished += 1
-            else:
-                records.append(item)
-                on_done(item)
-                reason = stop.check(len(records), sum(not r.ok for r in records))
+        records, reason = _collect(procs, out, on_done, stop, t0)
         duration = clock() - t0
         if reason is not None:  # the workers are stopped below; what they had not finished is marked
             seen = {r.index for r in records}
@@ -326,13 +343,42 @@ def run_window(
                 _unfinished(r, d, reason) for r, d in zip(requests, offsets, strict=True) if r.index not in seen
             ]
     finally:
-        if reason is not None:
-            for proc in procs:
-                proc.kill()
         for proc in procs:
+            if reason is not None:
+                proc.kill()
             proc.join(timeout=10)
             if proc.is_alive():
                 proc.kill()
     return Window(
         records=tuple(sorted(records, key=lambda r: r.index)), duration_s=duration, stopped=reason, origin_s=t0
     )
+
+
+def _collect(
+    procs: Sequence[mp.process.BaseProcess],
+    out: mp.Queue,
+    on_done: Callable[[RequestRecord], None],
+    stop: StopRule,
+    t0: float,
+) -> tuple[list[RequestRecord], str | None]:
+    """The workers' records as they finish, until every worker is done or the stop rule (or
+    the window's deadline) says why the window ends early."""
+    records: list[RequestRecord] = []
+    finished = 0
+    while finished < len(procs):
+        if stop.deadline_s is not None and clock() - t0 > stop.deadline_s:
+            return records, f"the window deadline of {stop.deadline_s:g} s passed"
+        try:
+            item = out.get(timeout=0.2)
+        except queue.Empty:
+            if not any(p.is_alive() for p in procs):
+                raise RuntimeError("a load-generator worker died; see its output above") from None
+            continue
+        if item is None:
+            finished += 1
+            continue
+        records.append(item)
+        on_done(item)
+        if reason := stop.check(len(records), sum(not r.ok for r in records)):
+            return records, reason
+    return records, None

@@ -114,6 +114,13 @@ def _request(where: str, record: object, unit: str) -> TraceLine:
     if not isinstance(record, dict):
         raise TraceError(f"{where}: expected a JSON object, found {type(record).__name__}")
     mooncake = "input_length" in record or "hash_ids" in record
+    factor = TIMESTAMP_UNITS["ms" if unit == "auto" and mooncake else ("s" if unit == "auto" else unit)]
+    at = _timestamp(where, record) * factor
+    category = _field(record, "category", str, where, required=False) or ("synthetic" if mooncake else "trace")
+    return _by_length(where, record, at, category) if mooncake else _by_text(where, record, at, category)
+
+
+def _timestamp(where: str, record: dict) -> float:
     stamp = record.get("timestamp")
     if stamp is None:
         raise TraceError(f"{where}: field 'timestamp' is missing; every line of a trace says when it is due")
@@ -121,17 +128,23 @@ def _request(where: str, record: object, unit: str) -> TraceLine:
         raise TraceError(f"{where}: field 'timestamp' must be a number, found {stamp!r}")
     if stamp < 0:
         raise TraceError(f"{where}: timestamp {stamp} is negative; timestamps count from the trace's start")
-    factor = TIMESTAMP_UNITS["ms" if unit == "auto" and mooncake else ("s" if unit == "auto" else unit)]
-    category = _field(record, "category", str, where, required=False) or ("synthetic" if mooncake else "trace")
-    if mooncake:
-        length = _field(record, "input_length", int, where)
-        output = _field(record, "output_length", int, where, required=False)
-        hashes = _field(record, "hash_ids", list, where, required=False) or []
-        if length < 1 or (output is not None and output < 1):
-            raise TraceError(f"{where}: input_length and output_length must be >= 1")
-        if not all(isinstance(h, int) and not isinstance(h, bool) for h in hashes):
-            raise TraceError(f"{where}: field 'hash_ids' must be a list of integers")
-        return TraceLine(stamp * factor, category, output_tokens=output, input_length=length, hash_ids=tuple(hashes))
+    return float(stamp)
+
+
+def _by_length(where: str, record: dict, at: float, category: str) -> TraceLine:
+    """A Mooncake-style line: the prompt's length and its prefix blocks, no text."""
+    length = _field(record, "input_length", int, where)
+    output = _field(record, "output_length", int, where, required=False)
+    hashes = _field(record, "hash_ids", list, where, required=False) or []
+    if length < 1 or (output is not None and output < 1):
+        raise TraceError(f"{where}: input_length and output_length must be >= 1")
+    if not all(isinstance(h, int) and not isinstance(h, bool) for h in hashes):
+        raise TraceError(f"{where}: field 'hash_ids' must be a list of integers")
+    return TraceLine(at, category, output_tokens=output, input_length=length, hash_ids=tuple(hashes))
+
+
+def _by_text(where: str, record: dict, at: float, category: str) -> TraceLine:
+    """A line with its text: a prompt, or chat messages."""
     output = _field(record, "output_tokens", int, where, required=False)
     if output is not None and output < 1:
         raise TraceError(f"{where}: output_tokens={output} must be >= 1")
@@ -144,7 +157,7 @@ def _request(where: str, record: object, unit: str) -> TraceLine:
         if not messages or not ok:
             raise TraceError(f"{where}: 'messages' must be a non-empty list of {{'role': ..., 'content': ...}} objects")
         kept = tuple({"role": m["role"], "content": m["content"]} for m in messages)
-        return TraceLine(stamp * factor, category, messages=kept, output_tokens=output)
+        return TraceLine(at, category, messages=kept, output_tokens=output)
     prompt = record.get("prompt")
     if prompt is None:
         raise TraceError(
@@ -153,7 +166,7 @@ def _request(where: str, record: object, unit: str) -> TraceLine:
         )
     if not isinstance(prompt, str) or not prompt.strip():
         raise TraceError(f"{where}: field 'prompt' must be non-empty text")
-    return TraceLine(stamp * factor, category, prompt=prompt, output_tokens=output)
+    return TraceLine(at, category, prompt=prompt, output_tokens=output)
 
 
 def read_trace(workload: WorkloadConfig) -> tuple[tuple[TraceLine, ...], int]:

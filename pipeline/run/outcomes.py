@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from pipeline.analysis.samples import Sample
 from pipeline.record.tracking import Store
 from pipeline.run.plan import Point, ServerGroup
 from pipeline.run.search.profiles import LoadProfile, Planned
@@ -54,6 +55,9 @@ class PointOutcome:
     error: str | None = None
     resumed: bool = False  # measured by an earlier run of the sweep, not this one
     predicted: bool = False  # search=predict's model, not a measurement (its run has no requests)
+    # The window's requests, as measured in this sweep (None where resumed, predicted or failed):
+    # predict and capacity read them here instead of downloading what this process measured.
+    sample: Sample | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from typing import Any
 
 import pandas as pd
 
+from pipeline.analysis.samples import Sample
 from pipeline.engines.acceptance import normalized
 from pipeline.engines.base import Server
 from pipeline.engines.hardware import hardware_tags, where_am_i
@@ -91,29 +92,12 @@ def measure_point(
             tracker.set_tags(run_id, {"window.stopped": message})
         return PointOutcome(point.hash, run_id, error=message)
     metrics = point_metrics(measurement, point.job.spec.k, server.startup_s if first else None) | sends.metrics
-    rss = server.rss_mib()
-    if rss is not None:
-        metrics["server_rss_mib"] = rss
-    device_memory = server.gpu_memory_mib()
-    if device_memory is not None:
-        metrics["server_gpu_memory_mib"] = device_memory
-    nice = server.niceness()
-    if nice is not None:
-        metrics["server_niceness"] = float(nice)
+    metrics |= server_readings(server)
     # On disk first: whatever happens to MLflow, the measurement is in the sweep's outputs.
     try:
-        point_dir = write_requests(out_dir / point.label, measurement.window).parent
-        (point_dir / "summary.json").write_text(json.dumps(metrics, indent=2, default=str))
-        (point_dir / "config.json").write_text(json.dumps(flatten_params(point.job), indent=2))
-        if point.job.tracking.vllm_result != "off":
-            vllm_result.write(
-                point_dir / vllm_result.FILE_NAME,
-                point.job,
-                point.label,
-                metrics,
-                measurement.window.records,
-                {r.index: r.prompt_tokens for r in sends.requests},
-            )
+        point_dir = _write_point(
+            point, measurement, metrics, {r.index: r.prompt_tokens for r in sends.requests}, out_dir
+        )
     except OSError as exc:
         if not diskfull.is_disk_full(exc):
             raise
@@ -121,6 +105,46 @@ def measure_point(
         print(f"[{point.label}] FAILED: {message}")
         tracker.log_metrics(run_id, metrics)  # MLflow may live on another disk: the numbers are kept there
         return PointOutcome(point.hash, run_id, metrics, error=message)
+    _log_point(tracker, run_id, point, measurement, metrics, point_dir)
+    # The window's requests travel with the outcome: a search reads them from here, not back
+    # from MLflow or the disk (the same table as requests.csv).
+    rows = pd.DataFrame([r.as_row() for r in measurement.window.records])
+    return PointOutcome(point.hash, run_id, metrics, sample=Sample.from_requests(rows, metrics["duration"]))
+
+
+def server_readings(server: Server) -> dict[str, float]:
+    """What the server's own process tree shows after the window: memory and niceness."""
+    readings = {
+        "server_rss_mib": server.rss_mib(),
+        "server_gpu_memory_mib": server.gpu_memory_mib(),
+        "server_niceness": server.niceness(),
+    }
+    return {name: float(value) for name, value in readings.items() if value is not None}
+
+
+def _write_point(
+    point: Point, measurement: Measurement, metrics: dict[str, float], prompts: dict[int, int | None], out_dir: Path
+) -> Path:
+    """The point's folder in the sweep's outputs: requests.csv, summary.json, config.json and,
+    where tracking.vllm_result asks, the vllm bench serve result file."""
+    point_dir = write_requests(out_dir / point.label, measurement.window).parent
+    (point_dir / "summary.json").write_text(json.dumps(metrics, indent=2, default=str))
+    (point_dir / "config.json").write_text(json.dumps(flatten_params(point.job), indent=2))
+    if point.job.tracking.vllm_result != "off":
+        vllm_result.write(
+            point_dir / vllm_result.FILE_NAME, point.job, point.label, metrics, measurement.window.records, prompts
+        )
+    return point_dir
+
+
+def _log_point(
+    tracker: JournaledTracker,
+    run_id: str,
+    point: Point,
+    measurement: Measurement,
+    metrics: dict[str, float],
+    point_dir: Path,
+) -> None:
     tracker.log_metrics(run_id, metrics)
     tracker.log_file(run_id, point_dir / "summary.json")
     tracker.log_file(run_id, point_dir / "requests.csv")
@@ -132,7 +156,6 @@ def measure_point(
         tags["acceptance.note"] = measurement.acceptance.note
     tags["prefix_cache.policy"] = point.job.engine.prefix_cache
     tracker.set_tags(run_id, tags)
-    return PointOutcome(point.hash, run_id, metrics)
 
 
 def write_requests(folder: Path, window: Window) -> Path:

@@ -23,7 +23,7 @@ from pipeline.record.tracking import Tracker
 from pipeline.run import driver
 from pipeline.run.job import Target
 from pipeline.run.outcomes import GroupOutcome, GroupTask, PointOutcome
-from pipeline.run.search import capacity_points, predicting
+from pipeline.run.search import capacity_points
 from pipeline.run.search.profiles import Bracketing
 from tests.synthetic import PROFILE, true_tpot, window
 
@@ -73,7 +73,8 @@ class SyntheticExecutor:
             tracker.log_metrics(run_id, metrics)
             tracker.end_run(run_id)
             self.samples[run_id] = window(tpot, length, seed=len(self.samples))
-            outcomes.append(PointOutcome(p.hash, run_id, metrics))
+            # The window travels with its outcome, as measure_point sends it back.
+            outcomes.append(PointOutcome(p.hash, run_id, metrics, sample=self.samples[run_id]))
         ran = tuple(points) if isinstance(task.profile, Bracketing) else ()
         return GroupOutcome(task.group.index, tuple(outcomes), started=True, ran=ran)
 
@@ -90,12 +91,6 @@ def sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., tupl
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
 
     def run(executor: SyntheticExecutor, ks: Sequence[int], rates: Sequence[float], **settings: Any) -> int:
-        # The window samples come from the executor, as MLflow's requests.csv would give them.
-        monkeypatch.setattr(
-            predicting,
-            "download_samples",
-            lambda reader: lambda found: [executor.samples.get(str(o.run_id)) for o in found],
-        )
         base = dataclasses.replace(
             JobConfig(),
             model=ModelConfig(id="synthetic"),

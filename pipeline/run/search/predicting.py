@@ -18,7 +18,7 @@ import dataclasses
 import math
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -194,69 +194,18 @@ class Predictor:
         cap: int,
     ) -> CurveResult:
         """Predict every unmeasured (k, rate) of the curve from what ``outcomes`` measured."""
-        top_k = k_max(points)
         by_key: dict[str, list[Point]] = {}
         for p in points:
             by_key.setdefault(point_key(p.job), []).append(p)
-        base_points = {p.hash: p for p in self.plan.points if p.role == "baseline"}
+        parts = _CurveParts(k_max(points), sorted({p.job.spec.k for p in points}))
         rates = sorted({p.job.load.request_rate for p in points})
-        ks = sorted({p.job.spec.k for p in points})
-        predictions: dict[tuple[int, float], kcurve.Prediction] = {}
-        measured: dict[tuple[int, float], kcurve.Estimate] = {}
-        lengths: dict[tuple[int, float], float] = {}
-        notes: list[str] = []
         for i, rate in enumerate(rates):
-            at_rate = {
-                k: reps
-                for reps in by_key.values()
-                if (reps[0].job.load.request_rate == rate)
-                for k in [reps[0].job.spec.k]
-            }
-            per_position: tuple[float, ...] = ()
-            found: dict[int, MeasuredK] = {}
-            for k, reps in sorted(at_rate.items()):
-                got = self._measured(reps, outcomes)
-                if got is None:
-                    continue
-                found[k] = got
-                if k == top_k:
-                    per_position = tuple(got.mean(f"spec_decode_acceptance_rate_pos_{j}") or 0.0 for j in range(k))
-                    short = got.mean("acceptance_k_effective")
-                    if short is not None and short < top_k - 0.05:
-                        notes.append(
-                            f"at {rate:g} req/s the k={top_k} drafts averaged {short:.2f} tokens of {top_k} "
-                            "(ngram finds shorter matches): the step cost assumes full drafts"
-                        )
-            baseline = [base_points[p.baseline_hash] for p in at_rate.get(top_k, []) if p.baseline_hash in base_points]
-            base = self._measured(baseline, outcomes)
-            group = ({0: base} if base else {}) | found
-            windows = model_windows(group, self.opts, seed=i) if group else {}
-            base_window = windows.pop(0, None)
-            for k, window in windows.items():
-                measured[(k, rate)] = _estimate(window, True, self.opts)
-                lengths[(k, rate)] = window.length
-            if base_window is None or top_k not in windows:
-                notes.append(
-                    f"at {rate:g} req/s: no prediction (the baseline or k={top_k} has no measurement "
-                    "with enough requests)"
-                )
-                continue
-            anchors = [w for k, w in windows.items() if k != top_k]
-            base_window, top, *anchors = _trim(base_window, windows[top_k], *anchors)
-            try:
-                inputs = kcurve.RateInputs(rate, base_window, top, per_position, tuple(anchors))
-            except ValueError as exc:  # e.g. no per-position counters: that rate is said, not guessed
-                notes.append(f"at {rate:g} req/s: no prediction ({exc})")
-                continue
-            for k in ks:
-                if k not in windows:
-                    predictions[(k, rate)] = kcurve.extrapolate(
-                        inputs, k, self.opts, self.server_sd, self.server_df, self.model_error
-                    )
+            at_rate = {reps[0].job.spec.k: reps for reps in by_key.values() if reps[0].job.load.request_rate == rate}
+            self._predict_rate(i, rate, at_rate, outcomes, parts)
         choices = {}
         for rate in rates:
-            estimates = [m for (k, r), m in measured.items() if r == rate]
-            estimates += [_estimate(p, False, self.opts) for (k, r), p in predictions.items() if r == rate]
+            estimates = [m for (k, r), m in parts.measured.items() if r == rate]
+            estimates += [_estimate(p, False, self.opts) for (k, r), p in parts.predictions.items() if r == rate]
             if estimates:
                 choices[rate] = kcurve.choose(rate, estimates, self.opts.alpha)
         confirm, left_out = kcurve.to_confirm(list(choices.values()), cap, self.check_model)
@@ -264,15 +213,90 @@ class Predictor:
         return CurveResult(
             setting,
             f"{job.engine.name} {job.spec.method}",
-            dict(first or predictions),
-            predictions,
-            measured,
-            lengths,
+            dict(first or parts.predictions),
+            parts.predictions,
+            parts.measured,
+            parts.lengths,
             choices,
             confirm,
             left_out,
-            tuple(notes),
+            tuple(parts.notes),
         )
+
+    def _found_at(
+        self,
+        rate: float,
+        at_rate: Mapping[int, Sequence[Point]],
+        outcomes: Mapping[str, PointOutcome],
+        parts: _CurveParts,
+    ) -> tuple[dict[int, MeasuredK], tuple[float, ...]]:
+        """The measured k at one rate, and k_max's per-position acceptance."""
+        top_k, per_position = parts.top_k, ()
+        found: dict[int, MeasuredK] = {}
+        for k, reps in sorted(at_rate.items()):
+            got = self._measured(reps, outcomes)
+            if got is None:
+                continue
+            found[k] = got
+            if k == top_k:
+                per_position = tuple(got.mean(f"spec_decode_acceptance_rate_pos_{j}") or 0.0 for j in range(k))
+                short = got.mean("acceptance_k_effective")
+                if short is not None and short < top_k - 0.05:
+                    parts.notes.append(
+                        f"at {rate:g} req/s the k={top_k} drafts averaged {short:.2f} tokens of {top_k} "
+                        "(ngram finds shorter matches): the step cost assumes full drafts"
+                    )
+        return found, per_position
+
+    def _predict_rate(
+        self,
+        i: int,
+        rate: float,
+        at_rate: Mapping[int, Sequence[Point]],
+        outcomes: Mapping[str, PointOutcome],
+        parts: _CurveParts,
+    ) -> None:
+        """One rate of the curve: its measured k as estimates, every other k predicted."""
+        top_k = parts.top_k
+        found, per_position = self._found_at(rate, at_rate, outcomes, parts)
+        base_points = {p.hash: p for p in self.plan.points if p.role == "baseline"}
+        baseline = [base_points[p.baseline_hash] for p in at_rate.get(top_k, []) if p.baseline_hash in base_points]
+        base = self._measured(baseline, outcomes)
+        group = ({0: base} if base else {}) | found
+        windows = model_windows(group, self.opts, seed=i) if group else {}
+        base_window = windows.pop(0, None)
+        for k, window in windows.items():
+            parts.measured[(k, rate)] = _estimate(window, True, self.opts)
+            parts.lengths[(k, rate)] = window.length
+        if base_window is None or top_k not in windows:
+            parts.notes.append(
+                f"at {rate:g} req/s: no prediction (the baseline or k={top_k} has no measurement with enough requests)"
+            )
+            return
+        anchors = [w for k, w in windows.items() if k != top_k]
+        base_window, top, *anchors = _trim(base_window, windows[top_k], *anchors)
+        try:
+            inputs = kcurve.RateInputs(rate, base_window, top, per_position, tuple(anchors))
+        except ValueError as exc:  # e.g. no per-position counters: that rate is said, not guessed
+            parts.notes.append(f"at {rate:g} req/s: no prediction ({exc})")
+            return
+        for k in parts.ks:
+            if k not in windows:
+                parts.predictions[(k, rate)] = kcurve.extrapolate(
+                    inputs, k, self.opts, self.server_sd, self.server_df, self.model_error
+                )
+
+
+@dataclass
+class _CurveParts:
+    """A curve's results as its rates are worked through."""
+
+    top_k: int
+    ks: list[int]
+    predictions: dict[tuple[int, float], kcurve.Prediction] = field(default_factory=dict)
+    measured: dict[tuple[int, float], kcurve.Estimate] = field(default_factory=dict)
+    lengths: dict[tuple[int, float], float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
 
 def _estimate(source: kcurve.KWindow | kcurve.Prediction, is_measured: bool, opts: StatsOptions) -> kcurve.Estimate:
@@ -439,10 +463,14 @@ def _left_out(result: CurveResult, cap: int) -> tuple[str, ...]:
 
 
 def download_samples(reader: SweepReader) -> Callable[[Sequence[PointOutcome]], list[Sample | None]]:
-    """Each outcome's window, from its run's requests.csv in MLflow."""
+    """Each outcome's window: carried by the outcome where this sweep measured it, else (a
+    point resumed from an earlier run) from its run's requests.csv in MLflow."""
     folder = Path(tempfile.mkdtemp(prefix="specsweep-predict-"))
     return lambda found: [
-        window_sample(reader, o.run_id or "", o.metrics.get("duration", math.nan), folder) for o in found
+        o.sample
+        if o.sample is not None
+        else window_sample(reader, o.run_id or "", o.metrics.get("duration", math.nan), folder)
+        for o in found
     ]
 
 

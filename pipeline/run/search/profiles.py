@@ -31,6 +31,7 @@ class Outcome(Protocol):
 
     error: str | None
     metrics: dict[str, float]
+    sample: Sample | None  # the window's requests, where the outcome carries them
 
 
 @dataclass(frozen=True)
@@ -121,8 +122,12 @@ class _BracketingWalk:
         point, outcome = measured.point, measured.outcome
         if outcome.error is not None:
             return {}
-        frame = pd.read_csv(out_dir / point.label / "requests.csv")
-        passed = window_passes(Sample.from_requests(frame, outcome.metrics["duration"]), self.target)
+        sample = outcome.sample
+        if sample is None:  # an outcome that did not carry its window: the point's requests.csv
+            sample = Sample.from_requests(
+                pd.read_csv(out_dir / point.label / "requests.csv"), outcome.metrics["duration"]
+            )
+        passed = window_passes(sample, self.target)
         self.calls.append((point.job.load.request_rate, passed))
         print(
             f"[{point.label}] capacity probe {len(self.calls)}: {self.target.describe()} "
