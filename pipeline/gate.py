@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from pipeline import startup
+from pipeline.analysis.regression import GateResult
 from pipeline.analysis.samples import StatsOptions
 from pipeline.config import TrackingConfig
 from pipeline.exitcode import ExitCode
@@ -29,7 +30,7 @@ def _uri(given: str | None, project: Path) -> Store:
     return Store(uri, None) if uri else resolve_store(TrackingConfig(), project)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pipeline.gate", description=__doc__.splitlines()[0])
     parser.add_argument("ref", nargs="+", help="sweep name or parent run id; or: pin <run id>; unpin <name | run id>")
     parser.add_argument("--tracking-uri", help="the MLflow server (default: $MLFLOW_TRACKING_URI, else ./mlruns)")
@@ -41,6 +42,11 @@ def main(argv: list[str] | None = None) -> int:
         help="past runs in the reference (default: the sweep's recorded gate.history)",
     )
     parser.add_argument("--out", type=Path, default=None, help="where to write gate/ (default: ./outputs/gate-<run>)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     startup.configure(verbose=False)
     action, refs = ("judge", args.ref) if args.ref[0] not in ("pin", "unpin") else (args.ref[0], args.ref[1:])
@@ -53,29 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         check_store_reachable(store)
         reader = HistoryReader(store.tracking_uri)
         if action != "judge":
-            run_id = refs[0] if action == "pin" else reader.find_parent(refs[0])
-            reader.sweep_run(run_id)
-            reader.pin(run_id if action == "pin" else None, reader.experiment_of(run_id))
-            print(f"{action}ned: sweep run {run_id} " + ("is now the gate's reference" if action == "pin" else ""))
-            return ExitCode.OK
-        parent = reader.find_parent(refs[0])
-        reader.sweep_run(parent)
-        recorded = reader.params(parent)
-        opts = StatsOptions(
-            **{
-                k: cast(recorded[f"stats.{k}"])
-                for k, cast in (("confidence", float), ("resamples", int))
-                if f"stats.{k}" in recorded
-            }
-        )
-        config, defaulted = recorded_config(recorded, args.history)
-        if defaulted:
-            print(
-                f"note: sweep run {parent} did not record its gate settings (it ran before they were); judged "
-                f"with the defaults " + ", ".join(f"gate.{n}={getattr(config, n)}" for n in defaulted),
-                file=sys.stderr,
-            )
-        result, summary = judge_sweep(reader, parent, config, opts, args.out or Path("outputs") / f"gate-{parent[:8]}")
+            return _pin(reader, action, refs[0])
+        result, summary = _judge(reader, refs[0], args.history, args.out)
     except TrackingUnreachable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.INFRA
@@ -91,6 +76,37 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
     return EXIT_CODES[result.overall]
+
+
+def _pin(reader: HistoryReader, action: str, ref: str) -> int:
+    """pin <run id> makes that sweep run the reference; unpin <name | run id> goes back to history."""
+    run_id = ref if action == "pin" else reader.find_parent(ref)
+    reader.sweep_run(run_id)
+    reader.pin(run_id if action == "pin" else None, reader.experiment_of(run_id))
+    print(f"{action}ned: sweep run {run_id} " + ("is now the gate's reference" if action == "pin" else ""))
+    return ExitCode.OK
+
+
+def _judge(reader: HistoryReader, ref: str, history: int | None, out: Path | None) -> tuple[GateResult, str]:
+    """The sweep run judged as it recorded it would be: its stats and gate settings."""
+    parent = reader.find_parent(ref)
+    reader.sweep_run(parent)
+    recorded = reader.params(parent)
+    opts = StatsOptions(
+        **{
+            k: cast(recorded[f"stats.{k}"])
+            for k, cast in (("confidence", float), ("resamples", int))
+            if f"stats.{k}" in recorded
+        }
+    )
+    config, defaulted = recorded_config(recorded, history)
+    if defaulted:
+        print(
+            f"note: sweep run {parent} did not record its gate settings (it ran before they were); judged "
+            f"with the defaults " + ", ".join(f"gate.{n}={getattr(config, n)}" for n in defaulted),
+            file=sys.stderr,
+        )
+    return judge_sweep(reader, parent, config, opts, out or Path("outputs") / f"gate-{parent[:8]}")
 
 
 if __name__ == "__main__":

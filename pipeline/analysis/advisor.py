@@ -68,49 +68,11 @@ def advise(
     """``memory``: configuration -> (lowest, median, highest) host-memory ratio to the baseline,
     the CPU fallback; ``kv``: configuration -> its KV capacity against the baseline's."""
     out: list[Advice] = list(_kv_advice(comparisons, kv or {}))
-    table = comparisons.table
-    if table.empty:
+    if comparisons.table.empty:
         return out
-    for name, group in _curves(table):
-        low = group.iloc[0]
-        alpha, lo, hi = low.get("acceptance_alpha"), low.get("alpha_low"), low.get("alpha_high")
-        if _finite(alpha) and _finite(lo) and _finite(hi):
-            evidence = f"α {alpha:.2f} [{lo:.2f}, {hi:.2f}] at {low['request_rate']:g} req/s ({ALPHA_SCALE})"
-            if hi < LOW_ALPHA:
-                closer = (
-                    "a smaller k (prompt lookup rarely matches that far ahead), or a draft model"
-                    if low["method"] in ("ngram", "suffix")
-                    else "a draft closer to the target (or EAGLE/MTP heads)"
-                )
-                out.append(Advice(f"α < {LOW_ALPHA}", f"{name}: use {closer}", evidence))
-            if lo > HIGH_ALPHA:
-                out.append(Advice(f"α > {HIGH_ALPHA}", f"{name}: try a larger k; most drafts are accepted", evidence))
-        high = group.iloc[-1]
-        tput = comparisons.decision(high["point_key"], "output_throughput_ratio")
-        if len(group) > 1 and tput is not None and tput.label == "hurts":
-            out.append(
-                Advice(
-                    "throughput lost at high load",
-                    f"{name}: disable speculation at {high['request_rate']:g} req/s and above",
-                    f"output throughput {tput.ratio.text} the baseline's at {high['request_rate']:g} req/s",
-                )
-            )
-        slower = group[group["speedup_median_ttft_high"].apply(lambda v: _finite(v) and v < TTFT_REGRESSION)]
-        if not slower.empty:
-            worst = slower.loc[slower["speedup_median_ttft"].idxmin()]
-            fix = (
-                "a smaller k"
-                if worst["method"] in ("ngram", "suffix")
-                else "a smaller k, or ngram (no draft to prefill)"
-            )
-            out.append(
-                Advice(
-                    "TTFT regression",
-                    f"{name}: use {fix}",
-                    f"median TTFT speedup {worst['speedup_median_ttft_text']} at {worst['request_rate']:g} "
-                    f"req/s: the whole interval is below {TTFT_REGRESSION}",
-                )
-            )
+    for name, group in _curves(comparisons.table):
+        out += _alpha_advice(name, group.iloc[0])
+        out += _load_advice(comparisons, name, group)
     for cross in crossings:
         if cross.rate is not None:
             out.append(
@@ -130,6 +92,54 @@ def advise(
                     f"(range over every window's reading)",
                 )
             )
+    return out
+
+
+def _alpha_advice(name: str, low: pd.Series) -> list[Advice]:
+    """α at the curve's lowest rate, where only a resolved interval past a threshold speaks."""
+    alpha, lo, hi = low.get("acceptance_alpha"), low.get("alpha_low"), low.get("alpha_high")
+    if not (_finite(alpha) and _finite(lo) and _finite(hi)):
+        return []
+    evidence = f"α {alpha:.2f} [{lo:.2f}, {hi:.2f}] at {low['request_rate']:g} req/s ({ALPHA_SCALE})"
+    out = []
+    if hi < LOW_ALPHA:
+        closer = (
+            "a smaller k (prompt lookup rarely matches that far ahead), or a draft model"
+            if low["method"] in ("ngram", "suffix")
+            else "a draft closer to the target (or EAGLE/MTP heads)"
+        )
+        out.append(Advice(f"α < {LOW_ALPHA}", f"{name}: use {closer}", evidence))
+    if lo > HIGH_ALPHA:
+        out.append(Advice(f"α > {HIGH_ALPHA}", f"{name}: try a larger k; most drafts are accepted", evidence))
+    return out
+
+
+def _load_advice(comparisons: Comparisons, name: str, group: pd.DataFrame) -> list[Advice]:
+    """Throughput lost at the curve's highest rate, and a TTFT whose whole interval regressed."""
+    out = []
+    high = group.iloc[-1]
+    tput = comparisons.decision(high["point_key"], "output_throughput_ratio")
+    if len(group) > 1 and tput is not None and tput.label == "hurts":
+        out.append(
+            Advice(
+                "throughput lost at high load",
+                f"{name}: disable speculation at {high['request_rate']:g} req/s and above",
+                f"output throughput {tput.ratio.text} the baseline's at {high['request_rate']:g} req/s",
+            )
+        )
+    slower = group[group["speedup_median_ttft_high"].apply(lambda v: _finite(v) and v < TTFT_REGRESSION)]
+    if not slower.empty:
+        worst = slower.loc[slower["speedup_median_ttft"].idxmin()]
+        fix = "a smaller k" if worst["method"] in ("ngram", "suffix") else "a smaller k, or ngram (no draft to prefill)"
+        text = _ratio_text(comparisons, worst, "speedup_median_ttft")
+        out.append(
+            Advice(
+                "TTFT regression",
+                f"{name}: use {fix}",
+                f"median TTFT speedup {text} at {worst['request_rate']:g} req/s: the whole interval is below "
+                f"{TTFT_REGRESSION}",
+            )
+        )
     return out
 
 
@@ -199,7 +209,7 @@ def _kv_advice(comparisons: Comparisons, kv: dict[str, KvCapacity]) -> list[Advi
             rows = table[table.apply(config_label, axis=1) == name].sort_values("request_rate")
             if not rows.empty:
                 top = rows.iloc[-1]
-                speed = f"; median-TPOT speedup {top[f'{TPOT}_text']} at {top['request_rate']:g} req/s"
+                speed = f"; median-TPOT speedup {_ratio_text(comparisons, top, TPOT)} at {top['request_rate']:g} req/s"
         concurrency = (
             f", max concurrency {cap.base_concurrency:.1f} -> {cap.concurrency:.1f}"
             if math.isfinite(cap.concurrency) and math.isfinite(cap.base_concurrency)
@@ -215,6 +225,12 @@ def _kv_advice(comparisons: Comparisons, kv: dict[str, KvCapacity]) -> list[Advi
             )
         )
     return out
+
+
+def _ratio_text(comparisons: Comparisons, row: pd.Series, metric: str) -> str:
+    """A point's ratio with its interval, from its Decision (the record the verdict travels in)."""
+    decision = comparisons.decision(str(row["point_key"]), metric)
+    return decision.ratio.text if decision else "—"
 
 
 def _alpha_text(row: pd.Series) -> str:

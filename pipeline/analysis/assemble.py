@@ -72,28 +72,85 @@ def analyse(
     frame = load_frame(frame)
     samples = samples or {}
     opts = opts or StatsOptions()
+    comparisons = verdicts.compare_points(frame, samples, opts)
+    points = comparisons.table
+    gaps = _input_gaps(frame, samples) + _comparison_gaps(points)
+    crossings = verdicts.crossovers(comparisons)
+    fits, skipped = leviathan.fit_curves(points)
+    gaps += [f"model: {s}" for s in skipped]
+    schedules = _k_schedules(frame, samples, comparisons, gaps)
+    # Host RSS cannot see device memory: the KV capacity decides where vLLM reports it.
+    kv = _kv_capacity(frame)
+    advice = advisor.advise(comparisons, crossings, _memory_ratios(frame) if not kv else {}, kv)
+    if not probes:
+        gaps.append("losslessness: no probe outputs in this sweep run (lossless.prompts=0, or all points resumed)")
+    curves = search_report.capacity(frame, samples, target, opts) if target is not None else []
+    sections = search_report.capacity_lines(curves, target, opts) if target is not None else []
+    sections += search_report.predict_lines(predictions if predictions is not None else pd.DataFrame())
+    # The same comparison within each point: per request type, first against later turns, and
+    # per stretch of a trace.
+    by_type = categories.compare_groups(frame, samples, opts)
+    by_turn = categories.compare_groups(frame, samples, opts, categories.BY_TURN)
+    over_time = timeline.compare_stretches(frame, samples, opts)
+    advice += advisor.by_request_type(by_type)
+    sections += [*categories.group_lines(by_type), *categories.turn_lines(by_turn)]
+    sections += timeline.stretch_lines(over_time, schedules)
+    return ReportData(
+        title,
+        frame,
+        points,
+        crossings,
+        fits,
+        advice,
+        schedules,
+        _lossless(probes),
+        length_tests,
+        gaps,
+        conditions(frame),
+        comparisons,
+        _window_levels(frame, samples, opts),
+        search_report.capacity_headline(curves, target) if target is not None else "",
+        sections,
+        curves,
+        predictions,
+        by_type=by_type,
+        by_turn=by_turn,
+        over_time=over_time,
+    )
+
+
+def _input_gaps(frame: pd.DataFrame, samples: Mapping[str, Sample]) -> list[str]:
+    """What the sweep's table and windows cannot support, said before anything is computed."""
     gaps = []
     if not (frame["role"] == "baseline").any():
         gaps.append("speedups, crossover and verdicts: the sweep has no baseline point")
     failed = frame[frame["status"] == "failed"]
     if not failed.empty:
         gaps.append(f"{len(failed)} failed point(s) left out: " + ", ".join(failed["point"]))
-    missing = [
-        str(p)
-        for p, r in zip(verdicts.measured(frame)["point"], verdicts.measured(frame)["run_id"], strict=True)
-        if str(r) not in samples
-    ]
+    done = verdicts.measured(frame)
+    missing = [str(p) for p, r in zip(done["point"], done["run_id"], strict=True) if str(r) not in samples]
     if missing:
         gaps.append("intervals: no per-request data (requests.csv) for " + ", ".join(missing))
-    comparisons = verdicts.compare_points(frame, samples, opts)
-    points = comparisons.table
-    if not points.empty and points["request_rate"].nunique() < 2:
+    return gaps
+
+
+def _comparison_gaps(points: pd.DataFrame) -> list[str]:
+    if points.empty:
+        return []
+    gaps = []
+    if points["request_rate"].nunique() < 2:
         gaps.append("crossover: only one request rate was measured")
-    if not points.empty and points["acceptance_length"].isna().all():
+    if points["acceptance_length"].isna().all():
         gaps.append("acceptance, alpha and the model: the engine reported no acceptance metrics")
-    crossings = verdicts.crossovers(comparisons)
-    fits, skipped = leviathan.fit_curves(points)
-    gaps += [f"model: {s}" for s in skipped]
+    return gaps
+
+
+def _k_schedules(
+    frame: pd.DataFrame, samples: Mapping[str, Sample], comparisons: verdicts.Comparisons, gaps: list[str]
+) -> list[dict]:
+    """The k schedule per method, for engines whose format it is written in; what it could not
+    cover goes to ``gaps``."""
+    points, opts = comparisons.table, comparisons.options
     base = verdicts.measured(frame, "baseline")
     # The k schedule is written in one engine's format: its points and baselines only.
     scheduled = base[base["engine"].map(emits_k_schedule)]
@@ -114,46 +171,7 @@ def analyse(
     )
     if unscheduled:
         gaps.append(f"k schedule for {', '.join(unscheduled)}: not emitted in that engine's format (not verified here)")
-    kv = _kv_capacity(frame)
-    # Host RSS cannot see device memory: the KV capacity decides where vLLM reports it.
-    memory = _memory_ratios(frame) if not kv else {}
-    advice = advisor.advise(comparisons, crossings, memory, kv)
-    lossless = _lossless(probes)
-    if not probes:
-        gaps.append("losslessness: no probe outputs in this sweep run (lossless.prompts=0, or all points resumed)")
-    curves = search_report.capacity(frame, samples, target, opts) if target is not None else []
-    sections = search_report.capacity_lines(curves, target, opts) if target is not None else []
-    sections += search_report.predict_lines(predictions if predictions is not None else pd.DataFrame())
-    by_type = categories.compare_groups(frame, samples, opts)
-    advice += advisor.by_request_type(by_type)
-    sections += categories.group_lines(by_type)
-    by_turn = categories.compare_groups(frame, samples, opts, categories.BY_TURN)
-    sections += categories.turn_lines(by_turn)
-    over_time = timeline.compare_stretches(frame, samples, opts)
-    sections += timeline.stretch_lines(over_time, schedules)
-    lead = search_report.capacity_headline(curves, target) if target is not None else ""
-    return ReportData(
-        title,
-        frame,
-        points,
-        crossings,
-        fits,
-        advice,
-        schedules,
-        lossless,
-        length_tests,
-        gaps,
-        conditions(frame),
-        comparisons,
-        _window_levels(frame, samples, opts),
-        lead,
-        sections,
-        curves,
-        predictions,
-        by_type=by_type,
-        by_turn=by_turn,
-        over_time=over_time,
-    )
+    return schedules
 
 
 def _window_levels(frame: pd.DataFrame, samples: Mapping[str, Sample], opts: StatsOptions) -> pd.DataFrame:

@@ -105,33 +105,15 @@ def compare_groups(
         names = list(dict.fromkeys(name for split in splits for name in split))
         if len(names) < 2:
             continue  # one kind of text: the point's own verdict is the category's
-        first = pairs[0][1]
         restarted = "server" in group and len(pairs) >= 2 and group["server"].nunique() == len(pairs)
-        k = int(first["k"])
         for j, name in enumerate(names):
             chosen = [split.get(name, np.zeros(0, int)) for split in splits]
             base_c = [b.with_index(c) for b, c in zip(base, chosen, strict=True)]  # type: ignore[union-attr]
             spec_c = [s.with_index(c) for s, c in zip(spec, chosen, strict=True)]  # type: ignore[union-attr]
             rng = np.random.default_rng([opts.seed, 31, i, j])
             ratio = stats.paired_ratio(METRIC, base_c, spec_c, opts, rng, shared_servers=not restarted)
-            length = _length(spec_c, k, opts, rng)
-            row = {
-                "point_key": str(key),
-                "config": verdicts.config_label(first),
-                "request_rate": float(first["request_rate"]),
-                "category": name,
-                "requests": int(min(s.size for s in spec_c)),
-                "spec_run_ids": " ".join(str(s["run_id"]) for _, s in pairs),
-                "acceptance_length": length.estimate if length else None,
-                "acceptance_length_low": length.low if length else None,
-                "acceptance_length_high": length.high if length else None,
-                "base_median_ttft_ms": _median_ms(base_c, "ttft"),
-                "spec_median_ttft_ms": _median_ms(spec_c, "ttft"),
-            } | by.describe(name, base_c, spec_c)
-            row["acceptance_alpha"] = alpha_from_length(row["acceptance_length"], k) if length else None
-            row["acceptance_alpha_low"] = alpha_from_length(length.low, k) if length and length.resolved else None
-            row["acceptance_alpha_high"] = alpha_from_length(length.high, k) if length and length.resolved else None
-            found.append((row, ratio))
+            row = {"point_key": str(key), "category": name} | _group_row(pairs, base_c, spec_c, opts, rng)
+            found.append((row | by.describe(name, base_c, spec_c), ratio))
     if not found:
         return pd.DataFrame()
     decided: list[Decision] = decisions.decide([r for _, r in found], opts, verdicts.floor_for(METRIC, opts))
@@ -149,6 +131,35 @@ def compare_groups(
             }
         )
     return pd.DataFrame(rows)
+
+
+def _group_row(
+    pairs: list[tuple[pd.Series, pd.Series]],
+    base_c: list[Sample],
+    spec_c: list[Sample],
+    opts: StatsOptions,
+    rng: np.random.Generator,
+) -> dict:
+    """One group of a point: its configuration, size, L and alpha with their intervals, and
+    each side's median TTFT."""
+    first = pairs[0][1]
+    k = int(first["k"])
+    length = _length(spec_c, k, opts, rng)
+    resolved = length is not None and length.resolved
+    return {
+        "config": verdicts.config_label(first),
+        "request_rate": float(first["request_rate"]),
+        "requests": int(min(s.size for s in spec_c)),
+        "spec_run_ids": " ".join(str(s["run_id"]) for _, s in pairs),
+        "acceptance_length": length.estimate if length else None,
+        "acceptance_length_low": length.low if length else None,
+        "acceptance_length_high": length.high if length else None,
+        "acceptance_alpha": alpha_from_length(length.estimate, k) if length else None,
+        "acceptance_alpha_low": alpha_from_length(length.low, k) if resolved else None,  # type: ignore[union-attr,arg-type]
+        "acceptance_alpha_high": alpha_from_length(length.high, k) if resolved else None,  # type: ignore[union-attr,arg-type]
+        "base_median_ttft_ms": _median_ms(base_c, "ttft"),
+        "spec_median_ttft_ms": _median_ms(spec_c, "ttft"),
+    }
 
 
 def run_metrics(table: pd.DataFrame, prefix: str = BY_CATEGORY.prefix) -> dict[str, dict[str, float]]:

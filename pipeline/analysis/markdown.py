@@ -14,7 +14,7 @@ import pandas as pd
 from scipy import stats as scipy_stats
 
 from pipeline.analysis.advisor import Advice
-from pipeline.analysis.decisions import HELPS, HURTS, INCONCLUSIVE, TOO_FEW, smallest_resolvable
+from pipeline.analysis.decisions import HELPS, HURTS, INCONCLUSIVE, TOO_FEW, Decision, smallest_resolvable
 from pipeline.analysis.leviathan import LeviathanFit
 from pipeline.analysis.quality import Lossless
 from pipeline.analysis.samples import server_spread
@@ -125,17 +125,21 @@ def _f(value: object, digits: int = 1, suffix: str = "") -> str:
     return f"{value:.{digits}f}{suffix}"
 
 
-def _ratio_cell(row: pd.Series, metric: str) -> tuple[str, str]:
+def _ratio_cell(decision: Decision | None) -> tuple[str, str]:
     """The ratio as "2.34x [2.10, 2.61]" and its verdict (with what would resolve it)."""
-    text, verdict = row.get(f"{metric}_text"), row.get(f"{metric}_verdict")
-    if not isinstance(text, str):
+    if decision is None:
         return "—", "no comparison"
-    detail = row.get(f"{metric}_detail")
-    if verdict == LOAD_BOUND:
+    text, detail = decision.ratio.text, decision.detail
+    if decision.label == LOAD_BOUND:
         return text, LOAD_BOUND_TEXT
     # An interval's absence is said once, in the ratio's own cell, not again beside the verdict.
-    said = isinstance(detail, str) and detail in text
-    return text, str(verdict) + (f" ({detail})" if verdict in (INCONCLUSIVE, TOO_FEW) and detail and not said else "")
+    said = bool(detail) and detail in text
+    unresolved = decision.label in (INCONCLUSIVE, TOO_FEW) and detail and not said
+    return text, decision.label + (f" ({detail})" if unresolved else "")
+
+
+def _decision(data: ReportData, row: pd.Series, metric: str) -> Decision | None:
+    return data.comparisons.decision(str(row.get("point_key")), metric) if data.comparisons else None
 
 
 def _alpha_cell(row: pd.Series) -> tuple[str, str]:
@@ -189,7 +193,7 @@ def look_rows(data: ReportData) -> list[tuple[list[str], str]]:
                             f"{label}, {load} load ({rate:g}/s)",
                             _f(row.get(base), 1, unit),
                             _f(row.get(spec), 1, unit),
-                            *_ratio_cell(row, metric),
+                            *_ratio_cell(_decision(data, row, metric)),
                         ],
                         str(row.get("run_ids", "")),
                     )
@@ -203,7 +207,7 @@ def look_rows(data: ReportData) -> list[tuple[list[str], str]]:
                     f"median TTFT ({first['request_rate']:g}/s)",
                     _f(first.get("base_median_ttft_ms"), 1, " ms"),
                     _f(first.get("median_ttft_ms"), 1, " ms"),
-                    *_ratio_cell(first, "speedup_median_ttft"),
+                    *_ratio_cell(_decision(data, first, "speedup_median_ttft")),
                 ],
                 runs,
             )
@@ -272,7 +276,7 @@ def headline(data: ReportData) -> str:
         return "Not enough requests to compare any point: a verdict needs 5 or more paired requests per window."
     if points.empty or points["speedup_median_tpot"].isna().all():
         return "No speculative point could be compared with a baseline: no answer yet (see below)."
-    verdict = points["speedup_median_tpot_verdict"] if "speedup_median_tpot_verdict" in points else points["verdict"]
+    verdict = points["verdict"]  # the median-TPOT speedup's
     counts = {label: int((verdict == label).sum()) for label in (HELPS, HURTS, INCONCLUSIVE, TOO_FEW)}
     if is_aa(data.frame):
         return _aa_headline(data, counts)
@@ -282,7 +286,7 @@ def headline(data: ReportData) -> str:
     else:
         best = helps.loc[helps["speedup_median_tpot"].idxmax()]
         text = (
-            f"Best: {_name(best)} at {best['request_rate']:g} req/s, {best['speedup_median_tpot_text']} "
+            f"Best: {_name(best)} at {best['request_rate']:g} req/s, {_ratio_cell(_decision(data, best, 'speedup_median_tpot'))[0]} "
             f"median TPOT (helps). "
         )
     text += (
@@ -375,7 +379,8 @@ def _measured_text(data: ReportData, fit: LeviathanFit, k: int) -> str:
         & (points["k"] == k)
         & (points["request_rate"] == fit.rate)
     ]
-    return str(match.iloc[0]["speedup_median_tpot_text"]) if not match.empty else f"{fit.measured[k]:.2f}x"
+    decision = _decision(data, match.iloc[0], "speedup_median_tpot") if not match.empty else None
+    return decision.ratio.text if decision else f"{fit.measured[k]:.2f}x"
 
 
 def run_names(frame: pd.DataFrame) -> dict[str, str]:

@@ -114,70 +114,26 @@ def compare_points(frame: pd.DataFrame, samples: Mapping[str, Sample], opts: Sta
     """Every speculative point against its baseline, for every ratio of :data:`stats.RATIOS`,
     with the verdicts of each ratio decided together across the sweep."""
     spec_rows, base_rows = measured(frame, "speculative"), measured(frame, "baseline")
-    key_col = key_column(frame)
     rows: list[dict] = []
     ratios: dict[str, dict[str, Ratio]] = {}
     load_bound: dict[str, bool] = {}
-    for i, (key, group) in enumerate(spec_rows.groupby(key_col, sort=False)):
+    for i, (key, group) in enumerate(spec_rows.groupby(key_column(frame), sort=False)):
         pairs = _pairs(group, base_rows)
         if not pairs:
             continue
-        first = pairs[0][1]
         base_s = [samples.get(str(b["run_id"])) for b, _ in pairs]
         spec_s = [samples.get(str(s["run_id"])) for _, s in pairs]
         complete = all(x is not None for x in base_s + spec_s)
-        found: dict[str, Ratio] = {}
-        # Repeats on fresh servers measure the spread between server starts themselves; one
-        # run, or repeats sharing their servers, cannot (the A/A spread is added instead).
-        restarted = "server" in group and len(pairs) >= 2 and group["server"].nunique() == len(pairs)
-        for j, metric in enumerate(RATIOS):
-            if complete:
-                rng = np.random.default_rng([opts.seed, i, j])
-                found[metric] = stats.paired_ratio(
-                    metric,
-                    base_s,
-                    spec_s,
-                    opts,
-                    rng,  # type: ignore[arg-type]
-                    shared_servers=not restarted,
-                )
-            else:
-                found[metric] = _summary_only(metric, pairs)
-        ratios[str(key)] = found
-        rate = float(first["request_rate"])
+        ratios[str(key)] = _point_ratios(i, group, pairs, base_s, spec_s, opts) if complete else _summaries(pairs)
         load_bound[str(key)] = complete and all(stats.keeps_up(x) for x in [*base_s, *spec_s])  # type: ignore[arg-type]
-        row = {c: first.get(c) for c in ("engine", "method", "k", "workload", "setting_key", "replica")}
-        row |= {"point_key": str(key), "request_rate": rate, "runs": len(pairs), "k": int(first["k"])}
-        # The MLflow runs behind the row, speculation's first: the report links to them.
-        row["run_ids"] = " ".join([str(s["run_id"]) for _, s in pairs] + [str(b["run_id"]) for b, _ in pairs])
-        row |= {c: _median(group, c) for c in MEDIANS}
-        baseline = pd.DataFrame([b for b, _ in pairs])
-        row |= {
-            f"base_{c}": _median(baseline, c)
-            for c in ("median_tpot_ms", "p99_tpot_ms", "output_throughput", "median_ttft_ms")
-        }
-        length = (
-            stats.acceptance_length_interval([s for s in spec_s if s is not None], row["acceptance_length"], opts)
-            if complete and _finite(row["acceptance_length"])
-            else None
-        )
-        k_eff = row["acceptance_k_effective"] if _finite(row["acceptance_k_effective"]) else row["k"]
-        length = _within_bounds(length, k_eff) if length else None
-        row["alpha_low"], row["alpha_high"] = _alpha_bounds(length, k_eff) if length else (None, None)
-        row["acceptance_length_text"] = length.text.replace("x", "") if length else "—"
-        rows.append(row)
+        rows.append(_point_row(str(key), group, pairs, [s for s in spec_s if s is not None] if complete else [], opts))
     decided = _decide(ratios, load_bound, opts)
     for row in rows:
         for metric, decision in decided[row["point_key"]].items():
             ratio = decision.ratio
-            row |= {
-                metric: ratio.estimate,
-                f"{metric}_low": ratio.low,
-                f"{metric}_high": ratio.high,
-                f"{metric}_verdict": decision.label,
-                f"{metric}_text": ratio.text,
-                f"{metric}_detail": decision.detail,
-            }
+            # Numbers only, for the table's CSV and the figures; the verdict itself is the
+            # Decision in Comparisons.decisions, which the report reads.
+            row |= {metric: ratio.estimate, f"{metric}_low": ratio.low, f"{metric}_high": ratio.high}
         tpot = decided[row["point_key"]][TPOT]
         row |= {
             "verdict": tpot.label,
@@ -190,6 +146,58 @@ def compare_points(frame: pd.DataFrame, samples: Mapping[str, Sample], opts: Sta
     if table.empty:
         table = pd.DataFrame(columns=["point_key", *CONFIG, "request_rate", TPOT, "verdict", "low", "high", *MEDIANS])
     return Comparisons(table.sort_values([*CONFIG, "request_rate"]) if not table.empty else table, decided, opts)
+
+
+def _point_ratios(
+    i: int,
+    group: pd.DataFrame,
+    pairs: list[tuple[pd.Series, pd.Series]],
+    base_s: list[Sample | None],
+    spec_s: list[Sample | None],
+    opts: StatsOptions,
+) -> dict[str, Ratio]:
+    """Every ratio of one point, paired by prompt, with its interval."""
+    # Repeats on fresh servers measure the spread between server starts themselves; one
+    # run, or repeats sharing their servers, cannot (the A/A spread is added instead).
+    restarted = "server" in group and len(pairs) >= 2 and group["server"].nunique() == len(pairs)
+    found = {}
+    for j, metric in enumerate(RATIOS):
+        rng = np.random.default_rng([opts.seed, i, j])
+        found[metric] = stats.paired_ratio(metric, base_s, spec_s, opts, rng, shared_servers=not restarted)  # type: ignore[arg-type]
+    return found
+
+
+def _summaries(pairs: list[tuple[pd.Series, pd.Series]]) -> dict[str, Ratio]:
+    """Without every window's requests: each ratio from the summaries alone, no interval."""
+    return {metric: _summary_only(metric, pairs) for metric in RATIOS}
+
+
+def _point_row(
+    key: str, group: pd.DataFrame, pairs: list[tuple[pd.Series, pd.Series]], spec_s: list[Sample], opts: StatsOptions
+) -> dict:
+    """One point's row of the table: its configuration, medians over runs, its baseline's
+    medians and its acceptance with intervals (``spec_s`` empty: no per-request data)."""
+    first = pairs[0][1]
+    row = {c: first.get(c) for c in ("engine", "method", "k", "workload", "setting_key", "replica")}
+    row |= {"point_key": key, "request_rate": float(first["request_rate"]), "runs": len(pairs), "k": int(first["k"])}
+    # The MLflow runs behind the row, speculation's first: the report links to them.
+    row["run_ids"] = " ".join([str(s["run_id"]) for _, s in pairs] + [str(b["run_id"]) for b, _ in pairs])
+    row |= {c: _median(group, c) for c in MEDIANS}
+    baseline = pd.DataFrame([b for b, _ in pairs])
+    row |= {
+        f"base_{c}": _median(baseline, c)
+        for c in ("median_tpot_ms", "p99_tpot_ms", "output_throughput", "median_ttft_ms")
+    }
+    length = (
+        stats.acceptance_length_interval(spec_s, row["acceptance_length"], opts)
+        if spec_s and _finite(row["acceptance_length"])
+        else None
+    )
+    k_eff = row["acceptance_k_effective"] if _finite(row["acceptance_k_effective"]) else row["k"]
+    length = _within_bounds(length, k_eff) if length else None
+    row["alpha_low"], row["alpha_high"] = _alpha_bounds(length, k_eff) if length else (None, None)
+    row["acceptance_length_text"] = length.text.replace("x", "") if length else "—"
+    return row
 
 
 def _decide(

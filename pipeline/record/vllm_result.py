@@ -132,23 +132,28 @@ def result(
         **peaks(records),
         "rtfx": 0.0,  # speech recognition only
     }
-    if "spec_decode_acceptance_rate" in summary:
-        out |= {k: summary[k] for k in SPEC_KEYS if k in summary}
-        for key in ("spec_decode_num_drafts", "spec_decode_draft_tokens", "spec_decode_accepted_tokens"):
-            if key in out:
-                out[key] = int(out[key])
-        positions = sorted(
-            int(k.rsplit("_", 1)[1]) for k in summary if k.startswith("spec_decode_acceptance_rate_pos_")
-        )
-        out["spec_decode_per_position_acceptance_rates"] = [
-            summary[f"spec_decode_acceptance_rate_pos_{i}"] for i in positions
-        ]
+    out |= _speculative(summary)
     for metric in ("ttft", "tpot", "itl", "e2el"):
         for stat in ("mean", "median", "std", *(f"p{p}" for p in PERCENTILES)):
             out[f"{stat}_{metric}_ms"] = _number(summary[f"{stat}_{metric}_ms"])
     if not detailed:
         for key in DETAILED:
             del out[key]
+    return out
+
+
+def _speculative(summary: Mapping[str, float]) -> dict[str, Any]:
+    """vLLM's spec_decode_* fields, where the window measured acceptance (counts as integers)."""
+    if "spec_decode_acceptance_rate" not in summary:
+        return {}
+    out: dict[str, Any] = {k: summary[k] for k in SPEC_KEYS if k in summary}
+    for key in ("spec_decode_num_drafts", "spec_decode_draft_tokens", "spec_decode_accepted_tokens"):
+        if key in out:
+            out[key] = int(out[key])
+    positions = sorted(int(k.rsplit("_", 1)[1]) for k in summary if k.startswith("spec_decode_acceptance_rate_pos_"))
+    out["spec_decode_per_position_acceptance_rates"] = [
+        summary[f"spec_decode_acceptance_rate_pos_{i}"] for i in positions
+    ]
     return out
 
 

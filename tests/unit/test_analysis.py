@@ -10,7 +10,7 @@ import pandas as pd
 from pipeline.analysis import advisor, figures, iplots, leviathan, plots, quality
 from pipeline.analysis.assemble import analyse
 from pipeline.analysis.figures import FigureKey, pareto_mask
-from pipeline.analysis.markdown import look_table, markdown
+from pipeline.analysis.markdown import ReportData, look_table, markdown
 from pipeline.analysis.report_html import page
 from pipeline.analysis.samples import Sample, StatsOptions
 from pipeline.engines.acceptance import alpha_from_length
@@ -235,9 +235,11 @@ def test_points_that_differ_in_workload_are_never_pooled() -> None:
 
 def test_a_small_true_effect_is_inconclusive_with_the_window_that_would_resolve_it() -> None:
     frame, samples = _sweep({(3, 1.0): 1.06}, n=12, seed=3)
-    row = _analyse(frame, samples).points.iloc[0]
+    data = _analyse(frame, samples)
+    row = data.points.iloc[0]
     assert row["verdict"] == "inconclusive"
-    assert "requests per window would likely resolve it" in row["speedup_median_tpot_detail"]
+    decision = data.comparisons.decision(row["point_key"], "speedup_median_tpot")  # type: ignore[union-attr]
+    assert decision is not None and "requests per window would likely resolve it" in decision.detail
 
 
 def test_fewer_than_five_requests_get_no_verdict() -> None:
@@ -249,10 +251,16 @@ def test_fewer_than_five_requests_get_no_verdict() -> None:
 
 def test_throughput_where_both_servers_keep_up_is_load_bound_not_a_verdict() -> None:
     frame, samples = _sweep({(3, 1.0): 2.0}, runs=3, keeps_up=True)
-    row = _analyse(frame, samples).points.iloc[0]
-    assert row["output_throughput_ratio_verdict"] == "load-bound" and bool(row["load_bound"])
+
+    def throughput_label(data: ReportData) -> str:
+        decision = data.comparisons.decision(data.points.iloc[0]["point_key"], "output_throughput_ratio")  # type: ignore[union-attr]
+        assert decision is not None
+        return decision.label
+
+    data = _analyse(frame, samples)
+    assert throughput_label(data) == "load-bound" and bool(data.points.iloc[0]["load_bound"])
     saturated, s2 = _sweep({(3, 16.0): 2.0}, runs=3)
-    assert _analyse(saturated, s2).points.iloc[0]["output_throughput_ratio_verdict"] != "load-bound"
+    assert throughput_label(_analyse(saturated, s2)) != "load-bound"
 
 
 def test_repeats_widen_the_interval_with_the_spread_between_runs() -> None:

@@ -167,3 +167,17 @@ def test_no_two_public_functions_or_classes_share_a_name() -> None:
     # The engines' twins are the same part, so each engine module has every one of them.
     twins = {k for k, v in owners.items() if v == PER_ENGINE}
     assert twins and all(twins <= _public_names(m) for m in PER_ENGINE)
+
+
+MAX_LINES = 60  # with ruff's C901 and PLR0912 at 12 (pyproject.toml): a function does one thing
+
+
+def test_no_function_is_longer_than_sixty_lines() -> None:
+    long = sorted(
+        f"{path.relative_to(PIPELINE.parent)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path in MODULES.values()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and (node.end_lineno or node.lineno) - node.lineno + 1 > MAX_LINES
+    )
+    assert not long, f"split these by what each part does: {long}"
