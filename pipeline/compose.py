@@ -9,34 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import typing
 from dataclasses import field
 from typing import Any
 
 from pipeline.config import ConfigError, JobConfig
+from pipeline.schema import from_dict, mutable_twin
 from pipeline.validate import validate
-
-_MUTABLE: dict[type, type] = {}
-
-
-def _mutable_twin(cls: type) -> type:
-    """An unfrozen copy of a frozen schema class, nested classes included."""
-    if cls in _MUTABLE:
-        return _MUTABLE[cls]
-    hints = typing.get_type_hints(cls)
-    fields = []
-    for f in dataclasses.fields(cls):
-        hint = hints[f.name]
-        if dataclasses.is_dataclass(hint):
-            twin = _mutable_twin(hint)
-            fields.append((f.name, twin, field(default_factory=twin)))
-        elif f.default_factory is not dataclasses.MISSING:
-            fields.append((f.name, hint, field(default_factory=f.default_factory)))
-        else:
-            fields.append((f.name, hint, field(default=f.default)))
-    _MUTABLE[cls] = dataclasses.make_dataclass(cls.__name__, fields)
-    return _MUTABLE[cls]
-
 
 # Set by the sweeper for each job it launches: the server group that job runs. Not part of
 # JobConfig, since it says how a job was launched, not what is measured.
@@ -47,25 +25,9 @@ def register_schema() -> None:
     from hydra.core.config_store import ConfigStore
 
     root = dataclasses.make_dataclass(
-        "SpecsweepRoot", [(GROUP_FILE_KEY, str | None, field(default=None))], bases=(_mutable_twin(JobConfig),)
+        "SpecsweepRoot", [(GROUP_FILE_KEY, str | None, field(default=None))], bases=(mutable_twin(JobConfig),)
     )
     ConfigStore.instance().store(name="specsweep_schema", node=root)
-
-
-def from_dict(cls: type, values: dict[str, Any], path: str = "") -> Any:
-    """Build a frozen schema record from plain values, rejecting unknown keys."""
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - names)
-    if unknown:
-        raise ConfigError(f"unknown key(s) {', '.join(path + k for k in unknown)}; valid keys: {sorted(names)}")
-    kwargs = {}
-    for name, value in values.items():
-        hint = hints[name]
-        if dataclasses.is_dataclass(hint) and isinstance(value, dict):
-            value = from_dict(hint, value, f"{path}{name}.")
-        kwargs[name] = value
-    return cls(**kwargs)
 
 
 def to_job_config(cfg: Any) -> JobConfig:

@@ -263,6 +263,11 @@ class RayConfig:
     resources_per_group: dict[str, float] = field(default_factory=dict)
 
 
+GATE_MODES = ("history", "paired")
+# The paired gate's endpoints (pipeline.analysis.paired.PAIRED_METRICS); acceptance_length is gated on its own.
+PAIRED_METRICS = ("median_tpot_ms", "p99_tpot_ms", "median_ttft_ms", "output_throughput")
+
+
 @dataclass(frozen=True)
 class GateConfig:
     """The regression gate at the end of a sweep (python -m pipeline.gate runs it later)."""
@@ -280,6 +285,23 @@ class GateConfig:
     floor_acceptance_pp: float = setting(
         None, 2.0, valid=Valid(interval="[0, 100)")
     )  # percentage points of acceptance rate
+    # gate.mode=history: each point against the median of its past runs. paired: against the
+    # reference build (gate.reference) measured the same night, interleaved, on fresh servers.
+    mode: str = setting(None, "history", valid=Valid(choices=GATE_MODES))
+    # The reference build, as overrides of the sweep's config, e.g. [engine.python=/opt/prev/bin/python].
+    reference: list[str] = setting(None, factory=list)
+    # 5, not 4: with the pair spread measured between fresh servers here (6.4 % for the median
+    # TPOT), 4 pairs detect a 15 % slowdown in 79 % of nights and 5 in 93 % (benchmarks/gate_power.py).
+    pairs: int = setting(
+        None, 5, valid=Valid(at_least=2, hint=" (reference and candidate server pairs per configuration)")
+    )
+    primary: str = setting(None, "median_tpot_ms", valid=Valid(choices=PAIRED_METRICS))  # decides the exit code
+    gated: list[str] = setting(None, factory=list)  # secondary metrics that gate too (Holm with the primary)
+    alpha: float = setting(None, 0.05, valid=Valid(interval="(0, 0.5)", hint=" (false alarms per night)"))
+    # The practical floor of the paired decision: the candidate fails only if slower by more.
+    decision_floor: float = setting(None, 0.01, valid=Valid(interval="[0, 1)", hint=", e.g. 0.01 for 1 %"))
+    detect: float = setting(None, 0.15, valid=Valid(interval="(0, 10)", hint=" (the slowdown the design must see)"))
+    acceptance: bool = True  # gate a drop in acceptance length on its own
 
 
 @dataclass(frozen=True)
@@ -366,6 +388,11 @@ class JobConfig:
     # speculative (spec.method=none only); the report gives the noise floor of this setup.
     aa: bool = setting(Role.SWEEP, False)
     replica: int = setting(Role.SERVER, 0)  # set by the sweep: 1 for the A/A twin server; not a setting
+    # Set by the sweep under gate.mode=paired: "reference" for the servers of gate.reference's
+    # build, measured the same night beside the candidate's; not a setting.
+    build: str = setting(Role.SERVER, "candidate", valid=Valid(choices=("candidate", "reference")), added=True)
+    # Set by the sweep under gate.mode=paired: the candidate point a point pairs with; not a setting.
+    pair_key: str = setting(Role.RUNTIME, "")
     lossless: LosslessConfig = setting(Role.SWEEP, factory=LosslessConfig)
     ray: RayConfig = setting(Role.SWEEP, factory=RayConfig)
     gate: GateConfig = setting(Role.SWEEP, factory=GateConfig)

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from pipeline import startup
+from pipeline.analysis.paired import PairedResult
 from pipeline.analysis.regression import GateResult
 from pipeline.analysis.samples import StatsOptions
 from pipeline.config import TrackingConfig
@@ -87,7 +88,9 @@ def _pin(reader: HistoryReader, action: str, ref: str) -> int:
     return ExitCode.OK
 
 
-def _judge(reader: HistoryReader, ref: str, history: int | None, out: Path | None) -> tuple[GateResult, str]:
+def _judge(
+    reader: HistoryReader, ref: str, history: int | None, out: Path | None
+) -> tuple[GateResult | PairedResult, str]:
     """The sweep run judged as it recorded it would be: its stats and gate settings."""
     parent = reader.find_parent(ref)
     reader.sweep_run(parent)

@@ -42,6 +42,7 @@ def validate(job: JobConfig) -> None:
     _validate_revision(job.model.id, job.model.revision)
     _validate_external(job)
     _validate_search(job)
+    _validate_paired_gate(job)
 
 
 def _validate_together(job: JobConfig) -> None:
@@ -257,6 +258,45 @@ def _validate_not_external(engine: EngineConfig) -> None:
             "engine.prefix_cache=as_is is for engine=external; a server specsweep starts is measured cold, "
             "warm or off (engine.prefix_cache=cold is the default)"
         )
+
+
+# What a reference build may change: how its servers run, never what the pairs measure (and not
+# the engine, method or k, which name the point a pair is matched by).
+REFERENCE_KEYS = ("engine.", "model.", "spec.draft_model", "spec.options")
+NOT_IN_REFERENCE = ("engine.name", "engine.url", "engine.baseline_url")
+SECONDARY_METRICS = ("p99_tpot_ms", "median_ttft_ms", "output_throughput")
+
+
+def _validate_paired_gate(job: JobConfig) -> None:
+    gate = job.gate
+    unknown = [m for m in gate.gated if m not in SECONDARY_METRICS]
+    if unknown:
+        raise ConfigError(f"gate.gated={unknown} names no secondary metric; choose from {', '.join(SECONDARY_METRICS)}")
+    if gate.mode != "paired":
+        if gate.reference:
+            raise ConfigError("gate.reference is the paired gate's reference build: set gate.mode=paired with it")
+        return
+    if not gate.enabled:
+        raise ConfigError("gate.mode=paired is the regression gate's design: set gate.enabled=true")
+    if job.search != "grid" or job.aa or job.repeats.count > 1 or not ENGINES[job.engine.name].starts_servers:
+        raise ConfigError(
+            "gate.mode=paired measures the grid on fresh servers of both builds, gate.pairs times each: use "
+            "search=grid, leave aa and repeats.count at their defaults, and an engine specsweep starts"
+        )
+    stray = [
+        o for o in gate.reference if not o.lstrip("+").startswith(REFERENCE_KEYS) or o.startswith(NOT_IN_REFERENCE)
+    ]
+    if stray:
+        raise ConfigError(
+            f"gate.reference {stray} would change what the pairs measure; a reference build may change only "
+            f"how its servers run: keys under {', '.join(REFERENCE_KEYS)} (e.g. engine.python=/opt/prev/bin/python)"
+        )
+    from pipeline.schema import apply_overrides
+
+    # A key that does not exist, or a value of the wrong type, is refused here; so is a reference
+    # build that would be refused as a sweep of its own.
+    reference = apply_overrides(job, gate.reference)
+    validate(dataclasses.replace(reference, gate=dataclasses.replace(reference.gate, mode="history", reference=[])))
 
 
 def _validate_search(job: JobConfig) -> None:

@@ -347,7 +347,9 @@ def job_details(cluster: Cluster, submission_id: str) -> dict:
 API_SERVER = "vllm.entrypoints.openai.api_server"
 
 
-def engine_pids(roots: Iterable[procs.Root], ready: set[int]) -> list[int]:
+def engine_pids(
+    roots: Iterable[procs.Root], ready: set[int], only: Callable[[psutil.Process], bool] = lambda p: True
+) -> list[int]:
     """Every process of every vLLM server below ``roots`` (a cluster's processes, or a
     sweep's) that has answered /health (``ready`` remembers them): the API server and all it
     spawned (the engine core and the model worker, which on the CPU runs the steps). Servers
@@ -355,6 +357,8 @@ def engine_pids(roots: Iterable[procs.Root], ready: set[int]) -> list[int]:
     pids = set()
     for proc in procs.matching(roots, API_SERVER):
         try:
+            if not only(proc):  # e.g. the servers of one build of a paired night
+                continue
             if proc.pid not in ready:
                 args = proc.cmdline()
                 port = args[args.index("--port") + 1]
@@ -368,11 +372,17 @@ def engine_pids(roots: Iterable[procs.Root], ready: set[int]) -> list[int]:
 
 
 @contextmanager
-def stutter(roots: Callable[[], Iterable[procs.Root]], paused: float, period_s: float = 0.5) -> Iterator[None]:
+def stutter(
+    roots: Callable[[], Iterable[procs.Root]],
+    paused: float,
+    period_s: float = 0.5,
+    only: Callable[[psutil.Process], bool] = lambda p: True,
+) -> Iterator[None]:
     """Pause every ready vLLM server below ``roots()`` (``Cluster.processes``: the servers the
     cluster runs) for ``paused`` of each period (SIGSTOP, then SIGCONT): a real slowdown of
     the real engine, of a known size (it serves about 1 / (1 - paused) times slower), that no
-    config value shows, so the point's fingerprint stays the same. Busy processes beside the
+    config value shows, so the point's fingerprint stays the same (``only``: the servers to slow,
+    of those, e.g. one build's). Busy processes beside the
     server were tried first: on this machine they slowed it by 0-18 %, unpredictably."""
     import threading
 
@@ -388,7 +398,7 @@ def stutter(roots: Callable[[], Iterable[procs.Root]], paused: float, period_s: 
 
     def loop() -> None:
         while not done.is_set():
-            pids = engine_pids(roots(), ready)
+            pids = engine_pids(roots(), ready, only)
             signal_all(pids, signal.SIGSTOP)
             done.wait(paused * period_s)
             signal_all(pids, signal.SIGCONT)
@@ -401,4 +411,4 @@ def stutter(roots: Callable[[], Iterable[procs.Root]], paused: float, period_s: 
     finally:
         done.set()
         thread.join()
-        signal_all(engine_pids(roots(), ready), signal.SIGCONT)
+        signal_all(engine_pids(roots(), ready, only), signal.SIGCONT)

@@ -9,14 +9,17 @@ an exit code: 0 pass or improved, 1 regression, 3 insufficient data.
 
 from __future__ import annotations
 
+import ast
 import math
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 from pipeline import identity
+from pipeline.analysis.paired import NightWindow, PairedResult, judge_night, night_markdown
 from pipeline.analysis.regression import (
     GATED,
     Flip,
@@ -46,6 +49,18 @@ FLIP_TAG = "gate.decision_flip"  # on a speculative run whose verdict changed, e
 HARDWARE_KEYS = ("hardware.device", "hardware.cpu", "hardware.cpu_count", "hardware.gpu", "hardware.gpu_count")
 # The gate settings the decision uses, as the driver records them on a sweep's parent run (gate.<name>).
 DECIDING = (("history", int), ("floor_median", float), ("floor_p99", float), ("floor_acceptance_pp", float))
+# The paired design's settings; a run recorded before they existed ran the history mode, their default.
+PAIRED_DECIDING = (
+    ("mode", str),
+    ("pairs", int),
+    ("primary", str),
+    ("alpha", float),
+    ("decision_floor", float),
+    ("detect", float),
+    ("acceptance", lambda v: v == "True"),
+    ("gated", ast.literal_eval),
+    ("reference", ast.literal_eval),
+)
 
 
 def fingerprint(tags: Mapping[str, str], aliases: Mapping[str, str] = MappingProxyType({})) -> str:
@@ -95,6 +110,7 @@ class Reference:
     spread_from: dict[str, list[GatedRun]]  # fingerprint -> past runs that measure the spread
     text: str
     tag: str  # gate.reference on the parent: a run id, or "median:<ids>"
+    steps: tuple[str, ...] = ()  # sustained steps found in the points' nightly series, said in the summary
 
 
 def reference_for(
@@ -126,7 +142,34 @@ def reference_for(
         by_key = {p.key: [p] for p in runs if p.key in keys}
         return Reference(by_key, past, f"pinned sweep run {pinned}", pinned)
     text = f"the per-point median of the last {history} runs with the same fingerprint ({len(used)} found)"
-    return Reference(past, past, text, "median:" + ",".join(used))
+    trimmed, steps = after_steps(current, past)
+    return Reference(trimmed, past, text, "median:" + ",".join(used), steps)
+
+
+def after_steps(
+    current: Sequence[GatedRun], past: Mapping[str, list[GatedRun]], metric: str = "median_tpot_ms"
+) -> tuple[dict[str, list[GatedRun]], tuple[str, ...]]:
+    """Each point's reference without the nights after a sustained step in its past series (at
+    least two past nights on its far side: tonight alone is what the gate judges, not a step), so
+    that a persistent slowdown is not absorbed into the median of the last nights; and a line for
+    each step found, with the run it began at."""
+    from pipeline.analysis.change_points import last_step
+
+    trimmed, said = {}, []
+    for point in current:
+        runs = past.get(point.key, [])  # newest first
+        oldest_first = list(reversed(runs))
+        step = last_step([r.values.get(metric, math.nan) for r in oldest_first])
+        kept = runs
+        if step is not None and 0 < step.night < len(oldest_first):
+            began = oldest_first[step.night]
+            kept = [r for r in runs if r.started_ms < began.started_ms]
+            said.append(
+                f"{point.label}: a sustained step of {step.change:+.1%} in {metric} began at sweep run "
+                f"{began.parent_id}; the {len(runs) - len(kept)} night(s) since are left out of its reference"
+            )
+        trimmed[point.key] = kept or runs
+    return trimmed, tuple(said)
 
 
 def record(
@@ -168,12 +211,14 @@ def record(
 
 def judge_sweep(
     reader: HistoryReader, parent_id: str, config: GateConfig, opts: StatsOptions, out_dir: Path
-) -> tuple[GateResult, str]:
+) -> tuple[GateResult | PairedResult, str]:
     """Judge a sweep run and record the result; returns it and its Markdown summary. Points
     re-measured by a confirmation (children tagged ``gate.confirmation_of``) are judged
     again, and a regression stands only if the re-measurement shows it too."""
     from pipeline.analysis.regression import confirm
 
+    if config.mode == "paired":
+        return judge_paired(reader, parent_id, config, out_dir)
     floors = Floors(config.floor_median, config.floor_p99, config.floor_acceptance_pp)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -190,10 +235,59 @@ def judge_sweep(
             result = confirm(result, second, {c.tags[CONFIRMATION_TAG]: c.run_id for c in remeasured})
         flips, compared = _flips(reader, parent_id, ref, work, opts, known)
     summary = gate_markdown(result, reader.title(parent_id), ref.text) + "\n" + flips_markdown(flips, compared)
+    if ref.steps:
+        summary += "\nChange points:\n\n" + "\n".join(f"- {line}" for line in ref.steps) + "\n"
     record(reader, parent_id, result, ref, current, summary, out_dir / GATE_DIR)
     for flip in flips:
         reader.set_tags(flip.run_id, {FLIP_TAG: f"{flip.before} -> {flip.after} (since sweep run {flip.reference})"})
     reader.set_tags(parent_id, {"gate.decision_flips": str(len(flips))})
+    return result, summary
+
+
+def judge_paired(reader: HistoryReader, parent_id: str, config: GateConfig, out_dir: Path) -> tuple[PairedResult, str]:
+    """gate.mode=paired: tonight's candidate against the reference build measured beside it,
+    pair by pair; the summary and the decision go to the parent run."""
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        windows = [
+            NightWindow(
+                c.tags.get("gate.pair_key", c.tags["gate.pair_label"]),
+                c.tags["gate.pair_label"],
+                c.tags.get("role", ""),
+                c.tags["gate.build"],
+                int(c.tags["gate.pair"]),
+                window_sample(reader, c.run_id, c.metrics.get("duration", math.nan), work),
+                c.metrics,
+            )
+            for c in measured_points(reader.children(parent_id))
+            if "gate.build" in c.tags and "gate.pair_label" in c.tags
+        ]
+    result = judge_night(
+        windows,
+        config.pairs,
+        config.primary,
+        config.gated,
+        config.alpha,
+        config.decision_floor,
+        config.detect,
+        config.acceptance,
+    )
+    reference = (
+        f"the build of gate.reference={list(config.reference)}"
+        if config.reference
+        else "the candidate's own build (an A/A night)"
+    )
+    summary = night_markdown(result, reader.title(parent_id), reference, config.floor_median)
+    tags = {"gate": result.overall, "gate.mode": "paired", "gate.reference": reference[:5000]}
+    if result.power is not None:
+        tags["gate.power"] = result.power.text()[:5000]
+    reader.set_tags(parent_id, tags)
+    if math.isfinite(result.primary.change):
+        reader.log_metrics(parent_id, {f"gate.paired.{result.primary.metric}.change": result.primary.change})
+    folder = out_dir / GATE_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "summary.md").write_text(summary)
+    reader.log_file(parent_id, folder / "summary.md", GATE_DIR)
     return result, summary
 
 
@@ -260,7 +354,7 @@ def recorded_config(params: Mapping[str, str], history: int | None = None) -> tu
     """The gate settings a sweep ran with, read back from its parent run's params; ``history``
     (the --history flag) wins over the recorded one. A setting the run does not hold (it ran
     before they were recorded) keeps its default: returns the config and the names defaulted."""
-    chosen: dict[str, float | int] = {}
+    chosen: dict[str, Any] = {}
     defaulted = []
     for name, cast in DECIDING:
         value = params.get(f"gate.{name}")
@@ -273,4 +367,12 @@ def recorded_config(params: Mapping[str, str], history: int | None = None) -> tu
                 chosen[name] = cast(value)
             except ValueError as exc:
                 raise TrackingError(f"the sweep run's param gate.{name}={value!r} is not a number") from exc
+    for name, cast in PAIRED_DECIDING:
+        if f"gate.{name}" in params:
+            try:
+                chosen[name] = cast(params[f"gate.{name}"])
+            except (ValueError, SyntaxError) as exc:
+                raise TrackingError(
+                    f"the sweep run's param gate.{name}={params[f'gate.{name}']!r} is malformed"
+                ) from exc
     return GateConfig(**chosen), defaulted

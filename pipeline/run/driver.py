@@ -45,7 +45,7 @@ from pipeline.run.plumbing import cluster, diskfull
 from pipeline.run.plumbing.errors import LaunchError, Unreachable
 from pipeline.run.progress import screen
 from pipeline.run.search import predicting
-from pipeline.run.search.kinds import SEARCHES, SearchKind
+from pipeline.run.search.kinds import SearchKind, kind_of
 from pipeline.run.search.strategy import Context, SearchEnd
 from pipeline.run.sweep_end import gate_sweep, log_probes, report_sweep, sweep_identity, sync_journals
 
@@ -159,7 +159,7 @@ class Sweep:
         model build of half a minute. The embedded models are built once all answer."""
         plan_sweep(jobs)  # an empty grid is refused, with its own message, before anything reads it
         settings = SweepSettings.of(jobs)
-        kind = SEARCHES[settings.search]
+        kind = kind_of(settings)
         plan = kind.planned(jobs)
         for workload in {repr(j.workload): j.workload for j in jobs}.values():
             if workload.name != "random":  # a missing or malformed file is refused here, not in a worker
@@ -173,6 +173,8 @@ class Sweep:
         lines = [_server_line(self.targets[g.index], g.server_job) for g in shown.groups]
         print(describe(shown, lines, self.on_gpu))
         print(search_note(self.settings))
+        if more := self.kind.describe(shown):
+            print(more)
 
     def open(self, executor: Executor) -> int | None:
         """The store, the resumed points, the cluster and the built models; an exit code where

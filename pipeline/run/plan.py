@@ -38,6 +38,7 @@ def _starts_servers(job: JobConfig) -> bool:
 def _server_name(role: str, job: JobConfig) -> str:
     # The default engine's runs go unprefixed; another engine's carry its name.
     engine = "" if job.engine.name == EngineConfig().name else f"{job.engine.name}-"
+    engine = ("ref-" if job.build == "reference" else "") + engine  # gate.mode=paired's reference build
     if job.replica:
         return engine + "baseline-twin"  # the A/A comparison's second server
     return engine + ("baseline" if role == "baseline" else f"{job.spec.method}-k{job.spec.k}")
@@ -54,6 +55,11 @@ class Point:
     def label(self) -> str:
         repeat = f"-rep{self.job.repeat}" if self.job.repeat else ""
         return f"{_server_name(self.role, self.job)}-r{self.job.load.request_rate:g}{repeat}"
+
+    @property
+    def pair_label(self) -> str:
+        """gate.mode=paired: the point both builds measure in every pair (no build, no pair)."""
+        return f"{_server_name(self.role, dataclasses.replace(self.job, build='candidate'))}-r{self.job.load.request_rate:g}"
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,11 @@ def point_tags(point: Point, target: Target, version: str, confirms: str | None 
         "point_hash": point.hash,
         **hash_tags(point.job),
         **({"baseline_hash": point.baseline_hash} if point.baseline_hash else {}),
+        # gate.mode=paired matches a night's two builds by these (the build, its pair, the point).
+        "gate.build": point.job.build,
+        "gate.pair": str(point.job.repeat),
+        "gate.pair_label": point.pair_label,
+        **({"gate.pair_key": point.job.pair_key} if point.job.pair_key else {}),
         "model.revision": revision(target.model_path, target.model_revision),
         **hardware_tags(target.on_gpu),
         **where_am_i(),

@@ -133,6 +133,20 @@ CASES: list[tuple[str, bool, list[str], str]] = [
     ("negative-temperature", False, ["workload.temperature=-0.5"], "the server refuses a negative one"),
     ("zero-tensor-parallel", False, ["engine.tensor_parallel_size=0"], "engine.tensor_parallel_size=0 must be >= 1"),
     ("tensor-parallel-beyond-the-cores", False, ["engine.tensor_parallel_size=512"], "this machine has"),
+    # the paired gate (docs/nightly.md)
+    ("paired-without-the-gate", False, ["gate.mode=paired"], "gate.mode=paired is the regression gate's design"),
+    (
+        "paired-reference-typo",
+        False,
+        ["gate.enabled=true", "gate.mode=paired", "gate.reference=['engine.pyton=/x']"],
+        "engine.pyton is not a setting of the sweep's config",
+    ),
+    (
+        "paired-reference-changes-the-load",
+        False,
+        ["gate.enabled=true", "gate.mode=paired", "gate.reference=['load.num_requests=8']"],
+        "would change what the pairs measure",
+    ),
     (
         "extra-arg-vllm-lacks",
         False,

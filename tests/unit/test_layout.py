@@ -27,7 +27,14 @@ LAYERS = (
     ("pipeline.analysis",),  # pure computation on what it is given
     ("pipeline.engines",),  # the servers
     ("pipeline.load",),  # requests, schedules, the client
-    ("pipeline.config", "pipeline.identity", "pipeline.exitcode", "pipeline.startup", "pipeline.redact"),
+    (
+        "pipeline.config",
+        "pipeline.schema",
+        "pipeline.identity",
+        "pipeline.exitcode",
+        "pipeline.startup",
+        "pipeline.redact",
+    ),
 )
 
 

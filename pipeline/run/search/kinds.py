@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from pipeline.config import JobConfig
+from pipeline.config import JobConfig, SweepSettings
 from pipeline.run.plan import SweepPlan, plan_sweep
-from pipeline.run.search import predict_phases
+from pipeline.run.search import paired_night, predict_phases
 from pipeline.run.search.predicting import PredictSearch
 from pipeline.run.search.profiles import Bracketing, LoadProfile, Planned
 from pipeline.run.search.strategy import Capacity, Context, Grid, Search
@@ -36,6 +36,7 @@ class SearchKind:
     resumes: bool
     profile: LoadProfile  # what each server's worker measures (pipeline.run.search.profiles)
     reads_windows: bool = False  # its strategy reads the windows' requests back from MLflow
+    describe: Callable[[SweepPlan], str] = lambda plan: ""  # more for the dry run to say of its plan
 
 
 SEARCHES = {
@@ -45,3 +46,14 @@ SEARCHES = {
     ),
     "capacity": SearchKind(Capacity.planned, Capacity.shown, Capacity, Capacity.resumes, Bracketing()),
 }
+# gate.mode=paired: the grid's plan on both builds, pair by pair; every night measures afresh.
+PAIRED = SearchKind(
+    paired_night.paired_plan, lambda plan: plan, Grid, False, Planned(), describe=paired_night.order_text
+)
+
+
+def kind_of(settings: SweepSettings) -> SearchKind:
+    """The sweep's search, or the paired night where the gate measures its own reference."""
+    if settings.gate.enabled and settings.gate.mode == "paired":
+        return PAIRED
+    return SEARCHES[settings.search]

@@ -1,0 +1,366 @@
+"""The paired gate's decision: one night's candidate build against a reference measured the same night.
+
+A night measures the reference and the candidate build on fresh servers, interleaved (ABBA),
+``gate.pairs`` pairs per server configuration, on the same prompts and schedule. What the
+night's machine does to both builds (a busy neighbour, a warm page cache) cancels within a pair.
+
+- **The unit is the pair.** Each pair gives one log ratio per point and metric, oriented so that
+  > 0 is worse for the candidate: log(candidate / reference) for a latency, the inverse for
+  throughput and acceptance. A latency's ratio is of medians (or p99s) over the prompts both
+  servers answered: paired by prompt, as the sweep's own verdicts are.
+- **The primary endpoint** (``gate.primary``, default the median TPOT) is the geometric mean
+  over the night's points of its ratio: per pair, the mean over points of the log ratios. It
+  alone decides the exit code, with one-sided t over the m pairs' values (m - 1 degrees of
+  freedom) against the practical floor: "the candidate is slower by more than the floor".
+- **Acceptance length** is gated on its own: a drop in L is a correctness smell even where the
+  latency holds. The primary and acceptance share the night's false-alarm budget (Holm).
+- **Secondary metrics** (p99 TPOT, TTFT, throughput) get Holm's correction among themselves and
+  are reported, not gated, unless ``gate.gated`` names them (then they join the gated family).
+- **Power**, from this night's own pair spread: the smallest slowdown the design detects with
+  80 % power at its false-alarm level, and how many pairs would detect ``gate.detect``.
+
+The t test and its power are statsmodels' (``TTestPower``, one-sample, ``alternative="larger"``)
+and scipy's; Holm is statsmodels' ``multipletests``. Pure computation; no MLflow, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats as scipy_stats
+
+from pipeline.analysis.samples import Sample
+
+# metric -> (how a pair's ratio is taken, higher is better)
+PAIRED_METRICS: dict[str, tuple[str, bool]] = {
+    "median_tpot_ms": ("median tpot", False),
+    "p99_tpot_ms": ("p99 tpot", False),
+    "median_ttft_ms": ("median ttft", False),
+    "output_throughput": ("summary", True),
+    "acceptance_length": ("summary", True),
+}
+SECONDARY = ("p99_tpot_ms", "median_ttft_ms", "output_throughput")
+ACCEPTANCE = "acceptance_length"
+POWER = 0.80  # the power the summary's smallest detectable slowdown is stated at
+MOST_PAIRS = 64  # the largest design the pairs-needed answer searches
+
+
+def pair_log_ratio(
+    metric: str,
+    reference: Sample | None,
+    candidate: Sample | None,
+    reference_value: float | None = None,
+    candidate_value: float | None = None,
+) -> float:
+    """One pair's log ratio for ``metric``, > 0 where the candidate is worse; NaN where the pair
+    cannot give one. Latencies are paired by prompt (the requests both servers answered);
+    throughput and acceptance length come from the windows' own summaries."""
+    how, higher_is_better = PAIRED_METRICS[metric]
+    if how == "summary":
+        ref, cand = reference_value, candidate_value
+        if ref is None or cand is None or not (ref > 0 and cand > 0):
+            return math.nan
+        return math.log(ref / cand) if higher_is_better else math.log(cand / ref)
+    if reference is None or candidate is None:
+        return math.nan
+    statistic, name = how.split()
+    common = np.intersect1d(reference.index, candidate.index)
+    if len(common) < 5:  # as the sweep's verdicts: fewer than five paired requests say nothing
+        return math.nan
+    ref_values = reference.with_index(common).values[name]
+    cand_values = candidate.with_index(common).values[name]
+    q = 50.0 if statistic == "median" else 99.0
+    ref_q, cand_q = float(np.percentile(ref_values, q)), float(np.percentile(cand_values, q))
+    if not (ref_q > 0 and cand_q > 0):
+        return math.nan
+    return math.log(cand_q / ref_q)
+
+
+def endpoint(per_point: Mapping[str, Sequence[float]]) -> list[float]:
+    """The night's endpoint per pair: the mean over points of the pairs' log ratios (the log of
+    the geometric mean ratio). ``per_point``: point -> its log ratio in pair 1..m. A pair where a
+    point has no ratio is left out of every point, so each pair averages the same points."""
+    series = [list(v) for v in per_point.values()]
+    if not series:
+        return []
+    pairs = min(len(s) for s in series)
+    kept = []
+    for j in range(pairs):
+        values = [s[j] for s in series]
+        if all(math.isfinite(v) for v in values):
+            kept.append(float(np.mean(values)))
+    return kept
+
+
+@dataclass(frozen=True)
+class PairedTest:
+    """One endpoint's one-sided t over the night's pairs."""
+
+    metric: str
+    pairs: int  # pairs with a ratio
+    change: float  # exp(mean log ratio) - 1: > 0 is worse for the candidate
+    low: float | None  # a two-sided (1 - 2 alpha) interval of the change, from the t distribution
+    high: float | None
+    sd_log: float | None  # the pairs' spread, log scale
+    p: float | None  # one-sided: worse by more than the floor
+    p_adjusted: float | None = None  # Holm, within its family
+    gated: bool = False
+    floor: float = 0.0
+    alpha_used: float = 0.05  # the family's false-alarm level
+
+    @property
+    def regressed(self) -> bool:
+        return self.p_adjusted is not None and self.p_adjusted < self.alpha_used
+
+    def text(self) -> str:
+        if self.low is None or self.high is None:
+            return f"{self.change * 100:+.1f} % ({self.pairs} pair(s): no interval)"
+        return f"{self.change * 100:+.1f} % [{self.low * 100:+.1f}, {self.high * 100:+.1f}]"
+
+
+def one_sided_t(metric: str, log_ratios: Sequence[float], floor: float, alpha: float) -> PairedTest:
+    """H0: the candidate is at most ``floor`` worse; H1: worse by more. m - 1 degrees of freedom."""
+    values = np.asarray([v for v in log_ratios if math.isfinite(v)], dtype=float)
+    m = len(values)
+    if m == 0:
+        return PairedTest(metric, 0, math.nan, None, None, None, None, floor=floor, alpha_used=alpha)
+    mean = float(values.mean())
+    if m < 2:
+        return PairedTest(metric, m, math.expm1(mean), None, None, None, None, floor=floor, alpha_used=alpha)
+    sd = float(values.std(ddof=1))
+    margin = math.log1p(floor)
+    if sd == 0.0:  # identical pairs: the sign of the difference is the answer
+        p = 0.0 if mean > margin else 1.0
+        return PairedTest(
+            metric, m, math.expm1(mean), math.expm1(mean), math.expm1(mean), sd, p, floor=floor, alpha_used=alpha
+        )
+    se = sd / math.sqrt(m)
+    t = scipy_stats.t(m - 1)
+    p = float(t.sf((mean - margin) / se))
+    half = float(t.ppf(1 - alpha)) * se
+    return PairedTest(
+        metric,
+        m,
+        math.expm1(mean),
+        math.expm1(mean - half),
+        math.expm1(mean + half),
+        sd,
+        p,
+        floor=floor,
+        alpha_used=alpha,
+    )
+
+
+def holm(tests: Sequence[PairedTest]) -> list[PairedTest]:
+    """Holm's step-down adjustment over a family (statsmodels), each test's p adjusted."""
+    from dataclasses import replace
+
+    from statsmodels.stats.multitest import multipletests
+
+    scored = [i for i, t in enumerate(tests) if t.p is not None]
+    out = list(tests)
+    if not scored:
+        return out
+    adjusted = multipletests([tests[i].p for i in scored], method="holm")[1]
+    for i, p in zip(scored, adjusted, strict=True):
+        out[i] = replace(tests[i], p_adjusted=float(p))
+    return out
+
+
+@dataclass(frozen=True)
+class Power:
+    """What this night's design could see, from its own pair spread."""
+
+    pairs: int
+    sd_log: float
+    alpha: float
+    floor: float
+    detectable: float | None  # the smallest slowdown detected with POWER (None: not within 10x)
+    target: float  # gate.detect
+    power_at_target: float
+    pairs_for_target: int | None  # None: more than MOST_PAIRS
+
+    @property
+    def met(self) -> bool:
+        return self.power_at_target >= POWER
+
+    def text(self) -> str:
+        seen = f"{self.detectable:.1%}" if self.detectable is not None else "more than 10x"
+        line = (
+            f"this night's design ({self.pairs} pairs, pair spread {math.expm1(self.sd_log):.1%}, one-sided "
+            f"alpha {self.alpha:g}) detects a slowdown of {seen} with {POWER:.0%} power; "
+            f"for {self.target:.0%} its power is {self.power_at_target:.0%}"
+        )
+        if self.met:
+            return line + f": it meets gate.detect={self.target:g}."
+        more = f"{self.pairs_for_target} pairs would" if self.pairs_for_target else f"over {MOST_PAIRS} pairs would"
+        return line + f": it misses gate.detect={self.target:g}; {more}."
+
+
+def power_of(slowdown: float, sd_log: float, pairs: int, alpha: float, floor: float = 0.0) -> float:
+    """The one-sided paired t's power against a true slowdown (statsmodels' TTestPower)."""
+    from statsmodels.stats.power import TTestPower
+
+    if pairs < 2 or not sd_log > 0:
+        return math.nan
+    effect = (math.log1p(slowdown) - math.log1p(floor)) / sd_log
+    return float(TTestPower().power(effect_size=effect, nobs=pairs, alpha=alpha, alternative="larger"))
+
+
+def power_statement(sd_log: float, pairs: int, alpha: float, floor: float, target: float) -> Power:
+    """The smallest slowdown detected with 80 % power, the power at ``target``, and the pairs
+    that would reach 80 % there, all from one spread."""
+    from scipy.optimize import brentq
+
+    def short(x: float) -> float:
+        return power_of(x, sd_log, pairs, alpha, floor) - POWER
+
+    detectable = None
+    top = 10.0
+    if pairs >= 2 and sd_log > 0 and short(top) > 0:
+        low = floor + 1e-9
+        detectable = float(brentq(short, low, top)) if short(low) < 0 else low
+    needed = next(
+        (m for m in range(2, MOST_PAIRS + 1) if power_of(target, sd_log, m, alpha, floor) >= POWER),
+        None,
+    )
+    return Power(pairs, sd_log, alpha, floor, detectable, target, power_of(target, sd_log, pairs, alpha, floor), needed)
+
+
+@dataclass(frozen=True)
+class NightWindow:
+    """One measured point of a paired night: which build and pair measured it, and what it gave."""
+
+    key: str  # the point, whichever build measured it (gate.pair_key)
+    pair_label: str  # its name (gate.pair_label)
+    role: str  # baseline | speculative
+    build: str  # reference | candidate
+    pair: int
+    sample: Sample | None
+    metrics: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class PairedResult:
+    primary: PairedTest
+    gated: tuple[PairedTest, ...]  # the primary, acceptance and the named secondaries, Holm together
+    secondary: tuple[PairedTest, ...]  # reported, Holm among themselves
+    per_point: tuple[tuple[str, PairedTest], ...]  # the primary metric per point, Holm across points
+    power: Power | None
+    pairs: int
+    points: int
+
+    @property
+    def overall(self) -> str:
+        """fail | pass | insufficient, for the parent run and the exit code."""
+        if any(t.regressed for t in self.gated):
+            return "fail"
+        return "insufficient" if self.primary.p is None else "pass"
+
+    def flagged(self) -> list[str]:
+        return []  # the pairs are the design's replication: nothing is re-measured
+
+    def slower_points(self) -> list[str]:
+        """The points the failure names: those whose own test regressed, else the worst one."""
+        named = [label for label, t in self.per_point if t.regressed]
+        if named or not self.per_point:
+            return named
+        return [max(self.per_point, key=lambda item: item[1].change)[0]]
+
+
+def _ratios(windows: Sequence[NightWindow], metric: str, pairs: int) -> dict[str, list[float]]:
+    """point -> its log ratio per pair, for the points that have the metric at all."""
+    found = {(w.key, w.build, w.pair): w for w in windows}
+    names = {w.key: w.pair_label for w in windows}
+    out = {}
+    for key in sorted(names, key=lambda k: names[k]):
+        values = []
+        for j in range(pairs):
+            ref, cand = found.get((key, "reference", j)), found.get((key, "candidate", j))
+            if ref is None or cand is None:
+                values.append(math.nan)
+                continue
+            values.append(
+                pair_log_ratio(metric, ref.sample, cand.sample, ref.metrics.get(metric), cand.metrics.get(metric))
+            )
+        if any(math.isfinite(v) for v in values):
+            out[names[key]] = values
+    return out
+
+
+def judge_night(
+    windows: Sequence[NightWindow],
+    pairs: int,
+    primary: str,
+    gated: Sequence[str],
+    alpha: float,
+    floor: float,
+    detect: float,
+    acceptance: bool = True,
+) -> PairedResult:
+    """The night's decision: the primary endpoint, acceptance and named secondaries gated together
+    (Holm at ``alpha``), every secondary reported, each point's own primary ratio, and the power."""
+    by_metric = {m: _ratios(windows, m, pairs) for m in PAIRED_METRICS}
+    tests = {m: one_sided_t(m, endpoint(by_metric[m]), floor, alpha) for m in PAIRED_METRICS}
+    family = [tests[primary]]
+    if acceptance and tests[ACCEPTANCE].p is not None:
+        family.append(tests[ACCEPTANCE])
+    family += [tests[m] for m in gated if m != primary]
+    decided = [_gated(t) for t in holm(family)]
+    secondary = tuple(holm([tests[m] for m in SECONDARY if m != primary]))
+    per_point = [(label, one_sided_t(primary, values, floor, alpha)) for label, values in by_metric[primary].items()]
+    adjusted = holm([t for _, t in per_point])
+    head = decided[0]
+    power = power_statement(head.sd_log, head.pairs, alpha, floor, detect) if head.sd_log and head.pairs >= 2 else None
+    return PairedResult(
+        head,
+        tuple(decided),
+        secondary,
+        tuple((label, t) for (label, _), t in zip(per_point, adjusted, strict=True)),
+        power,
+        head.pairs,
+        len(by_metric[primary]),
+    )
+
+
+def _gated(test: PairedTest) -> PairedTest:
+    from dataclasses import replace
+
+    return replace(test, gated=True)
+
+
+def night_markdown(result: PairedResult, title: str, reference: str, label_floor: float) -> str:
+    """The night's summary, fit for a CI comment: the verdict, the primary, what else moved, power."""
+    head = {"fail": "❌ regression", "pass": "✅ pass", "insufficient": "⚠️ insufficient data"}[result.overall]
+    primary = result.primary
+    lines = [
+        f"### Regression gate (paired): {head}",
+        "",
+        f"{title}; reference: {reference}; {result.pairs} pair(s) over {result.points} point(s).",
+        "",
+        f"Primary endpoint, {primary.metric} (geometric mean over points, > 0: the candidate is slower): "
+        f"{primary.text()}, one-sided p {_p(primary.p_adjusted)} (Holm over the gated endpoints; floor "
+        f"{primary.floor:.0%}, alpha {primary.alpha_used:g}).",
+    ]
+    if result.overall == "fail":
+        failed = [t.metric for t in result.gated if t.regressed]
+        lines.append(
+            f"Gated and regressed: {', '.join(failed)}; slowest point(s): {', '.join(result.slower_points())}."
+        )
+    lines += ["", "| endpoint | change [interval] | p (Holm) | gated | verdict |", "|---|---|---|---|---|"]
+    for t in (*result.gated, *(s for s in result.secondary if s.metric not in {g.metric for g in result.gated})):
+        big = abs(t.change) >= label_floor if math.isfinite(t.change) else False
+        verdict = "regressed" if t.regressed else ("past the 5 % label" if big else "within")
+        lines.append(f"| {t.metric} | {t.text()} | {_p(t.p_adjusted)} | {'yes' if t.gated else 'no'} | {verdict} |")
+    lines += ["", "Per point, the primary metric (Holm across points):", ""]
+    lines += [f"- {label}: {t.text()}, p {_p(t.p_adjusted)}" for label, t in result.per_point]
+    if result.power is not None:
+        lines += ["", "Power: " + result.power.text()]
+    return "\n".join(lines) + "\n"
+
+
+def _p(p: float | None) -> str:
+    return "—" if p is None else f"{p:.3g}"

@@ -1,0 +1,71 @@
+"""gate.mode=paired on the real engine: an A/A night passes, and a candidate slowed by about
+1.15x (its own servers paused for 13 % of the time, the reference's left alone) fails with exit
+1 and names the point. The smallest grid that exercises the path: one server configuration (the
+baseline), three pairs of fresh servers per night."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.cluster import stutter
+from tests.integration.conftest import TEST_SERVER, read_until
+
+pytestmark = pytest.mark.integration
+
+MARK = "SPECSWEEP_TEST_BUILD"  # in the reference servers' environment only
+NIGHT = [
+    *TEST_SERVER,
+    "spec=none",
+    "load.num_requests=16",
+    "load.request_rate=2",
+    "load.warmup_requests=1",
+    "workload.max_tokens=32",
+    "lossless.prompts=0",
+    "gate.enabled=true",
+    "gate.mode=paired",
+    "gate.pairs=3",
+    f"gate.reference=['+engine.env.{MARK}=reference']",
+]
+
+
+def _night(project: Path, name: str, slow_candidate: bool) -> tuple[int, str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.sweep", f"hydra.run.dir={project}/{name}", f"sweep_name={name}", *NIGHT],
+        cwd=project,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    seen: list[str] = []
+
+    def candidate(server: psutil.Process) -> bool:
+        return MARK not in server.environ()
+
+    try:
+        if slow_candidate:
+            with stutter(lambda: [proc.pid], paused=0.13, only=candidate):
+                read_until(proc, None, seen, timeout_s=1500)
+        else:
+            read_until(proc, None, seen, timeout_s=1500)
+        return proc.wait(timeout=60), "".join(seen)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_an_aa_paired_night_passes_and_a_slowed_candidate_fails_naming_the_point(
+    tmp_path: Path, no_leftover_servers: None
+) -> None:
+    code, out = _night(tmp_path, "aa-night", slow_candidate=False)
+    assert code == 0, out[-3000:]
+    assert "Regression gate (paired): ✅ pass" in out and "3 pair(s) over 1 point(s)" in out
+    assert "Power: this night's design (3 pairs" in out
+    code, out = _night(tmp_path, "slowed-night", slow_candidate=True)
+    assert code == 1, out[-3000:]
+    assert "Regression gate (paired): ❌ regression" in out
+    assert "Gated and regressed: median_tpot_ms; slowest point(s): baseline-r2" in out

@@ -1,0 +1,225 @@
+"""gate.mode=paired: the one-sided t over pairs, Holm, power, change points, the ABBA plan and
+the night's decision, each on inputs with a known answer."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+
+from pipeline.analysis import change_points, paired
+from pipeline.analysis.paired import NightWindow
+from pipeline.analysis.samples import Sample
+from pipeline.config import ConfigError, GateConfig, JobConfig, LoadConfig, SpecConfig
+from pipeline.finish.judge import recorded_config
+from pipeline.run.search import paired_night
+from pipeline.validate import validate
+from tests.in_process import sweep_in_process
+
+
+def test_the_one_sided_t_over_pairs_agrees_with_scipys_test_and_its_interval() -> None:
+    logs = [0.10, 0.12, 0.14, 0.16]  # the candidate about 14 % slower in every pair
+    test = paired.one_sided_t("median_tpot_ms", logs, floor=0.01, alpha=0.05)
+    expected = scipy_stats.ttest_1samp(logs, popmean=math.log1p(0.01), alternative="greater").pvalue
+    assert test.p == pytest.approx(expected) and test.pairs == 4
+    assert test.change == pytest.approx(math.expm1(0.13))
+    assert test.low is not None and test.high is not None and test.low < test.change < test.high
+    # Within the floor, or faster: no evidence of a slowdown past it.
+    assert paired.one_sided_t("m", [0.00, 0.01, -0.01, 0.005], 0.01, 0.05).p > 0.5  # type: ignore[operator]
+    assert paired.one_sided_t("m", [0.2], 0.01, 0.05).p is None  # one pair: no spread, no test
+
+
+def test_holm_adjusts_a_family_step_down() -> None:
+    tests = [paired.PairedTest(m, 4, 0.0, None, None, 0.1, p) for m, p in (("a", 0.01), ("b", 0.04), ("c", 0.03))]
+    adjusted = [t.p_adjusted for t in paired.holm(tests)]
+    assert adjusted == pytest.approx([0.03, 0.06, 0.06])  # 3 x 0.01; max(2 x 0.03, 0.03); 0.06
+
+
+def test_the_power_statement_is_where_power_crosses_eighty_percent() -> None:
+    sd = 0.062
+    statement = paired.power_statement(sd, pairs=4, alpha=0.05, floor=0.01, target=0.15)
+    assert statement.detectable is not None
+    assert paired.power_of(statement.detectable, sd, 4, 0.05, 0.01) == pytest.approx(paired.POWER, abs=1e-3)
+    needed = paired.power_statement(sd, pairs=2, alpha=0.05, floor=0.01, target=0.15).pairs_for_target
+    assert needed is not None and paired.power_of(0.15, sd, needed, 0.05, 0.01) >= paired.POWER
+    assert paired.power_of(0.15, sd, needed - 1, 0.05, 0.01) < paired.POWER or needed == 2
+    # A Monte Carlo of the same test agrees with statsmodels' power.
+    rng = np.random.default_rng(1)
+    hits = [
+        paired.one_sided_t("m", rng.normal(math.log1p(0.10), sd, 4), 0.01, 0.05).p < 0.05  # type: ignore[operator]
+        for _ in range(4000)
+    ]
+    assert np.mean(hits) == pytest.approx(paired.power_of(0.10, sd, 4, 0.05, 0.01), abs=0.03)
+    assert "misses gate.detect" in paired.power_statement(0.3, 3, 0.05, 0.01, 0.15).text()
+
+
+def test_a_step_is_found_at_the_night_it_began_and_a_flat_series_has_none() -> None:
+    rng = np.random.default_rng(4)
+    flat = 40 * np.exp(rng.normal(0, 0.03, 24))
+    assert change_points.steps(flat) == []
+    stepped = np.concatenate([flat[:15], 40 * 1.3 * np.exp(rng.normal(0, 0.03, 6))])
+    step = change_points.last_step(stepped)
+    assert step is not None and step.night == 15 and step.change == pytest.approx(0.3, abs=0.06)
+    assert change_points.steps(stepped[:4]) == []  # too few nights to tell a step from a bad night
+
+
+def _job(**gate: object) -> JobConfig:
+    settings = {"enabled": True, "mode": "paired", "reference": ["+engine.env.BUILD=previous"], **gate}
+    return dataclasses.replace(JobConfig(), gate=GateConfig(**settings), load=LoadConfig(request_rate=1.0))
+
+
+def test_the_paired_plan_interleaves_both_builds_abba_on_fresh_servers() -> None:
+    plan = paired_night.paired_plan([_job(pairs=4)])
+    builds = [(g.server_job.build, g.server_job.repeat, g.role) for g in plan.groups]
+    for role in ("baseline", "speculative"):
+        mine = [(b, r) for b, r, ro in builds if ro == role]
+        assert mine == [
+            ("reference", 0),
+            ("candidate", 0),
+            ("candidate", 1),
+            ("reference", 1),
+            ("reference", 2),
+            ("candidate", 2),
+            ("candidate", 3),
+            ("reference", 3),
+        ]
+    assert len(plan.groups) == 16 and len({g.label for g in plan.groups}) == 16  # a fresh server each
+    reference = next(g for g in plan.groups if g.server_job.build == "reference")
+    assert reference.server_job.engine.env == {"BUILD": "previous"} and reference.label.split("-", 1)[1].startswith(
+        "ref-"
+    )
+    # The two builds of a pair send the same prompts: the same seed and repeat.
+    # Each point names its candidate twin, whose prompts it sends (the same seed and repeat).
+    candidates = {p.hash: p for g in plan.groups for p in g.points if p.job.build == "candidate"}
+    for g in plan.groups:
+        for p in g.points:
+            twins = [
+                c for c in candidates.values() if p.job.pair_key == p.job.pair_key and c.job.repeat == p.job.repeat
+            ]
+            twin = next(c for c in twins if paired_night.point_key(c.job) == p.job.pair_key)
+            assert (twin.job.seed, twin.job.repeat, twin.pair_label) == (p.job.seed, p.job.repeat, p.pair_label)
+    assert "pair 2: candidate" in paired_night.order_text(plan)
+
+
+def test_paired_settings_are_refused_where_they_cannot_hold() -> None:
+    for job, message in (
+        (_job(enabled=False), "set gate.enabled=true"),
+        (_job(reference=["load.num_requests=8"]), "would change what the pairs measure"),
+        (_job(reference=["engine.pyton=/x"]), "engine.pyton is not a setting"),
+        (_job(reference=["engine.max_model_len=abc"]), "cannot be applied"),
+        (_job(gated=["p50_tpot"]), "names no secondary metric"),
+        (dataclasses.replace(_job(), search="predict"), "use search=grid"),
+        (dataclasses.replace(JobConfig(), gate=GateConfig(reference=["engine.python=/x"])), "set gate.mode=paired"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            validate(job)
+    validate(_job())
+
+
+def _window(scale: float, seed: int, n: int = 30) -> Sample:
+    rng = np.random.default_rng(seed)
+    tpot = 0.05 * scale * np.exp(rng.normal(0, 0.04, n))
+    values = {"tpot": tpot, "ttft": tpot * 4, "e2el": tpot * 64}
+    return Sample(np.arange(n), values, tuple(np.full(3, v) for v in tpot), np.full(n, 64.0), np.full(n, 20.0), 10.0)
+
+
+def _night(slowdown: float, pairs: int = 4, seed: int = 0) -> list[NightWindow]:
+    """Two points; each pair's servers differ by a server-start effect (sd 5 %) on top."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for label in ("baseline-r1", "ngram-k3-r1"):
+        for j in range(pairs):
+            for build in ("reference", "candidate"):
+                start = math.exp(rng.normal(0, 0.05))
+                scale = start * ((1 + slowdown) if build == "candidate" else 1.0)
+                metrics = {"output_throughput": 100 / scale}
+                if label.startswith("ngram"):
+                    metrics["acceptance_length"] = 2.4
+                role = "baseline" if label.startswith("baseline") else "speculative"
+                out.append(NightWindow(label, label, role, build, j, _window(scale, seed * 1000 + j), metrics))
+    return out
+
+
+def test_the_night_fails_on_a_fifteen_percent_slowdown_and_names_the_points_and_passes_an_aa_night() -> None:
+    def judge(windows: list[NightWindow]) -> paired.PairedResult:
+        return paired.judge_night(windows, 4, "median_tpot_ms", [], 0.05, 0.01, 0.15)
+
+    slowed = judge(_night(0.15))
+    assert slowed.overall == "fail" and slowed.primary.regressed and slowed.pairs == 4 and slowed.points == 2
+    assert set(slowed.slower_points()) <= {"baseline-r1", "ngram-k3-r1"} and slowed.slower_points()
+    assert slowed.primary.change == pytest.approx(0.15, abs=0.05)
+    text = paired.night_markdown(slowed, "nightly", "the previous build", 0.05)
+    assert "regression" in text and "Power: this night's design (4 pairs" in text
+    assert judge(_night(0.0, seed=3)).overall == "pass"
+    # Acceptance length is gated on its own: a drop in L fails the night although latency holds.
+    dropped = [
+        dataclasses.replace(w, metrics={**w.metrics, "acceptance_length": 1.8})
+        if w.build == "candidate" and "acceptance_length" in w.metrics
+        else w
+        for w in _night(0.0, seed=3)
+    ]
+    verdict = judge(dropped)
+    assert verdict.overall == "fail" and [t.metric for t in verdict.gated if t.regressed] == ["acceptance_length"]
+    assert judge(_night(0.0, pairs=1)).overall == "insufficient"
+
+
+def test_a_paired_nights_settings_come_back_from_its_parent_run() -> None:
+    params = {f"gate.{k}": str(v) for k, v in dataclasses.asdict(_job(pairs=6, gated=["p99_tpot_ms"]).gate).items()}
+    config, defaulted = recorded_config(params)
+    assert (config.mode, config.pairs, config.gated, config.reference) == (
+        "paired",
+        6,
+        ["p99_tpot_ms"],
+        ["+engine.env.BUILD=previous"],
+    )
+    assert config.acceptance is True and defaulted == []
+    assert recorded_config({})[0].mode == "history"  # a run from before: the history mode
+
+
+def test_spec_settings_stay_the_candidates_when_only_the_engine_changes() -> None:
+    job = dataclasses.replace(_job(), spec=SpecConfig(method="ngram", k=5))
+    assert paired_night.reference_job(job).spec == job.spec
+
+
+def test_the_dry_run_prints_the_abba_order_naming_each_server_as_reference_or_candidate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = [
+        "dry_run=true",
+        "gate.enabled=true",
+        "gate.mode=paired",
+        "gate.pairs=2",
+        "load.request_rate=1",
+        "gate.reference=['+engine.env.BUILD=previous']",
+    ]
+    assert sweep_in_process(False, tmp_path, args) == 0
+    out = capsys.readouterr().out
+    assert "gate.mode=paired: 8 server starts, interleaved (ABBA) per configuration:" in out
+    order = [m.group(1) for line in out.splitlines() if (m := re.match(r"\s*\d+\. pair \d+: (\w+)", line))]
+    assert order == ["reference", "candidate", "candidate", "reference"] * 2
+    assert "nothing was started" in out
+
+
+def test_the_nights_after_a_sustained_step_leave_the_history_reference() -> None:
+    from pipeline.analysis.regression import GatedRun
+    from pipeline.finish.judge import after_steps
+
+    rng = np.random.default_rng(8)
+    values = [40 * math.exp(rng.normal(0, 0.02)) for _ in range(7)] + [
+        52 * math.exp(rng.normal(0, 0.02)) for _ in range(3)
+    ]
+    runs = [
+        GatedRun(f"r{i}", f"p{i}", "k", "base-r1", {"median_tpot_ms": v}, started_ms=i) for i, v in enumerate(values)
+    ]
+    tonight = GatedRun("now", "tonight", "k", "base-r1", {"median_tpot_ms": 52.0}, started_ms=99)
+    trimmed, said = after_steps([tonight], {"k": list(reversed(runs))})
+    assert [r.run_id for r in trimmed["k"]] == [f"r{i}" for i in reversed(range(7))]  # before the step only
+    assert len(said) == 1 and "began at sweep run p7" in said[0] and "the 3 night(s) since" in said[0]
+    # Tonight's own jump is what the gate judges, not a step: the reference keeps every night.
+    flat, none = after_steps([tonight], {"k": list(reversed(runs[:7]))})
+    assert none == () and len(flat["k"]) == 7
