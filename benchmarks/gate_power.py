@@ -1,6 +1,15 @@
 """The paired gate's power and false alarms, and the change-point search's nights to detect.
 
     python benchmarks/gate_power.py --simulate [--pair-sd 0.062] [--night-sd 0.075]
+    python benchmarks/gate_power.py --real 6 [--pairs 3]      # real nights on this machine, then the simulation
+
+``--real N`` first runs N A/A nights (the reference is the candidate's own build) and N nights whose
+candidate is slowed by about 15 % (``tests.cluster.stutter`` pauses the candidate's own servers for
+13 % of the time, found by a marker in their environment; the reference's are left alone), each a
+real ``python -m pipeline.sweep`` with ``gate.mode=paired`` on one server configuration (the
+baseline, 16 requests of 32 tokens per window). It reports detections and false alarms with
+Clopper-Pearson intervals, each night's wall time, and the pair spread the nights measured, which
+the simulation then uses in place of ``--pair-sd``.
 
 ``--simulate`` runs the simulation alone (well under a minute on 2 cores):
 
@@ -129,6 +138,81 @@ def nights_to_detect(night_sd: float, rng: np.random.Generator, series: int = 30
     )
 
 
+MARK = "SPECSWEEP_BENCH_BUILD"  # in the reference servers' environment only
+
+
+def real_night(project: Path, name: str, pairs: int, slowed: bool) -> tuple[int, float, float | None, str]:
+    """One paired night: (exit code, wall seconds, the pair spread it measured, its summary line)."""
+    import re
+    import subprocess
+    import time
+
+    import psutil
+
+    from tests import cluster
+
+    args = [
+        sys.executable,
+        "-m",
+        "pipeline.sweep",
+        f"hydra.run.dir={project}/{name}",
+        f"sweep_name={name}",
+        "engine.dtype=float32",
+        "engine.cpu_kvcache_gib=1",
+        "spec=none",
+        "load.num_requests=16",
+        "load.request_rate=2",
+        "load.warmup_requests=1",
+        "workload.max_tokens=32",
+        "lossless.prompts=0",
+        "gate.enabled=true",
+        "gate.mode=paired",
+        f"gate.pairs={pairs}",
+        f"gate.reference=['+engine.env.{MARK}=reference']",
+    ]
+    started = time.monotonic()
+    proc = subprocess.Popen(args, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def candidate(server: psutil.Process) -> bool:
+        return MARK not in server.environ()
+
+    if slowed:
+        with cluster.stutter(lambda: [proc.pid], paused=0.13, only=candidate):
+            out, _ = proc.communicate(timeout=3600)
+    else:
+        out, _ = proc.communicate(timeout=3600)
+    wall = time.monotonic() - started
+    spread = re.search(r"pair spread (\d+\.\d)%", out)
+    primary = next((line for line in out.splitlines() if line.startswith("Primary endpoint")), "no summary")
+    return proc.returncode, wall, math.log1p(float(spread.group(1)) / 100) if spread else None, primary
+
+
+def real_nights(count: int, pairs: int) -> float | None:
+    """``count`` A/A and ``count`` slowed nights; returns the pooled pair spread (log)."""
+    import tempfile
+
+    project = Path(tempfile.mkdtemp(prefix="gate-power-"))
+    print(f"\n## Real nights on this machine ({pairs} pairs, one configuration, {project})\n")
+    found = {False: [], True: []}
+    spreads = []
+    for i in range(count):
+        for slowed in (False, True):
+            code, wall, spread, primary = real_night(project, f"{'slow' if slowed else 'aa'}-{i}", pairs, slowed)
+            found[slowed].append(code)
+            if spread is not None and not slowed:
+                spreads.append(spread)
+            print(f"- {'slowed 1.15x' if slowed else 'A/A'} night {i + 1}: exit {code}, {wall / 60:.1f} min; {primary}")
+    false = sum(c == 1 for c in found[False])
+    caught = sum(c == 1 for c in found[True])
+    print(f"\n- A/A nights failed (false alarms): {rate_ci(false, count)}; other exits {sorted(set(found[False]))}")
+    print(f"- slowed nights failed (detections): {rate_ci(caught, count)}; other exits {sorted(set(found[True]))}")
+    if not spreads:
+        return None
+    pooled = math.sqrt(float(np.mean(np.square(spreads))))
+    print(f"- the A/A nights' pair spread: {math.expm1(pooled):.1%} (RMS of {len(spreads)} nights)")
+    return pooled
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--simulate", action="store_true", help="the simulation alone (no server starts)")
@@ -136,12 +220,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--night-sd", type=float, default=0.075, help="the nightly series' log spread")
     parser.add_argument("--nights", type=int, default=20000, help="simulated nights per power cell")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--real", type=int, default=0, help="first run this many A/A and slowed real nights")
+    parser.add_argument("--pairs", type=int, default=3, help="pairs per real night")
     args = parser.parse_args(argv)
-    if not args.simulate:
-        parser.error(
-            "only --simulate is implemented: the real nights are measured with the sweep itself "
-            "(sweeps/nightly_paired.yaml, gate.mode=paired) and reported in the issue's note"
-        )
+    if not args.simulate and not args.real:
+        parser.error("give --simulate (the simulation alone) or --real N (real nights, then the simulation)")
+    if args.real:
+        measured = real_nights(args.real, args.pairs)
+        if measured is not None:
+            args.pair_sd = measured
     rng = np.random.default_rng(args.seed)
     config = GateConfig(mode="paired")
     found = power_table(args.pair_sd, config, args.nights, rng)
