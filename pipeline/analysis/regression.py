@@ -128,9 +128,11 @@ def judge(
     """``history[key]``: the reference runs of each point, newest first (one, if pinned).
     ``spread_from``: the past runs that measure the spread between runs (default: history)."""
     spread_from = history if spread_from is None else spread_from
+    # The nights the spread rests on: its degrees of freedom count them, not the points in them.
+    nights = len({h.parent_id for p in current for h in spread_from.get(p.key, ())})
     spread = {
         m.column: between_runs.pooled_log_spread(
-            [[h.values.get(m.column, math.nan) for h in spread_from.get(p.key, ())] for p in current]
+            [[h.values.get(m.column, math.nan) for h in spread_from.get(p.key, ())] for p in current], nights
         )
         for m in GATED
     }

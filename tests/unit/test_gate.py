@@ -71,6 +71,10 @@ def test_pooled_spread_known_answer() -> None:
     assert spread == pytest.approx(math.sqrt(0.04 / 2))
     spread, df = between_runs.pooled_log_spread([[1.0], []])
     assert df == 0 and math.isnan(spread)
+    # Three points measured on the same five nights: four nights' worth of freedom, not twelve.
+    same_nights = [[math.exp(x) for x in (0.1, -0.1, 0.05, -0.05, 0.0)] for _ in range(3)]
+    assert between_runs.pooled_log_spread(same_nights)[1] == 12
+    assert between_runs.pooled_log_spread(same_nights, nights=5)[1] == 4
 
 
 def test_against_history_is_a_prediction_interval() -> None:
@@ -80,7 +84,7 @@ def test_against_history_is_a_prediction_interval() -> None:
     assert ratio.low < ratio.estimate < ratio.high
     # Half-width ~ t(20) * 0.05 * sqrt(1 + pi / 10) on the log scale.
     half = (math.log(ratio.high) - math.log(ratio.low)) / 2
-    assert half == pytest.approx(2.086 * 0.05 * math.sqrt(1 + math.pi / 10), rel=0.15)
+    assert half == pytest.approx(2.086 * 0.05 * math.sqrt(1 + math.pi / 10), rel=1e-3)  # t's own quantile
     unmeasured = between_runs.against_history("median_tpot_ms", 220.0, [200.0], math.nan, 0, OPTS, False, rng)
     assert not unmeasured.resolved and "not measured" in unmeasured.note
 
