@@ -56,8 +56,9 @@ def _errors(values: list[float], bounds: list[tuple[float, float] | None]) -> li
     return [below, above]
 
 
-def _draw(ax: Axes, chart: Chart, series: Series, colour: str | None) -> str:
-    """One series on its axes; returns the colour it was drawn in, for its group."""
+def _draw(ax: Axes, chart: Chart, series: Series, colour: Any) -> Any:
+    """One series on its axes; returns the colour it was drawn in (a name, or an RGB tuple
+    from the colour cycle), for the other series of its group."""
     xs, ys = _xs(chart, series), [p.y for p in series.points]
     style = dict(STYLE[series.look])
     if colour and "color" not in style:
@@ -77,7 +78,7 @@ def _draw(ax: Axes, chart: Chart, series: Series, colour: str | None) -> str:
             ax.annotate(point.label, (x, point.y), fontsize=7, textcoords="offset points", xytext=(3, 3))
     if series.boundary is not None:
         ax.axvline(series.boundary, color=drawn, linestyle=":", linewidth=1)
-    return str(drawn)
+    return drawn
 
 
 def _chart(chart: Chart) -> bytes:
@@ -88,7 +89,7 @@ def _chart(chart: Chart) -> bytes:
         upper.grid(alpha=0.3)
     else:
         upper, main = None, fig.subplots()
-    colours: dict[str, str] = {}
+    colours: dict[str, Any] = {}
     for series in chart.series:
         ax = upper if series.panel == 1 and upper is not None else main
         drawn = _draw(ax, chart, series, colours.get(series.group) if series.group else None)

@@ -168,8 +168,10 @@ def test_a_regression_stands_only_if_the_confirmation_shows_it_again() -> None:
 
 
 def test_false_alarms_and_power_on_simulated_nights() -> None:
-    """Nights with 2 % noise between them: unchanged ones almost never regress; a 15 %
-    slowdown is caught most of the time (it needs 5 % floor + ~2.3 sd of the prediction)."""
+    """Nights with 2 % noise between them: unchanged ones almost never regress. A 15 % slowdown
+    needs the 5 % floor plus t(4) = 2.78 sd of the prediction: with the spread's degrees of
+    freedom counting the five nights, not the points in them, it is caught in about 45 % of
+    nights (27 of 60 here), the history mode's weakness that gate.mode=paired answers."""
     rng = np.random.default_rng(5)
     false_alarms = detected = 0
     trials = 60
@@ -182,7 +184,7 @@ def test_false_alarms_and_power_on_simulated_nights() -> None:
         slow = night(9, "spec", spec.values["median_tpot_ms"] * 1.15, spec.values["output_throughput"] / 1.15, 40)
         detected += judge([now["base"][0], slow], past, OPTS, Floors()).points[slow.run_id] == REGRESSED
     assert false_alarms <= 2
-    assert detected >= 0.7 * trials
+    assert 0.3 * trials <= detected <= 0.6 * trials
 
 
 def test_fingerprint_keys_on_point_hardware_and_weights_not_engine_version() -> None:

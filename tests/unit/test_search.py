@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.analysis import figures, iplots, search_report
+from pipeline.analysis import figures, iplots, plots, search_report
 from pipeline.analysis.samples import Sample, ServerSpread, StatsOptions
 from pipeline.config import CapacityConfig, ConfigError, JobConfig, LoadConfig, SloConfig, SpecConfig
 from pipeline.identity import point_hash
@@ -150,6 +150,7 @@ def test_confirmations_become_anchors_and_the_table_sets_prediction_against_meas
     )
     spec = figures.k_curve(table, frame)
     assert spec is not None
+    assert plots.png(spec).startswith(b"\x89PNG")  # measured and predicted share a colour per curve
     figure = iplots.plotly(spec, {}, lambda run: f"http://ui/#/runs/{run}")
     seen = [c for trace in figure.data if trace.name.endswith("measured") for c in trace.customdata]
     guessed = [c for trace in figure.data if trace.name.endswith("predicted") for c in trace.customdata]

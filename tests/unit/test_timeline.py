@@ -78,6 +78,13 @@ def test_each_stretch_gets_its_own_paired_speedup_and_load() -> None:
     assert "## Over the trace" in text and "59-88 s: 0.41 req/s offered, 0.8 in flight" in text
     assert "the k schedule gives k=3 at this batch" in text
     assert "speculation paid in 3 of the 4 stretches decided; at the busiest" in text
+    # The figure: the load above, each stretch's speedup below, drawn by both renderers.
+    from pipeline.analysis import figures, iplots, plots
+
+    chart = figures.trace_timeline(table)
+    assert chart is not None and chart.upper_label and plots.png(chart).startswith(b"\x89PNG")
+    drawn = iplots.plotly(chart, {}, lambda run: run)
+    assert [t.name for t in drawn.data] == [s.name for s in chart.series]
 
 
 def test_no_trace_or_too_few_requests_gets_no_section() -> None:
