@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-PENALTY = 3.0  # x sigma^2 x log(n); calibrated in benchmarks/gate_power.py
+PENALTY = 4.0  # x sigma^2 x log(n); calibrated in benchmarks/gate_power.py
 MIN_NIGHTS = 6  # fewer and a step cannot be told from a bad night
 MIN_SEGMENT = 2  # a step is sustained: at least two nights on its far side
 
