@@ -138,16 +138,11 @@ def nights_to_detect(night_sd: float, rng: np.random.Generator, series: int = 30
     )
 
 
-MARK = "SPECSWEEP_BENCH_BUILD"  # in the reference servers' environment only
-
-
 def real_night(project: Path, name: str, pairs: int, slowed: bool) -> tuple[int, float, float | None, str]:
     """One paired night: (exit code, wall seconds, the pair spread it measured, its summary line)."""
     import re
     import subprocess
     import time
-
-    import psutil
 
     from tests import cluster
 
@@ -157,27 +152,13 @@ def real_night(project: Path, name: str, pairs: int, slowed: bool) -> tuple[int,
         "pipeline.sweep",
         f"hydra.run.dir={project}/{name}",
         f"sweep_name={name}",
-        "engine.dtype=float32",
-        "engine.cpu_kvcache_gib=1",
-        "spec=none",
-        "load.num_requests=16",
-        "load.request_rate=2",
-        "load.warmup_requests=1",
-        "workload.max_tokens=32",
-        "lossless.prompts=0",
-        "gate.enabled=true",
-        "gate.mode=paired",
-        f"gate.pairs={pairs}",
-        f"gate.reference=['+engine.env.{MARK}=reference']",
+        *cluster.paired_night_args(pairs),
     ]
     started = time.monotonic()
     proc = subprocess.Popen(args, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
-    def candidate(server: psutil.Process) -> bool:
-        return MARK not in server.environ()
-
     if slowed:
-        with cluster.stutter(lambda: [proc.pid], paused=0.13, only=candidate):
+        with cluster.stutter(lambda: [proc.pid], paused=0.13, only=cluster.candidate_server):
             out, _ = proc.communicate(timeout=3600)
     else:
         out, _ = proc.communicate(timeout=3600)

@@ -412,3 +412,31 @@ def stutter(
         done.set()
         thread.join()
         signal_all(engine_pids(roots(), ready, only), signal.SIGCONT)
+
+
+# A paired gate's night on the smallest grid that exercises it (tests/integration/test_paired_gate.py,
+# benchmarks/gate_power.py --real): the baseline only, small windows, the reference build marked by
+# a variable in its servers' environment, so a slowdown can be put on the candidate's servers alone.
+PAIRED_MARK = "SPECSWEEP_TEST_BUILD"
+
+
+def paired_night_args(pairs: int) -> list[str]:
+    return [
+        "engine.dtype=float32",
+        "engine.cpu_kvcache_gib=1",
+        "spec=none",
+        "load.num_requests=16",
+        "load.request_rate=2",
+        "load.warmup_requests=1",
+        "workload.max_tokens=32",
+        "lossless.prompts=0",
+        "gate.enabled=true",
+        "gate.mode=paired",
+        f"gate.pairs={pairs}",
+        f"gate.reference=['+engine.env.{PAIRED_MARK}=reference']",
+    ]
+
+
+def candidate_server(server: psutil.Process) -> bool:
+    """A paired night's candidate server: one without the reference's mark."""
+    return PAIRED_MARK not in server.environ()

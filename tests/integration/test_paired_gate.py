@@ -9,28 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psutil
 import pytest
 
-from tests.cluster import stutter
-from tests.integration.conftest import TEST_SERVER, read_until
+from tests.cluster import candidate_server, paired_night_args, stutter
+from tests.integration.conftest import read_until
 
 pytestmark = pytest.mark.integration
 
-MARK = "SPECSWEEP_TEST_BUILD"  # in the reference servers' environment only
-NIGHT = [
-    *TEST_SERVER,
-    "spec=none",
-    "load.num_requests=16",
-    "load.request_rate=2",
-    "load.warmup_requests=1",
-    "workload.max_tokens=32",
-    "lossless.prompts=0",
-    "gate.enabled=true",
-    "gate.mode=paired",
-    "gate.pairs=3",
-    f"gate.reference=['+engine.env.{MARK}=reference']",
-]
+NIGHT = paired_night_args(pairs=3)
 
 
 def _night(project: Path, name: str, slow_candidate: bool) -> tuple[int, str]:
@@ -43,12 +29,9 @@ def _night(project: Path, name: str, slow_candidate: bool) -> tuple[int, str]:
     )
     seen: list[str] = []
 
-    def candidate(server: psutil.Process) -> bool:
-        return MARK not in server.environ()
-
     try:
         if slow_candidate:
-            with stutter(lambda: [proc.pid], paused=0.13, only=candidate):
+            with stutter(lambda: [proc.pid], paused=0.13, only=candidate_server):
                 read_until(proc, None, seen, timeout_s=1500)
         else:
             read_until(proc, None, seen, timeout_s=1500)
