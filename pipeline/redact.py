@@ -16,12 +16,18 @@ def is_secret_name(name: str) -> bool:
     return bool(_SECRET_NAME.search(name.rsplit(".", 1)[-1]))
 
 
+def flag_name(arg: str) -> str:
+    """A flag as vLLM's parser reads it: ``--api_key=x`` is ``--api-key``."""
+    name = arg.split("=", 1)[0]
+    return "--" + name[2:].replace("_", "-") if name.startswith("--") else name
+
+
 def redact_args(args: Iterable[str]) -> list[str]:
     out = list(args)
     for i, part in enumerate(out):
-        if part in SECRET_FLAGS and i + 1 < len(out):
+        if "=" not in part and flag_name(part) in SECRET_FLAGS and i + 1 < len(out):
             out[i + 1] = MASK
-        elif part.startswith(tuple(f + "=" for f in SECRET_FLAGS)):
+        elif "=" in part and flag_name(part) in SECRET_FLAGS:
             out[i] = part.split("=", 1)[0] + "=" + MASK
     return out
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from pipeline.config import VALID, ConfigError, EngineConfig, JobConfig, Valid, stats_problem
 from pipeline.engines.registry import ENGINES
+from pipeline.redact import SECRET_FLAGS, flag_name, is_secret_name
 
 
 def _choice(key: str, value: str, choices: tuple[str, ...]) -> None:
@@ -141,7 +142,6 @@ def is_loopback(host: str) -> bool:
 
 def _validate_exposure(engine: EngineConfig) -> None:
     """Nothing reachable from other hosts, and no secret in a config, unless asked for."""
-    from pipeline.redact import SECRET_FLAGS, is_secret_name
 
     if not is_loopback(engine.host) and not engine.allow_remote:
         raise ConfigError(
@@ -155,7 +155,7 @@ def _validate_exposure(engine: EngineConfig) -> None:
                 f"engine.env.{name} puts a secret into the config, which outputs and logs would keep; export "
                 f"{name} in the environment and pass engine.env_from=[{name}] instead"
             )
-    flags = [a for a in engine.extra_args if a.split("=", 1)[0] in SECRET_FLAGS]
+    flags = [a for a in engine.extra_args if flag_name(a) in SECRET_FLAGS]
     if flags:
         raise ConfigError(
             f"engine.extra_args holds {flags[0].split('=', 1)[0]} with its value, which outputs and logs would "
@@ -284,7 +284,9 @@ def _validate_paired_gate(job: JobConfig) -> None:
             "search=grid, leave aa and repeats.count at their defaults, and an engine specsweep starts"
         )
     stray = [
-        o for o in gate.reference if not o.lstrip("+").startswith(REFERENCE_KEYS) or o.startswith(NOT_IN_REFERENCE)
+        o
+        for o in gate.reference
+        if not o.lstrip("+").startswith(REFERENCE_KEYS) or o.lstrip("+").startswith(NOT_IN_REFERENCE)
     ]
     if stray:
         raise ConfigError(
@@ -297,6 +299,14 @@ def _validate_paired_gate(job: JobConfig) -> None:
     # build that would be refused as a sweep of its own.
     reference = apply_overrides(job, gate.reference)
     validate(dataclasses.replace(reference, gate=dataclasses.replace(reference.gate, mode="history", reference=[])))
+    # The overrides are logged as the sweep's gate.reference param: no secret may be among them.
+    for override in gate.reference:
+        key, _, value = override.lstrip("+").partition("=")
+        if value and (is_secret_name(key) or any(flag_name(a) in SECRET_FLAGS for a in value.strip("[]").split(","))):
+            raise ConfigError(
+                f"gate.reference sets {key} to a secret, which the sweep's params would keep; export it in the "
+                f"environment and pass it by name (engine.env_from) in the reference instead"
+            )
 
 
 def _validate_search(job: JobConfig) -> None:

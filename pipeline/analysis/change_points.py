@@ -49,7 +49,9 @@ def steps(series: Sequence[float], penalty: float = PENALTY) -> list[Step]:
     """Every sustained step in a nightly series (oldest first), each with the night it began."""
     import ruptures
 
-    values = np.asarray([v for v in series if math.isfinite(v) and v > 0], dtype=float)
+    # Nights without a value are skipped; a step's night is still its index in ``series``.
+    kept = [i for i, v in enumerate(series) if math.isfinite(v) and v > 0]
+    values = np.asarray([series[i] for i in kept], dtype=float)
     if len(values) < MIN_NIGHTS:
         return []
     logs = np.log(values)
@@ -64,7 +66,7 @@ def steps(series: Sequence[float], penalty: float = PENALTY) -> list[Step]:
     bounds = [0, *ends]
     found = []
     for start, cut, end in zip(bounds, bounds[1:], bounds[2:], strict=False):
-        found.append(Step(cut, float(np.median(values[start:cut])), float(np.median(values[cut:end]))))
+        found.append(Step(kept[cut], float(np.median(values[start:cut])), float(np.median(values[cut:end]))))
     return found
 
 

@@ -72,6 +72,11 @@ def pair_log_ratio(
         return math.nan
     ref_values = reference.with_index(common).values[name]
     cand_values = candidate.with_index(common).values[name]
+    # A one-token answer has no TPOT (NaN): the prompts where both sides have the statistic.
+    both = np.isfinite(ref_values) & np.isfinite(cand_values)
+    if both.sum() < 5:
+        return math.nan
+    ref_values, cand_values = ref_values[both], cand_values[both]
     q = 50.0 if statistic == "median" else 99.0
     ref_q, cand_q = float(np.percentile(ref_values, q)), float(np.percentile(cand_values, q))
     if not (ref_q > 0 and cand_q > 0):
@@ -287,7 +292,9 @@ def _ratios(windows: Sequence[NightWindow], metric: str, pairs: int) -> dict[str
                 pair_log_ratio(metric, ref.sample, cand.sample, ref.metrics.get(metric), cand.metrics.get(metric))
             )
         if any(math.isfinite(v) for v in values):
-            out[names[key]] = values
+            # Keyed by the point itself: two points may share a label (they differ in workload,
+            # temperature, ...); the label is made unique only for display.
+            out[names[key] if names[key] not in out else f"{names[key]} ({key[:8]})"] = values
     return out
 
 
@@ -314,7 +321,10 @@ def judge_night(
     per_point = [(label, one_sided_t(primary, values, floor, alpha)) for label, values in by_metric[primary].items()]
     adjusted = holm([t for _, t in per_point])
     head = decided[0]
-    power = power_statement(head.sd_log, head.pairs, alpha, floor, detect) if head.sd_log and head.pairs >= 2 else None
+    # The primary clears Holm's first step at alpha / (the gated family's size) where nothing else
+    # in the family regressed: the power statement is made at that level, not at alpha.
+    level = alpha / len(family)
+    power = power_statement(head.sd_log, head.pairs, level, floor, detect) if head.sd_log and head.pairs >= 2 else None
     return PairedResult(
         head,
         tuple(decided),

@@ -142,12 +142,34 @@ def reference_for(
         by_key = {p.key: [p] for p in runs if p.key in keys}
         return Reference(by_key, past, f"pinned sweep run {pinned}", pinned)
     text = f"the per-point median of the last {history} runs with the same fingerprint ({len(used)} found)"
-    trimmed, steps = after_steps(current, past)
+    trimmed, steps = after_steps(current, past, nightly_series(reader, parent_id, keys, aliases))
     return Reference(trimmed, past, text, "median:" + ",".join(used), steps)
 
 
+CHANGE_NIGHTS = 30  # the past nights a step is searched in (the length its penalty was calibrated on)
+
+
+def nightly_series(
+    reader: HistoryReader, parent_id: str, keys: set[str], aliases: Mapping[str, str]
+) -> dict[str, list[GatedRun]]:
+    """Each point's values over up to CHANGE_NIGHTS past runs, newest first: longer than the
+    reference's window, so that a step can be found at all, and with no requests downloaded."""
+    found: dict[str, list[GatedRun]] = {k: [] for k in keys}
+    for run_id in reader.past_sweeps(parent_id)[:CHANGE_NIGHTS]:
+        started = reader.started_ms(run_id)
+        for c in measured_points(reader.children(run_id)):
+            key = fingerprint(c.tags, aliases)
+            if key in found:
+                values = {m.column: c.metrics.get(m.column, math.nan) for m in GATED}
+                found[key].append(GatedRun(c.run_id, run_id, key, c.name, values, None, started))
+    return found
+
+
 def after_steps(
-    current: Sequence[GatedRun], past: Mapping[str, list[GatedRun]], metric: str = "median_tpot_ms"
+    current: Sequence[GatedRun],
+    past: Mapping[str, list[GatedRun]],
+    series: Mapping[str, list[GatedRun]] | None = None,
+    metric: str = "median_tpot_ms",
 ) -> tuple[dict[str, list[GatedRun]], tuple[str, ...]]:
     """Each point's reference without the nights after a sustained step in its past series (at
     least two past nights on its far side: tonight alone is what the gate judges, not a step), so
@@ -157,16 +179,20 @@ def after_steps(
 
     trimmed, said = {}, []
     for point in current:
-        runs = past.get(point.key, [])  # newest first
-        oldest_first = list(reversed(runs))
+        runs = past.get(point.key, [])  # the reference's runs, newest first
+        oldest_first = list(reversed((series if series is not None else past).get(point.key, runs)))
         step = last_step([r.values.get(metric, math.nan) for r in oldest_first])
         kept = runs
         if step is not None and 0 < step.night < len(oldest_first):
             began = oldest_first[step.night]
             kept = [r for r in runs if r.started_ms < began.started_ms]
+            dropped = len(runs) - len(kept)
+            if not kept:  # the whole window is past the step: the nights before it, from the series
+                before = [r for r in reversed(oldest_first) if r.started_ms < began.started_ms]
+                kept = before[: max(len(runs), 1)]
             said.append(
                 f"{point.label}: a sustained step of {step.change:+.1%} in {metric} began at sweep run "
-                f"{began.parent_id}; the {len(runs) - len(kept)} night(s) since are left out of its reference"
+                f"{began.parent_id}; the {dropped} night(s) since are left out of its reference"
             )
         trimmed[point.key] = kept or runs
     return trimmed, tuple(said)

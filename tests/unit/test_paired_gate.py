@@ -223,3 +223,26 @@ def test_the_nights_after_a_sustained_step_leave_the_history_reference() -> None
     # Tonight's own jump is what the gate judges, not a step: the reference keeps every night.
     flat, none = after_steps([tonight], {"k": list(reversed(runs[:7]))})
     assert none == () and len(flat["k"]) == 7
+
+
+def test_review_fixes_secrets_plus_keys_missing_nights_and_a_window_past_the_step() -> None:
+    from pipeline.analysis.regression import GatedRun
+    from pipeline.finish.judge import after_steps
+    from pipeline.redact import redact_args
+
+    # A secret in a reference, or a key it may not change behind a "+", is refused.
+    for reference, message in ((["+engine.env.HF_TOKEN=hf_x"], "secret"), (["+engine.name=external"], "would change")):
+        with pytest.raises(ConfigError, match=message):
+            validate(_job(reference=reference))
+    assert redact_args(["--api_key=sk-1", "--hf_token", "hf-2"]) == ["--api_key=***", "--hf_token", "***"]
+    # A night without a value does not shift where a step is said to begin.
+    rng = np.random.default_rng(2)
+    values = [40 * math.exp(rng.normal(0, 0.02)) for _ in range(8)] + [52.0, 52.5, 51.8, 52.2]
+    values[3] = math.nan
+    step = change_points.last_step(values)
+    assert step is not None and step.night == 8
+    # The whole reference window past the step: the nights before it come from the longer series.
+    runs = [GatedRun(f"r{i}", f"p{i}", "k", "b", {"median_tpot_ms": v}, started_ms=i) for i, v in enumerate(values)]
+    window = list(reversed(runs[-3:]))  # the last three nights, all after the step
+    trimmed, said = after_steps([runs[-1]], {"k": window}, {"k": list(reversed(runs))})
+    assert said and all(r.started_ms < 8 for r in trimmed["k"]) and len(trimmed["k"]) == 3
