@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy import stats as scipy_stats
@@ -161,8 +161,6 @@ def one_sided_t(metric: str, log_ratios: Sequence[float], floor: float, alpha: f
 
 def holm(tests: Sequence[PairedTest]) -> list[PairedTest]:
     """Holm's step-down adjustment over a family (statsmodels), each test's p adjusted."""
-    from dataclasses import replace
-
     from statsmodels.stats.multitest import multipletests
 
     scored = [i for i, t in enumerate(tests) if t.p is not None]
@@ -316,7 +314,7 @@ def judge_night(
     if acceptance and tests[ACCEPTANCE].p is not None:
         family.append(tests[ACCEPTANCE])
     family += [tests[m] for m in gated if m != primary]
-    decided = [_gated(t) for t in holm(family)]
+    decided = [replace(t, gated=True) for t in holm(family)]
     secondary = tuple(holm([tests[m] for m in SECONDARY if m != primary]))
     per_point = [(label, one_sided_t(primary, values, floor, alpha)) for label, values in by_metric[primary].items()]
     adjusted = holm([t for _, t in per_point])
@@ -334,12 +332,6 @@ def judge_night(
         head.pairs,
         len(by_metric[primary]),
     )
-
-
-def _gated(test: PairedTest) -> PairedTest:
-    from dataclasses import replace
-
-    return replace(test, gated=True)
 
 
 def night_markdown(result: PairedResult, title: str, reference: str, label_floor: float) -> str:
