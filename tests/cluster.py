@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -347,13 +348,44 @@ def job_details(cluster: Cluster, submission_id: str) -> dict:
 API_SERVER = "vllm.entrypoints.openai.api_server"
 
 
+class Ready(set[int]):
+    """The API servers that have answered /health. Each check runs in a thread of its own, with
+    a generous timeout: on a loaded 2-core machine a serving API server can take seconds to
+    answer, and the inline 0.5 s check used before missed servers that were already busy, so a
+    "slowed" candidate was sometimes never paused. A check that blocked the caller's loop
+    instead would stop it pausing the servers that are ready."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._asking: set[int] = set()
+        self._lock = threading.Lock()
+
+    def ask(self, pid: int, port: str) -> None:
+        with self._lock:
+            if pid in self or pid in self._asking:
+                return
+            self._asking.add(pid)
+        threading.Thread(target=self._check, args=(pid, port), daemon=True).start()
+
+    def _check(self, pid: int, port: str) -> None:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code == 200:
+                with self._lock:
+                    self.add(pid)
+        except httpx.HTTPError:
+            pass
+        finally:
+            with self._lock:
+                self._asking.discard(pid)
+
+
 def engine_pids(
-    roots: Iterable[procs.Root], ready: set[int], only: Callable[[psutil.Process], bool] = lambda p: True
+    roots: Iterable[procs.Root], ready: Ready, only: Callable[[psutil.Process], bool] = lambda p: True
 ) -> list[int]:
     """Every process of every vLLM server below ``roots`` (a cluster's processes, or a
-    sweep's) that has answered /health (``ready`` remembers them): the API server and all it
-    spawned (the engine core and the model worker, which on the CPU runs the steps). Servers
-    still starting are left alone, and so is every server that is not below ``roots``."""
+    sweep's) that has answered /health (``ready`` asks, and remembers them): the API server and
+    all it spawned (the engine core and the model worker, which on the CPU runs the steps).
+    Servers still starting are left alone, and so is every server that is not below ``roots``."""
     pids = set()
     for proc in procs.matching(roots, API_SERVER):
         try:
@@ -361,12 +393,10 @@ def engine_pids(
                 continue
             if proc.pid not in ready:
                 args = proc.cmdline()
-                port = args[args.index("--port") + 1]
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code != 200:
-                    continue
-                ready.add(proc.pid)
+                ready.ask(proc.pid, args[args.index("--port") + 1])
+                continue
             pids |= {proc.pid, *(c.pid for c in proc.children(recursive=True))}
-        except (psutil.Error, ValueError, IndexError, httpx.HTTPError):
+        except (psutil.Error, ValueError, IndexError):
             continue
     return sorted(pids)
 
@@ -384,10 +414,8 @@ def stutter(
     config value shows, so the point's fingerprint stays the same (``only``: the servers to slow,
     of those, e.g. one build's). Busy processes beside the
     server were tried first: on this machine they slowed it by 0-18 %, unpredictably."""
-    import threading
-
     done = threading.Event()
-    ready: set[int] = set()
+    ready = Ready()
 
     def signal_all(pids: list[int], sig: int) -> None:
         for pid in pids:

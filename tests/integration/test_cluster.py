@@ -173,7 +173,7 @@ def _small(num_requests: int) -> list[str]:
 
 
 def _serving(
-    ray_cluster: cluster.Cluster, ready: set[int], node_port: int | None, timeout_s: float = 300
+    ray_cluster: cluster.Cluster, ready: cluster.Ready, node_port: int | None, timeout_s: float = 300
 ) -> tuple[int, psutil.Process]:
     """A server of the cluster that answers /health (on the node whose raylet has
     ``node_port``, if given): its API server's pid and its node's raylet."""
@@ -218,7 +218,7 @@ def test_sigkill_of_a_job_submitted_through_ray_jobs_stops_its_server(
     ray_cluster, _ = setup
     before = vllm_server_pids()
     name = _start(setup, "kill9job", "spec=none", *_small(num_requests=60))
-    _serving(ray_cluster, set(), None)
+    _serving(ray_cluster, cluster.Ready(), None)
     drivers = [p for p in procs.descendants(*ray_cluster.processes()) if _is_driver(p, "kill9job")]
     assert drivers, "the job's driver process was not found"
     serving = vllm_server_pids() - before
@@ -239,7 +239,7 @@ def test_a_node_lost_mid_window_has_its_group_run_again_on_another_and_loses_no_
     ray_cluster, server = setup
     before = vllm_server_pids()
     name = _start(setup, "nodelost", "spec.k=3", *SPREAD, *_small(num_requests=16))
-    pid, raylet = _serving(ray_cluster, set(), ray_cluster.worker_node_port)
+    pid, raylet = _serving(ray_cluster, cluster.Ready(), ray_cluster.worker_node_port)
     lost = {pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))}
     raylet.kill()  # the node's Ray is gone at once, as when its machine fails
     details = cluster.wait_job(ray_cluster, name, 900)

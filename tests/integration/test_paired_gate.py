@@ -1,7 +1,13 @@
-"""gate.mode=paired on the real engine: an A/A night passes, and a candidate slowed by about
-1.15x (its own servers paused for 13 % of the time, the reference's left alone) fails with exit
-1 and names the point. The smallest grid that exercises the path: one server configuration (the
-baseline), three pairs of fresh servers per night."""
+"""gate.mode=paired on the real engine: an A/A night passes, and a candidate slowed about 2x
+(its own servers paused for half the time, the reference's left alone) fails with exit 1 and
+names the point. The smallest grid that exercises the path: one server configuration (the
+baseline), three pairs of fresh servers per night.
+
+Why 2x and not the 1.15x the gate is built for: three pairs detect 1.15x about half the time
+(a 2-core CI machine's pair spread is 6-10 %), so a test asserting it would fail half its runs.
+How often nights catch 1.15x is what ``benchmarks/gate_power.py --real`` measures. The test's
+floor is 5 % (the default is 1 %) so that its A/A night's false-alarm chance is about 1 %, not
+the gate's 2-4 %: a test that fails at random is not one a contributor can trust."""
 
 from __future__ import annotations
 
@@ -16,7 +22,7 @@ from tests.integration.conftest import read_until
 
 pytestmark = pytest.mark.integration
 
-NIGHT = paired_night_args(pairs=3)
+NIGHT = [*paired_night_args(pairs=3), "gate.decision_floor=0.05"]
 
 
 def _night(project: Path, name: str, slow_candidate: bool) -> tuple[int, str]:
@@ -31,7 +37,7 @@ def _night(project: Path, name: str, slow_candidate: bool) -> tuple[int, str]:
 
     try:
         if slow_candidate:
-            with stutter(lambda: [proc.pid], paused=0.13, only=candidate_server):
+            with stutter(lambda: [proc.pid], paused=0.5, only=candidate_server):
                 read_until(proc, None, seen, timeout_s=1500)
         else:
             read_until(proc, None, seen, timeout_s=1500)
