@@ -21,6 +21,8 @@ the simulation then uses in place of ``--pair-sd``.
   over 20,000 for a precise rate.
 - **Change points**: the nights-to-detect distribution of a 15 % step in a nightly series with
   the given night-to-night spread (history mode), and the spurious-step rate of flat series.
+- **Shrinkage** (history mode): how often each point's prediction interval covers its next night
+  with the pooled spread and with the per-point spread shrunk toward it, at known spreads.
 
 The pair spread defaults to 6.2 % (log 0.062): the A/A spread of the median TPOT between fresh
 servers that ``benchmarks/aa_calibration.py`` measured on these machines, which is what a pair of
@@ -194,6 +196,36 @@ def real_nights(count: int, pairs: int) -> float | None:
     return pooled
 
 
+def shrinkage_coverage(rng: np.random.Generator, draws: int = 3000, nights: int = 8) -> None:
+    """History mode: each point's spread shrunk toward the pooled one (empirical Bayes) against
+    the pooled spread alone, by how often each point's 95 % prediction interval covers its next
+    night, with a known truth: 8 points whose night spreads differ (2-15 %), then equal (6 %)."""
+    from pipeline.analysis import between_runs
+
+    def coverage(sds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        pooled_hits, shrunk_hits = np.zeros(len(sds)), np.zeros(len(sds))
+        widen = math.sqrt(1 + math.pi / (2 * nights))  # the median of n nights as the reference
+        for _ in range(draws):
+            past = [list(np.exp(rng.normal(0, sd, nights))) for sd in sds]
+            new = rng.normal(0, sds)
+            pooled, df = between_runs.pooled_log_spread(past, nights)
+            for i, (shrunk, shrunk_df) in enumerate(between_runs.moderated_log_spreads(past, nights)):
+                centre = abs(new[i] - float(np.median(np.log(past[i]))))
+                pooled_hits[i] += centre < scipy_stats.t(df).ppf(0.975) * pooled * widen
+                shrunk_hits[i] += centre < scipy_stats.t(shrunk_df).ppf(0.975) * shrunk * widen
+        return pooled_hits / draws, shrunk_hits / draws
+
+    print(f"\n## History mode: per-point spreads shrunk toward the pooled one ({draws} draws, {nights} nights)\n")
+    print("| point's night spread | pooled: 95 % interval covers | shrunk (empirical Bayes) |")
+    print("|---|---|---|")
+    sds = np.array([0.02, 0.03, 0.04, 0.06, 0.08, 0.10, 0.12, 0.15])
+    pooled, shrunk = coverage(sds)
+    for sd, a, b in zip(sds, pooled, shrunk, strict=True):
+        print(f"| {sd:.0%} | {a:.1%} | {b:.1%} |")
+    pooled, shrunk = coverage(np.full(8, 0.06))
+    print(f"| all 6 % | {pooled.mean():.1%} | {shrunk.mean():.1%} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--simulate", action="store_true", help="the simulation alone (no server starts)")
@@ -215,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     found = power_table(args.pair_sd, config, args.nights, rng)
     false = false_alarms(args.pair_sd, config, rng)
     nights_to_detect(args.night_sd, rng)
+    shrinkage_coverage(rng)
     power = found[(config.pairs, 0.15)]
     enough = next((m for m in range(2, 9) if found[(m, 0.15)] >= GOAL_POWER), None)
     met = power >= GOAL_POWER and false <= GOAL_FALSE

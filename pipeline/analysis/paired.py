@@ -7,7 +7,10 @@ night's machine does to both builds (a busy neighbour, a warm page cache) cancel
 - **The unit is the pair.** Each pair gives one log ratio per point and metric, oriented so that
   > 0 is worse for the candidate: log(candidate / reference) for a latency, the inverse for
   throughput and acceptance. A latency's ratio is of medians (or p99s) over the prompts both
-  servers answered: paired by prompt, as the sweep's own verdicts are.
+  servers were sent, paired by prompt as the sweep's own verdicts are, a failed request counting
+  as +inf (censored).
+- **Failed requests** are gated too: the prompts one build failed and the other answered,
+  McNemar's exact test (one-sided), so a candidate cannot pass on the requests it did answer.
 - **The primary endpoint** (``gate.primary``, default the median TPOT) is the geometric mean
   over the night's points of its ratio: per pair, the mean over points of the log ratios. It
   alone decides the exit code, with one-sided t over the m pairs' values (m - 1 degrees of
@@ -33,6 +36,7 @@ import numpy as np
 from scipy import stats as scipy_stats
 
 from pipeline.analysis.samples import Sample
+from pipeline.analysis.stats import censored_percentile, paired_values
 
 # metric -> (how a pair's ratio is taken, higher is better)
 PAIRED_METRICS: dict[str, tuple[str, bool]] = {
@@ -44,6 +48,7 @@ PAIRED_METRICS: dict[str, tuple[str, bool]] = {
 }
 SECONDARY = ("p99_tpot_ms", "median_ttft_ms", "output_throughput")
 ACCEPTANCE = "acceptance_length"
+FAILURES = "failed_requests"  # gated beside the primary: a build that fails requests is worse
 POWER = 0.80  # the power the summary's smallest detectable slowdown is stated at
 MOST_PAIRS = 64  # the largest design the pairs-needed answer searches
 
@@ -67,21 +72,41 @@ def pair_log_ratio(
     if reference is None or candidate is None:
         return math.nan
     statistic, name = how.split()
-    common = np.intersect1d(reference.index, candidate.index)
-    if len(common) < 5:  # as the sweep's verdicts: fewer than five paired requests say nothing
+    # The prompts both servers were asked, a failed request as a latency of +inf (censored): a
+    # candidate that fails requests is slower by them, not judged on what it did answer.
+    ref_values, cand_values = paired_values(reference, candidate, name)
+    if len(ref_values) < 5:  # as the sweep's verdicts: fewer than five paired requests say nothing
         return math.nan
-    ref_values = reference.with_index(common).values[name]
-    cand_values = candidate.with_index(common).values[name]
-    # A one-token answer has no TPOT (NaN): the prompts where both sides have the statistic.
-    both = np.isfinite(ref_values) & np.isfinite(cand_values)
-    if both.sum() < 5:
-        return math.nan
-    ref_values, cand_values = ref_values[both], cand_values[both]
     q = 50.0 if statistic == "median" else 99.0
-    ref_q, cand_q = float(np.percentile(ref_values, q)), float(np.percentile(cand_values, q))
-    if not (ref_q > 0 and cand_q > 0):
+    ref_q, cand_q = censored_percentile(ref_values, q), censored_percentile(cand_values, q)
+    # A quantile that reaches the failures has no ratio: the failed-requests endpoint speaks.
+    if not (math.isfinite(ref_q) and math.isfinite(cand_q) and ref_q > 0 and cand_q > 0):
         return math.nan
     return math.log(cand_q / ref_q)
+
+
+def failures_test(windows: Sequence[NightWindow], pairs: int, alpha: float) -> PairedTest:
+    """Does the candidate fail requests the reference answers? Over every pair and point, the
+    prompts one build failed and the other answered (McNemar's exact test, one-sided: under no
+    change each such prompt is as likely to be either build's failure)."""
+    found = {(w.key, w.build, w.pair): w for w in windows}
+    only_candidate = only_reference = asked = 0
+    for key in {w.key for w in windows}:
+        for j in range(pairs):
+            ref, cand = found.get((key, "reference", j)), found.get((key, "candidate", j))
+            if ref is None or cand is None or ref.sample is None or cand.sample is None:
+                continue
+            ref_e2e, cand_e2e = paired_values(ref.sample, cand.sample, "e2el")  # both-failed left out
+            asked += len(ref_e2e)
+            only_candidate += int((np.isinf(cand_e2e) & ~np.isinf(ref_e2e)).sum())
+            only_reference += int((np.isinf(ref_e2e) & ~np.isinf(cand_e2e)).sum())
+    discordant = only_candidate + only_reference
+    note = f"candidate failed {only_candidate}, reference {only_reference} of {asked} paired prompts"
+    if discordant == 0:
+        return PairedTest(FAILURES, 0, 0.0, None, None, None, None, alpha_used=alpha, note=note)
+    p = float(scipy_stats.binomtest(only_candidate, discordant, 0.5, alternative="greater").pvalue)
+    change = (only_candidate - only_reference) / asked
+    return PairedTest(FAILURES, discordant, change, None, None, None, p, alpha_used=alpha, note=note)
 
 
 def endpoint(per_point: Mapping[str, Sequence[float]]) -> list[float]:
@@ -115,12 +140,15 @@ class PairedTest:
     gated: bool = False
     floor: float = 0.0
     alpha_used: float = 0.05  # the family's false-alarm level
+    note: str = ""  # what the change counts, where it is not a ratio (the failed requests)
 
     @property
     def regressed(self) -> bool:
         return self.p_adjusted is not None and self.p_adjusted < self.alpha_used
 
     def text(self) -> str:
+        if self.note:
+            return self.note
         if self.low is None or self.high is None:
             return f"{self.change * 100:+.1f} % ({self.pairs} pair(s): no interval)"
         return f"{self.change * 100:+.1f} % [{self.low * 100:+.1f}, {self.high * 100:+.1f}]"
@@ -313,6 +341,9 @@ def judge_night(
     family = [tests[primary]]
     if acceptance and tests[ACCEPTANCE].p is not None:
         family.append(tests[ACCEPTANCE])
+    failures = failures_test(windows, pairs, alpha)
+    if failures.p is not None:
+        family.append(failures)
     family += [tests[m] for m in gated if m != primary]
     decided = [replace(t, gated=True) for t in holm(family)]
     secondary = tuple(holm([tests[m] for m in SECONDARY if m != primary]))

@@ -130,12 +130,13 @@ def judge(
     spread_from = history if spread_from is None else spread_from
     # The nights the spread rests on: its degrees of freedom count them, not the points in them.
     nights = len({h.parent_id for p in current for h in spread_from.get(p.key, ())})
-    spread = {
-        m.column: between_runs.pooled_log_spread(
-            [[h.values.get(m.column, math.nan) for h in spread_from.get(p.key, ())] for p in current], nights
-        )
+    groups = {
+        m.column: [[h.values.get(m.column, math.nan) for h in spread_from.get(p.key, ())] for p in current]
         for m in GATED
     }
+    spread = {m: between_runs.pooled_log_spread(g, nights) for m, g in groups.items()}  # what the summary quotes
+    # Each point's own spread, shrunk toward the pooled one (empirical Bayes), is what decides it.
+    per_point = {m: between_runs.moderated_log_spreads(g, nights) for m, g in groups.items()}
     ratios: list[Ratio] = []
     slots: list[tuple[GatedRun, GateMetric, float, float, bool]] = []
     for i, point in enumerate(current):
@@ -148,7 +149,7 @@ def judge(
                 continue
             reference = float(np.median(finite))
             rng = np.random.default_rng([opts.seed, 17, i, j])
-            s, df = spread[metric.column]
+            s, df = per_point[metric.column][i]
             if df >= 1:
                 ratio = between_runs.against_history(
                     metric.column, value, finite, s, df, opts, metric.higher_is_better, rng

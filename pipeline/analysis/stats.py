@@ -216,6 +216,13 @@ def _quantile(values: np.ndarray, percentile: float) -> Callable[[np.ndarray], n
     return statistic
 
 
+def censored_percentile(values: np.ndarray, percentile: float) -> float:
+    """numpy's percentile of ``values``, +inf where it reaches a failure (+inf entries)."""
+    if len(values) == 0:
+        return math.nan
+    return float(_quantile(np.asarray(values, dtype=float), percentile)(np.arange(len(values))))
+
+
 def _pooled_quantile(groups: Sequence[np.ndarray], percentile: float) -> Callable[[np.ndarray], np.ndarray]:
     """A quantile of all gaps of the drawn requests, each request's gaps counted as often as
     it was drawn: a weighted (lower) quantile, vectorised over resamples."""

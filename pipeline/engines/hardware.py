@@ -75,6 +75,11 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+# The tags that name the hardware a point ran on; the platform string (kernel version) is left
+# out so that an OS update does not orphan a history or an A/A spread.
+HARDWARE_KEYS = ("hardware.device", "hardware.cpu", "hardware.cpu_count", "hardware.gpu", "hardware.gpu_count")
+
+
 def hardware_tags(on_gpu: bool) -> dict[str, str]:
     tags = {
         "hardware.device": "gpu" if on_gpu else "cpu",

@@ -33,20 +33,18 @@ from pipeline.analysis.regression import (
 )
 from pipeline.analysis.samples import StatsOptions
 from pipeline.config import GateConfig
+from pipeline.engines.hardware import HARDWARE_KEYS
 from pipeline.exitcode import ExitCode
 from pipeline.record.readers import ChildRun, HistoryReader
 from pipeline.record.tracking import (
     CONFIRMATION_TAG,
     TrackingError,
 )
-from pipeline.record.windows import stored_server_spread, window_requests, window_sample
+from pipeline.record.windows import spread_fingerprint, stored_server_spread, window_requests, window_sample
 
 EXIT_CODES = {"pass": ExitCode.OK, "fail": ExitCode.REGRESSED, "insufficient": ExitCode.INCOMPLETE}
 GATE_DIR = "gate"
 FLIP_TAG = "gate.decision_flip"  # on a speculative run whose verdict changed, e.g. "helps -> inconclusive"
-# Tags that name the hardware a point ran on; the platform string (kernel version) is left
-# out so that an OS update does not orphan a history.
-HARDWARE_KEYS = ("hardware.device", "hardware.cpu", "hardware.cpu_count", "hardware.gpu", "hardware.gpu_count")
 # The gate settings the decision uses, as the driver records them on a sweep's parent run (gate.<name>).
 DECIDING = (("history", int), ("floor_median", float), ("floor_p99", float), ("floor_acceptance_pp", float))
 # The paired design's settings; a run recorded before they existed ran the history mode, their default.
@@ -171,29 +169,39 @@ def after_steps(
     series: Mapping[str, list[GatedRun]] | None = None,
     metric: str = "median_tpot_ms",
 ) -> tuple[dict[str, list[GatedRun]], tuple[str, ...]]:
-    """Each point's reference without the nights after a sustained step in its past series (at
-    least two past nights on its far side: tonight alone is what the gate judges, not a step), so
-    that a persistent slowdown is not absorbed into the median of the last nights; and a line for
-    each step found, with the run it began at."""
+    """Each point's reference across its last sustained step (at least two past nights on its far
+    side: tonight alone is what the gate judges, not a step), and a line for each step found,
+    with the run it began at. A step for the worse leaves the nights after it out, so that a
+    persistent slowdown is not absorbed into the median of the last nights; a step for the
+    better leaves the nights before it out, so that the slower level it left does not hide a
+    later return to it."""
     from pipeline.analysis.change_points import last_step
 
+    higher_is_better = next(m.higher_is_better for m in GATED if m.column == metric)
     trimmed, said = {}, []
     for point in current:
         runs = past.get(point.key, [])  # the reference's runs, newest first
         oldest_first = list(reversed((series if series is not None else past).get(point.key, runs)))
         step = last_step([r.values.get(metric, math.nan) for r in oldest_first])
-        kept = runs
-        if step is not None and 0 < step.night < len(oldest_first):
-            began = oldest_first[step.night]
+        if step is None or not 0 < step.night < len(oldest_first):
+            trimmed[point.key] = runs
+            continue
+        began = oldest_first[step.night]
+        worse = (step.change < 0) if higher_is_better else (step.change > 0)
+        if worse:
             kept = [r for r in runs if r.started_ms < began.started_ms]
-            dropped = len(runs) - len(kept)
+            left_out = f"the {len(runs) - len(kept)} night(s) since"
             if not kept:  # the whole window is past the step: the nights before it, from the series
                 before = [r for r in reversed(oldest_first) if r.started_ms < began.started_ms]
                 kept = before[: max(len(runs), 1)]
-            said.append(
-                f"{point.label}: a sustained step of {step.change:+.1%} in {metric} began at sweep run "
-                f"{began.parent_id}; the {dropped} night(s) since are left out of its reference"
-            )
+        else:
+            kept = [r for r in runs if r.started_ms >= began.started_ms]
+            left_out = f"the {len(runs) - len(kept)} night(s) before it"
+        said.append(
+            f"{point.label}: a sustained step {'for the worse' if worse else 'for the better'} of "
+            f"{step.change:+.1%} in {metric} began at sweep run {began.parent_id}; {left_out} are left out of "
+            f"its reference"
+        )
         trimmed[point.key] = kept or runs
     return trimmed, tuple(said)
 
@@ -252,7 +260,7 @@ def judge_sweep(
         known = hash_aliases(children)
         current = point_runs(reader, parent_id, measured_points(children), work)
         ref = reference_for(reader, parent_id, current, config.history, work, known)
-        aa = stored_server_spread(reader)
+        aa = stored_server_spread(reader, spread_fingerprint(children))
         result = judge(current, ref.runs, opts, floors, aa, spread_from=ref.spread_from)
         remeasured = [c for c in children if CONFIRMATION_TAG in c.tags and c.tags.get("status") == "finished"]
         if remeasured:
@@ -338,7 +346,7 @@ def speculation_verdicts(
         return {}
     frame = pd.read_csv(path)
     samples = {run: Sample.from_requests(t, d) for run, (t, d) in window_requests(reader, frame, folder).items()}
-    spread = stored_server_spread(reader)
+    spread = stored_server_spread(reader, spread_fingerprint(reader.children(parent_id)))
     table = verdicts.compare_points(
         frame, samples, opts if spread is None else replace(opts, server_spread=spread)
     ).table

@@ -82,15 +82,31 @@ class SweepReader:
         for key, value in metrics.items():
             self.client.log_metric(run_id, key, value)
 
-    def newest_with_metric(self, key: str) -> tuple[str, dict[str, float], str] | None:
-        """The newest sweep run of any experiment carrying metric ``key``: (run id, its
-        metrics, its title)."""
+    def experiment_of(self, run_id: str) -> str:
+        return str(self.client.get_run(run_id).info.experiment_id)
+
+    def children(self, parent_id: str) -> list[ChildRun]:
+        """The sweep's finished point runs (gate confirmations included: they carry a tag)."""
+        experiment = self.experiment_of(parent_id)
+        runs = self.client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent_id}'", max_results=5000)
+        return [
+            ChildRun(r.info.run_id, r.info.run_name or r.info.run_id, dict(r.data.tags), dict(r.data.metrics))
+            for r in runs
+            if r.info.status == "FINISHED"
+        ]
+
+    def newest_with_metric(
+        self, key: str, tag: tuple[str, str] | None = None
+    ) -> tuple[str, dict[str, float], str] | None:
+        """The newest sweep run of any experiment carrying metric ``key`` (and ``tag``, a key and
+        its value): (run id, its metrics, its title)."""
         ids = [e.experiment_id for e in self.client.search_experiments()]
         if not ids:
             return None
-        runs = self.client.search_runs(
-            ids, f"tags.role = 'sweep' and metrics.{key} > 0", order_by=["attributes.start_time DESC"], max_results=1
-        )
+        wanted = f"tags.role = 'sweep' and metrics.{key} > 0"
+        if tag is not None:
+            wanted += f" and tags.`{tag[0]}` = '{tag[1]}'"
+        runs = self.client.search_runs(ids, wanted, order_by=["attributes.start_time DESC"], max_results=1)
         if not runs:
             return None
         run = runs[0]
@@ -125,19 +141,6 @@ class ChildRun:
 
 class HistoryReader(SweepReader):
     """What the regression gate reads: a sweep's points, the earlier runs of that sweep, its pin."""
-
-    def experiment_of(self, run_id: str) -> str:
-        return str(self.client.get_run(run_id).info.experiment_id)
-
-    def children(self, parent_id: str) -> list[ChildRun]:
-        """The sweep's finished point runs (gate confirmations included: they carry a tag)."""
-        experiment = self.experiment_of(parent_id)
-        runs = self.client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent_id}'", max_results=5000)
-        return [
-            ChildRun(r.info.run_id, r.info.run_name or r.info.run_id, dict(r.data.tags), dict(r.data.metrics))
-            for r in runs
-            if r.info.status == "FINISHED"
-        ]
 
     def past_sweeps(self, parent_id: str) -> list[str]:
         """Finished runs of the same sweep that started before this one, newest first."""

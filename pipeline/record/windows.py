@@ -6,7 +6,9 @@ compute from them are :mod:`pipeline.analysis`'s.
 
 from __future__ import annotations
 
+import hashlib
 import math
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,29 +17,46 @@ import pandas as pd
 from pipeline.analysis import verdicts
 from pipeline.analysis.samples import Sample, ServerSpread, StatsOptions, server_spread
 from pipeline.config import StatsConfig
-from pipeline.record.readers import SweepReader
+from pipeline.engines.hardware import HARDWARE_KEYS
+from pipeline.record.readers import ChildRun, SweepReader
 
 AA_PREFIX = "aa_sd_"
 AA_COUNT = "aa_comparisons"
+AA_FINGERPRINT = "aa.fingerprint"  # on the A/A sweep's parent: what its spread was measured on
+
+
+def spread_fingerprint(children: Sequence[ChildRun]) -> str:
+    """What a spread between fresh servers depends on, as a short key: the hardware, the model's
+    weights and the windows' size (requests per window). A spread measured on other hardware,
+    with another model or over windows of another size is another setting's noise: it is not
+    used for this sweep's comparisons."""
+    hardware = sorted({",".join(f"{k}={c.tags[k]}" for k in HARDWARE_KEYS if k in c.tags) for c in children})
+    models = sorted({c.tags.get("model.revision", "") for c in children})
+    sizes = sorted({int(c.metrics.get("completed", 0) + c.metrics.get("failed", 0)) for c in children})
+    text = f"{';'.join(hardware)}|{';'.join(models)}|{','.join(map(str, sizes))}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def with_server_spread(reader: SweepReader, parent_id: str, frame: pd.DataFrame, opts: StatsOptions) -> StatsOptions:
     """An A/A sweep records the spread between fresh servers on its parent run; every other
     sweep of the store adds the newest such spread to its one-server comparisons."""
+    key = spread_fingerprint(reader.children(parent_id))
     if verdicts.is_aa(frame):
         spread = server_spread(verdicts.aa_log_ratios(frame), reader.title(parent_id))
         if spread is not None:
             reader.log_metrics(
                 parent_id, {AA_COUNT: float(spread.comparisons), **{AA_PREFIX + m: v for m, v in spread.sd.items()}}
             )
+            reader.set_tags(parent_id, {AA_FINGERPRINT: key})
         return opts
-    spread = stored_server_spread(reader)
+    spread = stored_server_spread(reader, key)
     return opts if spread is None else replace(opts, server_spread=spread)
 
 
-def stored_server_spread(reader: SweepReader) -> ServerSpread | None:
-    """The newest A/A spread between fresh servers recorded anywhere in the store."""
-    found = reader.newest_with_metric(AA_COUNT)
+def stored_server_spread(reader: SweepReader, fingerprint: str | None = None) -> ServerSpread | None:
+    """The newest A/A spread between fresh servers recorded in the store: the newest whose
+    fingerprint (:func:`spread_fingerprint`) is ``fingerprint``, where one is given."""
+    found = reader.newest_with_metric(AA_COUNT, (AA_FINGERPRINT, fingerprint) if fingerprint else None)
     if found is None:
         return None
     _, metrics, title = found

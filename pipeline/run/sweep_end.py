@@ -46,9 +46,8 @@ def sweep_identity(plan: SweepPlan, targets: dict[int, Target]) -> tuple[str, st
     its engine versions, for gate.skip_if_done: each new engine version is measured once."""
     import hashlib
 
-    from pipeline.engines.hardware import hardware_tags
+    from pipeline.engines.hardware import HARDWARE_KEYS, hardware_tags
     from pipeline.engines.models import revision
-    from pipeline.finish.judge import HARDWARE_KEYS
 
     versions = sorted(
         {server_spec(targets[g.index], g.server_job, Path("server.log"), port=0).engine_version for g in plan.groups}

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.run.driver import LaunchError
-from pipeline.run.plumbing.cluster import Need, check_feasible, check_store, probe_address
+from pipeline.run.plumbing.cluster import Need, check_feasible, check_one_machine, check_store, probe_address
 
 
 def test_gpu_request_larger_than_any_node_fails_naming_both() -> None:
@@ -26,6 +26,13 @@ def test_local_store_with_remote_workers_is_refused() -> None:
         check_store("sqlite:////p/mlruns/mlflow.db", alive_nodes=3)
     check_store("sqlite:////p/mlruns/mlflow.db", alive_nodes=1)
     check_store("http://mlflow:5000", alive_nodes=3)
+
+
+def test_a_paired_night_is_refused_on_a_cluster_of_several_nodes() -> None:
+    with pytest.raises(LaunchError, match="gate.mode=paired measures both builds on one machine.*2 nodes"):
+        check_one_machine(["01-baseline-r1"], alive_nodes=2)
+    check_one_machine(["01-baseline-r1"], alive_nodes=1)  # one node: the pairs share its machine
+    check_one_machine([], alive_nodes=3)  # not a paired night
 
 
 def test_dead_address_fails_within_the_deadline() -> None:

@@ -436,3 +436,66 @@ def test_the_gate_summary_flags_a_point_whose_speculation_verdict_changed(
     ]
     assert spec[0].data.tags[FLIP_TAG].startswith("helps -> inconclusive")
     assert client.get_run(latest).data.tags["gate.decision_flips"] == "1"
+
+
+def test_an_aa_spread_is_used_only_where_hardware_model_and_window_size_match(tmp_path: Path) -> None:
+    from pipeline.config import TrackingConfig
+    from pipeline.record import windows
+    from pipeline.record.readers import HistoryReader
+    from pipeline.record.tracking import Tracker, prepare, resolve_store
+
+    store = resolve_store(TrackingConfig(), tmp_path)
+    tracker = Tracker(store, prepare(store, "aa"))
+
+    def sweep(cpu: str, requests: int, aa_sd: float | None) -> str:
+        parent = tracker.start_run(f"sweep {cpu} {requests}", {"role": "sweep", "sweep_name": "s"})
+        child = tracker.start_run(
+            "baseline-r1", {"role": "baseline", "hardware.cpu": cpu, "model.revision": "m"}, parent
+        )
+        tracker.log_metrics(child, {"completed": requests - 1.0, "failed": 1.0})
+        tracker.end_run(child)
+        if aa_sd is not None:  # as an A/A sweep's report records it
+            reader = HistoryReader(store.tracking_uri)
+            tracker.log_metrics(parent, {windows.AA_COUNT: 6.0, windows.AA_PREFIX + "speedup_median_tpot": aa_sd})
+            reader.set_tags(parent, {windows.AA_FINGERPRINT: windows.spread_fingerprint(reader.children(parent))})
+        tracker.end_run(parent)
+        return parent
+
+    sweep("xeon", 16, 0.05)
+    sweep("epyc", 16, 0.09)  # the newest A/A spread, but measured on other hardware
+    reader = HistoryReader(store.tracking_uri)
+    tonight = sweep("xeon", 16, None)
+    found = windows.stored_server_spread(reader, windows.spread_fingerprint(reader.children(tonight)))
+    assert found is not None and found.sd["speedup_median_tpot"] == pytest.approx(0.05)
+    longer = sweep("xeon", 64, None)  # windows of another size: no spread of its own
+    assert windows.stored_server_spread(reader, windows.spread_fingerprint(reader.children(longer))) is None
+    assert windows.stored_server_spread(reader).sd["speedup_median_tpot"] == pytest.approx(0.09)  # type: ignore[union-attr]
+
+
+def test_each_points_spread_is_shrunk_toward_the_pooled_one_and_covers_its_own_noise() -> None:
+    from scipy import stats as scipy_stats
+
+    # Equal spreads: each point's own is pulled most of the way to the pooled one (all the way
+    # where they scatter no more than chance), never past it, and never gets more df than the nights.
+    rng = np.random.default_rng(5)
+    same = [list(40 * np.exp(rng.normal(0, 0.05, 8))) for _ in range(8)]
+    pooled, df = between_runs.pooled_log_spread(same, 8)
+    for values, (s, d) in zip(same, between_runs.moderated_log_spreads(same, 8), strict=True):
+        own = float(np.std(np.log(values), ddof=1))
+        assert min(own, pooled) <= s <= max(own, pooled) and abs(s - pooled) < 0.5 * abs(own - pooled) + 1e-12
+        assert d == df
+    # Spreads that truly differ (2 % to 15 %): the pooled spread is too narrow for the noisiest point, so
+    # its 95 % prediction interval misses the next night far more often than 5 %; shrunk, it covers it.
+    sds = np.array([0.02, 0.03, 0.04, 0.06, 0.08, 0.10, 0.12, 0.15])
+    covered = {"pooled": 0, "shrunk": 0}
+    reps = 800
+    for _ in range(reps):
+        past = [list(40 * np.exp(rng.normal(0, s, 8))) for s in sds]
+        new = math.log(40 * math.exp(rng.normal(0, sds[-1])))
+        centre = abs(new - float(np.median(np.log(past[-1]))))
+        widen = math.sqrt(1 + math.pi / 16)
+        s, d = between_runs.pooled_log_spread(past, 8)
+        covered["pooled"] += centre < scipy_stats.t(d).ppf(0.975) * s * widen
+        s, d = between_runs.moderated_log_spreads(past, 8)[-1]
+        covered["shrunk"] += centre < scipy_stats.t(d).ppf(0.975) * s * widen
+    assert covered["pooled"] / reps < 0.88 and covered["shrunk"] / reps > 0.92, covered

@@ -4,6 +4,7 @@ the night's decision, each on inputs with a known answer."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from pathlib import Path
@@ -17,7 +18,9 @@ from pipeline.analysis.paired import NightWindow
 from pipeline.analysis.samples import Sample
 from pipeline.config import ConfigError, GateConfig, JobConfig, LoadConfig, SpecConfig
 from pipeline.finish.judge import recorded_config
-from pipeline.run.search import paired_night
+from pipeline.run.outcomes import GroupOutcome
+from pipeline.run.search import kinds, paired_night
+from pipeline.run.search.strategy import Context
 from pipeline.validate import validate
 from tests.in_process import sweep_in_process
 
@@ -223,6 +226,31 @@ def test_the_nights_after_a_sustained_step_leave_the_history_reference() -> None
     # Tonight's own jump is what the gate judges, not a step: the reference keeps every night.
     flat, none = after_steps([tonight], {"k": list(reversed(runs[:7]))})
     assert none == () and len(flat["k"]) == 7
+    # A step for the better: the new, faster level is the reference, so that a return to the old
+    # level is seen as the slowdown it is (keeping the slower nights would hide it).
+    faster = [
+        GatedRun(
+            r.run_id,
+            r.parent_id,
+            "k",
+            "base-r1",
+            {"median_tpot_ms": 1600 / r.values["median_tpot_ms"]},
+            started_ms=r.started_ms,
+        )
+        for r in runs
+    ]
+    trimmed, said = after_steps([tonight], {"k": list(reversed(faster))})
+    assert [r.run_id for r in trimmed["k"]] == ["r9", "r8", "r7"]
+    assert "for the better of -2" in said[0] and "the 7 night(s) before it are left out" in said[0]
+    # Throughput is higher-is-better: a step up is for the better.
+    up = [
+        GatedRun(
+            r.run_id, r.parent_id, "k", "b", {"output_throughput": r.values["median_tpot_ms"]}, started_ms=r.started_ms
+        )
+        for r in runs
+    ]
+    trimmed, said = after_steps([tonight], {"k": list(reversed(up))}, metric="output_throughput")
+    assert [r.run_id for r in trimmed["k"]] == ["r9", "r8", "r7"] and "for the better" in said[0]
 
 
 def test_review_fixes_secrets_plus_keys_missing_nights_and_a_window_past_the_step() -> None:
@@ -246,3 +274,47 @@ def test_review_fixes_secrets_plus_keys_missing_nights_and_a_window_past_the_ste
     window = list(reversed(runs[-3:]))  # the last three nights, all after the step
     trimmed, said = after_steps([runs[-1]], {"k": window}, {"k": list(reversed(runs))})
     assert said and all(r.started_ms < 8 for r in trimmed["k"]) and len(trimmed["k"]) == 3
+
+
+def _failing(sample: Sample, prompts: list[int]) -> Sample:
+    """The window with these prompts failed: gone from the answers, listed as failures."""
+    kept = sample.with_index(np.setdiff1d(sample.index, prompts))
+    return dataclasses.replace(kept, failed=len(prompts), failed_index=np.array(prompts))
+
+
+def test_a_candidate_that_fails_requests_is_slower_by_them_and_fails_the_night() -> None:
+    aa = _night(0.0, seed=3)
+    judge = functools.partial(paired.judge_night, pairs=4, primary="median_tpot_ms", gated=[], alpha=0.05)
+    assert judge(aa, floor=0.01, detect=0.15).overall == "pass"
+    # A failure is a latency of +inf: failing the fastest 12 of 30 prompts moves the median up.
+    ref, cand = aa[0].sample, aa[1].sample
+    assert ref is not None and cand is not None
+    fastest = [int(i) for i in cand.index[np.argsort(cand.values["tpot"])[:12]]]
+    answered = paired.pair_log_ratio("median_tpot_ms", ref, cand.with_index(np.setdiff1d(cand.index, fastest)))
+    censored = paired.pair_log_ratio("median_tpot_ms", ref, _failing(cand, fastest))
+    assert censored > answered  # dropping the failures would have judged it on its slow answers only
+    # Half its prompts failed: its median is past what it answered, so no ratio; the failures decide.
+    assert math.isnan(paired.pair_log_ratio("median_tpot_ms", ref, _failing(cand, list(range(16)))))
+    # Every candidate window fails 3 of its 30 prompts; the reference's answer them all.
+    failing = [
+        dataclasses.replace(w, sample=_failing(w.sample, [2, 9, 17])) if w.build == "candidate" else w for w in aa
+    ]
+    verdict = judge(failing, floor=0.01, detect=0.15)
+    failures = next(t for t in verdict.gated if t.metric == paired.FAILURES)
+    assert verdict.overall == "fail" and failures.regressed and failures.pairs == 24  # 3 x 4 pairs x 2 points
+    assert "candidate failed 24, reference 0 of 240 paired prompts" in paired.night_markdown(verdict, "n", "r", 0.05)
+    # The same failures on both builds are concordant: no evidence against either.
+    both = [dataclasses.replace(w, sample=_failing(w.sample, [2, 9, 17])) for w in aa]
+    assert judge(both, floor=0.01, detect=0.15).overall == "pass"
+
+
+def test_a_paired_night_hands_its_servers_out_one_at_a_time_in_abba_order() -> None:
+    plan = paired_night.paired_plan([_job(pairs=2)])
+    search = kinds.PAIRED.start(plan, Context({}))
+    handed, outcomes = [], []
+    while (part := search.next_plan(outcomes)) is not None:
+        assert len(part.groups) == 1  # a launcher given one group cannot run two builds at once
+        handed.append(part.groups[0])
+        outcomes = [GroupOutcome(part.groups[0].index, ())]
+    assert handed == list(plan.groups) and search.finish().plan == plan
+    assert len(search.finish().outcomes) == len(plan.groups)

@@ -11,7 +11,7 @@ from pipeline.run.plan import SweepPlan, plan_sweep
 from pipeline.run.search import paired_night, predict_phases
 from pipeline.run.search.predicting import PredictSearch
 from pipeline.run.search.profiles import Bracketing, LoadProfile, Planned
-from pipeline.run.search.strategy import Capacity, Context, Grid, Search
+from pipeline.run.search.strategy import Capacity, Context, Grid, InOrder, Search
 
 
 class _PredictPlans:
@@ -46,9 +46,10 @@ SEARCHES = {
     ),
     "capacity": SearchKind(Capacity.planned, Capacity.shown, Capacity, Capacity.resumes, Bracketing()),
 }
-# gate.mode=paired: the grid's plan on both builds, pair by pair; every night measures afresh.
+# gate.mode=paired: the grid's plan on both builds, pair by pair, one server after another;
+# every night measures afresh.
 PAIRED = SearchKind(
-    paired_night.paired_plan, lambda plan: plan, Grid, False, Planned(), describe=paired_night.order_text
+    paired_night.paired_plan, lambda plan: plan, InOrder, InOrder.resumes, Planned(), describe=paired_night.order_text
 )
 
 

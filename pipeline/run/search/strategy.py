@@ -85,6 +85,24 @@ class Grid:
         return SearchEnd(self.plan, self.outcomes)
 
 
+class InOrder(Grid):
+    """Every point of the plan, one server group at a time, in the plan's order: a paired
+    night's ABBA interleaving then holds on any executor (a Ray launcher given the whole plan
+    would start its groups at once, both builds side by side)."""
+
+    resumes = False
+
+    def __init__(self, plan: SweepPlan, context: Context) -> None:
+        super().__init__(plan, context)
+        self.left = list(plan.groups)
+
+    def next_plan(self, outcomes: Sequence[GroupOutcome]) -> SweepPlan | None:
+        self.outcomes += outcomes
+        if not self.left:
+            return None
+        return SweepPlan((self.left.pop(0),))
+
+
 class Capacity(Grid):
     """One seed point per server at capacity.start_rate; each server's worker probes the rates
     itself (:class:`pipeline.run.search.profiles.Bracketing`), and the plan as it ran holds what it probed."""
