@@ -109,6 +109,7 @@ class Reference:
     text: str
     tag: str  # gate.reference on the parent: a run id, or "median:<ids>"
     steps: tuple[str, ...] = ()  # sustained steps found in the points' nightly series, said in the summary
+    shown: dict[str, list[GatedRun]] | None = None  # the trend plots' past runs (default: spread_from)
 
 
 def reference_for(
@@ -141,7 +142,9 @@ def reference_for(
         return Reference(by_key, past, f"pinned sweep run {pinned}", pinned)
     text = f"the per-point median of the last {history} runs with the same fingerprint ({len(used)} found)"
     trimmed, steps = after_steps(current, past, nightly_series(reader, parent_id, keys, aliases))
-    return Reference(trimmed, past, text, "median:" + ",".join(used), steps)
+    # The spread too is measured on one side of a step: across it, the step itself would widen
+    # the interval and hide the slowdown the step was found for. The plots show every night.
+    return Reference(trimmed, trimmed, text, "median:" + ",".join(used), steps, shown=past)
 
 
 CHANGE_NIGHTS = 30  # the past nights a step is searched in (the length its penalty was calibrated on)
@@ -191,9 +194,11 @@ def after_steps(
         if worse:
             kept = [r for r in runs if r.started_ms < began.started_ms]
             left_out = f"the {len(runs) - len(kept)} night(s) since"
-            if not kept:  # the whole window is past the step: the nights before it, from the series
-                before = [r for r in reversed(oldest_first) if r.started_ms < began.started_ms]
-                kept = before[: max(len(runs), 1)]
+            # The window keeps its length with the nights before it, from the series (values
+            # only; the reference's own runs, which carry their requests, first).
+            have = {r.parent_id for r in kept}
+            before = [r for r in reversed(oldest_first) if r.started_ms < began.started_ms and r.parent_id not in have]
+            kept = (kept + before)[: max(len(runs), 1)]
         else:
             kept = [r for r in runs if r.started_ms >= began.started_ms]
             left_out = f"the {len(runs) - len(kept)} night(s) before it"
@@ -228,7 +233,7 @@ def record(
     paths = [out_dir / "summary.md"]
     paths[0].write_text(summary)
     for i, point in enumerate(current, start=1):
-        past = list(reversed(ref.spread_from.get(point.key, [])))
+        past = list(reversed((ref.shown if ref.shown is not None else ref.spread_from).get(point.key, [])))
         series = {
             m: [(p.started_ms, p.values[m]) for p in [*past, point] if math.isfinite(p.values.get(m, math.nan))]
             for m in ("median_tpot_ms", "p99_tpot_ms", "output_throughput")

@@ -61,6 +61,17 @@ def test_the_power_statement_is_where_power_crosses_eighty_percent() -> None:
     assert "misses gate.detect" in paired.power_statement(0.3, 3, 0.05, 0.01, 0.15).text()
 
 
+def test_the_power_statement_holds_where_scipys_noncentral_t_gives_nan() -> None:
+    # The default design at the spread measured here: scipy's noncentral t is NaN far in its
+    # tail (a slowdown of 5x at 5 pairs), where the search for the detectable slowdown passes.
+    sd = math.log(1.063)
+    assert paired.power_of(4.0, sd, 5, 0.025, 0.01) == pytest.approx(1.0)
+    statement = paired.power_statement(sd, pairs=5, alpha=0.025, floor=0.01, target=0.15)
+    assert statement.detectable is not None and 0.1 < statement.detectable < 0.2
+    powers = [paired.power_of(x, sd, 5, 0.025, 0.01) for x in np.linspace(0.02, 9.0, 200)]
+    assert all(math.isfinite(p) for p in powers) and powers == sorted(powers)
+
+
 def test_a_step_is_found_at_the_night_it_began_and_a_flat_series_has_none() -> None:
     rng = np.random.default_rng(4)
     flat = 40 * np.exp(rng.normal(0, 0.03, 24))
@@ -301,8 +312,18 @@ def test_a_candidate_that_fails_requests_is_slower_by_them_and_fails_the_night()
     ]
     verdict = judge(failing, floor=0.01, detect=0.15)
     failures = next(t for t in verdict.gated if t.metric == paired.FAILURES)
-    assert verdict.overall == "fail" and failures.regressed and failures.pairs == 24  # 3 x 4 pairs x 2 points
+    assert verdict.overall == "fail" and failures.regressed and failures.pairs == 4  # the unit is the pair
     assert "candidate failed 24, reference 0 of 240 paired prompts" in paired.night_markdown(verdict, "n", "r", 0.05)
+    # One server that crashed (every prompt of one candidate window failed) is one bad pair, not
+    # 30 independent failures: no evidence of a worse build.
+    crashed = [
+        dataclasses.replace(w, sample=_failing(w.sample, list(range(30))))
+        if (w.build, w.pair, w.key) == ("candidate", 1, aa[0].key)
+        else w
+        for w in aa
+    ]
+    crash = next(t for t in judge(crashed, floor=0.01, detect=0.15).gated if t.metric == paired.FAILURES)
+    assert not crash.regressed and crash.p is not None and crash.p > 0.1
     # The same failures on both builds are concordant: no evidence against either.
     both = [dataclasses.replace(w, sample=_failing(w.sample, [2, 9, 17])) for w in aa]
     assert judge(both, floor=0.01, detect=0.15).overall == "pass"
@@ -318,3 +339,50 @@ def test_a_paired_night_hands_its_servers_out_one_at_a_time_in_abba_order() -> N
         outcomes = [GroupOutcome(part.groups[0].index, ())]
     assert handed == list(plan.groups) and search.finish().plan == plan
     assert len(search.finish().outcomes) == len(plan.groups)
+
+
+class _Nights:
+    """A HistoryReader's answers for one point measured on 10 past nights, a 30 % step for the
+    worse at the 8th (no per-request data: the history mode's spread is between nights)."""
+
+    def __init__(self, values: list[float]) -> None:
+        self.values = values  # oldest first
+
+    def past_sweeps(self, parent_id: str) -> list[str]:
+        return [f"p{i}" for i in reversed(range(len(self.values)))]
+
+    def started_ms(self, run_id: str) -> int:
+        return 10**6 if run_id == "tonight" else int(run_id[1:])
+
+    def children(self, run_id: str) -> list:
+        from pipeline.record.readers import ChildRun
+
+        value = self.values[int(run_id[1:])]
+        tags = {"status": "finished", "point_hash": "h", "point_hash.version": "2"}
+        return [ChildRun(f"c{run_id}", "base-r1", tags, {"median_tpot_ms": value, "duration": math.nan})]
+
+    def download(self, run_id: str, name: str, work: Path) -> None:
+        return None
+
+    def pinned(self, experiment_id: str) -> None:
+        return None
+
+    def experiment_of(self, run_id: str) -> str:
+        return "e"
+
+
+def test_the_history_spread_is_measured_on_the_reference_side_of_a_step(tmp_path: Path) -> None:
+    from pipeline.analysis.regression import GatedRun
+    from pipeline.finish.judge import reference_for
+
+    rng = np.random.default_rng(2)
+    values = [40 * math.exp(rng.normal(0, 0.02)) for _ in range(7)] + [
+        52 * math.exp(rng.normal(0, 0.02)) for _ in range(3)
+    ]
+    key = "h||"  # the fingerprint of a run with no hardware tags or revision
+    tonight = GatedRun("now", "tonight", key, "base-r1", {"median_tpot_ms": 52.0}, started_ms=10**6)
+    ref = reference_for(_Nights(values), "tonight", [tonight], history=5, work=tmp_path)  # type: ignore[arg-type]
+    assert ref.steps and [r.parent_id for r in ref.runs[key]] == ["p6", "p5", "p4", "p3", "p2"]
+    # The spread comes from the same nights as the reference: the step is not in it.
+    assert ref.spread_from[key] == ref.runs[key]
+    assert ref.shown is not None and len(ref.shown[key]) == 5 and ref.shown[key][0].parent_id == "p9"
