@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from pipeline.analysis.decisions import HELPS
 from pipeline.analysis.verdicts import TPOT, Comparisons, Crossover, config_label
 
 # Every acceptance rule tests alpha: the per-token acceptance probability implied by the
@@ -164,7 +165,7 @@ def k_schedule(
     previous: int | None = None
     for rate in sorted(rows["request_rate"].unique()):
         at_rate = rows[rows["request_rate"] == rate]
-        helping = at_rate[at_rate["verdict"] == "helps"]
+        helping = at_rate[comparisons.labels(at_rate) == HELPS]
         best = 0
         if not helping.empty:
             candidate = helping.loc[helping[TPOT].idxmax()]

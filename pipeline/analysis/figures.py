@@ -23,7 +23,7 @@ import pandas as pd
 from pipeline.analysis.markdown import ReportData
 from pipeline.analysis.search_report import CapacityCurve, newest_predictions
 from pipeline.analysis.timeline import TIMELINE_FIGURE
-from pipeline.analysis.verdicts import config_label, measured
+from pipeline.analysis.verdicts import Comparisons, config_label, measured
 
 
 class FigureKey(Enum):
@@ -213,13 +213,13 @@ def throughput_vs_tpot(
     )
 
 
-def _speedup_point(row: pd.Series, x: float) -> Mark:
+def _speedup_point(row: pd.Series, x: float, verdict: str) -> Mark:
     value = float(row["speedup_median_tpot"])
     text = interval_text(value, row.get("speedup_median_tpot_low"), row.get("speedup_median_tpot_high"), ".2f", "x")
     return Mark(
         x,
         value,
-        f"median-TPOT speedup {text}: {row.get('verdict', '')}",
+        f"median-TPOT speedup {text}: {verdict}",
         str(row.get("run_ids", "") or ""),
         y_err=_bounds(row.get("speedup_median_tpot_low"), row.get("speedup_median_tpot_high")),
         name=config_label(row),
@@ -227,19 +227,21 @@ def _speedup_point(row: pd.Series, x: float) -> Mark:
     )
 
 
-def speedup_vs_rate(points: pd.DataFrame) -> Chart | None:
-    """Median-TPOT speedup per configuration against load, each with its interval."""
-    if points.empty or "speedup_median_tpot_low" not in points:
+def speedup_vs_rate(comparisons: Comparisons | None) -> Chart | None:
+    """Median-TPOT speedup per configuration against load, each with its interval and verdict."""
+    if comparisons is None or comparisons.table.empty or "speedup_median_tpot_low" not in comparisons.table:
         return None
+    points = comparisons.table
     # A point whose window was too small for a ratio has no estimate: nothing to draw.
     estimated = pd.to_numeric(points["speedup_median_tpot"], errors="coerce").notna()
     finite = points[points["request_rate"].apply(math.isfinite) & estimated]
+    verdict = comparisons.labels(finite)
     series = tuple(
         Series(
             config_label(group.iloc[0]),
             tuple(
-                _speedup_point(row, float(row["request_rate"]))
-                for _, row in group.sort_values("request_rate").iterrows()
+                _speedup_point(row, float(row["request_rate"]), verdict[i])
+                for i, row in group.sort_values("request_rate").iterrows()
             ),
         )
         for _, group in finite.groupby(["engine", "method", "k"], sort=True)
@@ -302,17 +304,19 @@ def acceptance_vs_k(points: pd.DataFrame) -> Chart | None:
     )
 
 
-def speedup_heatmap(points: pd.DataFrame) -> Heatmap | None:
+def speedup_heatmap(comparisons: Comparisons | None) -> Heatmap | None:
     """Median-TPOT speedup per configuration and rate; an inconclusive cell says so."""
-    if points.empty or "speedup_median_tpot" not in points:
+    if comparisons is None or comparisons.table.empty or "speedup_median_tpot" not in comparisons.table:
         return None
+    points = comparisons.table
     rows = points.assign(config=[config_label(r) for _, r in points.iterrows()])
     configs, rates = sorted(rows["config"].unique()), sorted(rows["request_rate"].unique())
     cells: list[list[Cell | None]] = [[None] * len(rates) for _ in configs]
     notes = []
-    for _, row in rows.iterrows():
+    labels = comparisons.labels(rows)
+    for index, row in rows.iterrows():
         i, j = configs.index(row["config"]), rates.index(row["request_rate"])
-        verdict = str(row.get("verdict", ""))
+        verdict = labels[index]
         if pd.isna(row["speedup_median_tpot"]):  # too few requests for a ratio: an empty cell that says why
             notes.append((i, j, f"no ratio: {verdict}"))
             continue
@@ -507,10 +511,10 @@ def report_figures(data: ReportData) -> dict[FigureKey, Figure]:
     made = (
         throughput_vs_tpot(data.frame, data.levels),
         throughput_vs_tpot(data.frame, tpot="p99_tpot_ms"),
-        speedup_vs_rate(data.points),
+        speedup_vs_rate(data.comparisons),
         ttft_vs_rate(data.frame),
         acceptance_vs_k(data.points),
-        speedup_heatmap(data.points),
+        speedup_heatmap(data.comparisons),
         capacity_curve(data.capacity),
         k_curve(data.predictions, data.frame),
         trace_timeline(data.over_time),

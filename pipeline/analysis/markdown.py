@@ -36,7 +36,7 @@ from pipeline.engines.registry import report_note
 class ReportData:
     title: str
     frame: pd.DataFrame  # every point (the sweep's summary table)
-    points: pd.DataFrame  # verdicts per (engine, method, k, rate)
+    points: pd.DataFrame  # numbers per (engine, method, k, rate); their verdicts are in comparisons
     crossings: list[Crossover]
     fits: list[LeviathanFit]
     advice: list[Advice]
@@ -270,13 +270,20 @@ def method_statement(data: ReportData) -> str:
     )
 
 
+def _tpot_labels(data: ReportData) -> pd.Series:
+    """Each point's median-TPOT verdict, from its Decision ("" where there is none)."""
+    if data.comparisons is None:
+        return pd.Series("", index=data.points.index, dtype=object)
+    return data.comparisons.labels(data.points)
+
+
 def headline(data: ReportData) -> str:
     points = data.points
-    if not points.empty and (points["verdict"] == TOO_FEW).all():
+    verdict = _tpot_labels(data)
+    if not points.empty and (verdict == TOO_FEW).all():
         return "Not enough requests to compare any point: a verdict needs 5 or more paired requests per window."
     if points.empty or points["speedup_median_tpot"].isna().all():
         return "No speculative point could be compared with a baseline: no answer yet (see below)."
-    verdict = points["verdict"]  # the median-TPOT speedup's
     counts = {label: int((verdict == label).sum()) for label in (HELPS, HURTS, INCONCLUSIVE, TOO_FEW)}
     if is_aa(data.frame):
         return _aa_headline(data, counts)

@@ -73,6 +73,14 @@ class Comparisons:
     def decision(self, key: str, metric: str) -> Decision | None:
         return self.decisions.get(key, {}).get(metric)
 
+    def labels(self, rows: pd.DataFrame, metric: str = TPOT) -> pd.Series:
+        """Each row's verdict on ``metric`` (the median TPOT's by default), read from its Decision;
+        ``rows`` is this table or a slice of it, and the result shares its index ("": no decision)."""
+        if rows.empty:
+            return pd.Series([], index=rows.index, dtype=object)
+        found = (self.decision(str(key), metric) for key in rows["point_key"])
+        return pd.Series([d.label if d else "" for d in found], index=rows.index, dtype=object)
+
 
 def key_column(frame: pd.DataFrame) -> str:
     # Summaries from before point_key existed: every row is a point of its own.
@@ -136,6 +144,8 @@ def compare_points(frame: pd.DataFrame, samples: Mapping[str, Sample], opts: Sta
             row |= {metric: ratio.estimate, f"{metric}_low": ratio.low, f"{metric}_high": ratio.high}
         tpot = decided[row["point_key"]][TPOT]
         row |= {
+            # The word beside its numbers, for a reader of the table; code reads each verdict
+            # from its Decision (Comparisons.labels), never back from this column.
             "verdict": tpot.label,
             "low": tpot.ratio.low,
             "high": tpot.ratio.high,

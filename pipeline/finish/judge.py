@@ -352,15 +352,15 @@ def speculation_verdicts(
     frame = pd.read_csv(path)
     samples = {run: Sample.from_requests(t, d) for run, (t, d) in window_requests(reader, frame, folder).items()}
     spread = stored_server_spread(reader, spread_fingerprint(reader.children(parent_id)))
-    table = verdicts.compare_points(
+    comparisons = verdicts.compare_points(
         frame, samples, opts if spread is None else replace(opts, server_spread=spread)
-    ).table
+    )
     children = {c.run_id: c for c in reader.children(parent_id)}
     out = {}
-    for row in table.itertuples():
+    for row, label in zip(comparisons.table.itertuples(), comparisons.labels(comparisons.table), strict=True):
         child = children.get(str(row.run_ids).split()[0])  # the speculative run comes first
         if child is not None and CONFIRMATION_TAG not in child.tags:
-            out[fingerprint(child.tags, aliases)] = (child.name, child.run_id, str(row.verdict))
+            out[fingerprint(child.tags, aliases)] = (child.name, child.run_id, label)
     return out
 
 

@@ -13,6 +13,7 @@ from pipeline.analysis.figures import FigureKey, pareto_mask
 from pipeline.analysis.markdown import ReportData, look_table, markdown
 from pipeline.analysis.report_html import page
 from pipeline.analysis.samples import Sample, StatsOptions
+from pipeline.analysis.verdicts import TPOT
 from pipeline.engines.acceptance import alpha_from_length
 
 OPTS = StatsOptions(resamples=500)
@@ -240,6 +241,34 @@ def test_a_small_true_effect_is_inconclusive_with_the_window_that_would_resolve_
     assert row["verdict"] == "inconclusive"
     decision = data.comparisons.decision(row["point_key"], "speedup_median_tpot")  # type: ignore[union-attr]
     assert decision is not None and "requests per window would likely resolve it" in decision.detail
+
+
+def test_the_report_advice_and_figures_read_each_verdict_from_its_decision_not_the_table() -> None:
+    """The table's verdict column is for a reader of the table: blanking it changes nothing the
+    report, the advice, the k schedule or the figures say."""
+    from dataclasses import replace as with_
+
+    frame, samples = _sweep({(3, 1.0): 2.0, (3, 4.0): 1.4, (3, 16.0): 0.6})
+    data = _analyse(frame, samples)
+    assert data.comparisons is not None
+    blank = data.points.assign(verdict="")
+    blanked = with_(data, points=blank, comparisons=with_(data.comparisons, table=blank))
+    assert blanked.comparisons is not None
+    assert markdown(blanked) == markdown(data) and "Speculation helps at 2 of 3" in markdown(blanked)
+    assert list(blanked.comparisons.labels(blank)) == ["helps", "helps", "hurts"]
+
+    def hovers(d: ReportData) -> list[str]:
+        specs = figures.report_figures(d)
+        speedup, heat = specs[FigureKey.SPEEDUP_VS_RATE], specs[FigureKey.SPEEDUP_HEATMAP]
+        assert isinstance(speedup, figures.Chart) and isinstance(heat, figures.Heatmap)
+        cells = [c.hover for line in heat.cells for c in line if c is not None]
+        return [p.hover for s in speedup.series for p in s.points] + cells
+
+    assert hovers(blanked) == hovers(data) and any(h.endswith(": helps") for h in hovers(blanked))
+    e2el = {1.0: 1.0, 4.0: 1.0, 16.0: 1.0}
+    schedule = advisor.k_schedule(blanked.comparisons, e2el, "ngram", lambda slower, faster: False)
+    assert schedule == advisor.k_schedule(data.comparisons, e2el, "ngram", lambda slower, faster: False)
+    assert schedule is not None and schedule["num_speculative_tokens_per_batch_size"][0][2] == 3
 
 
 def test_fewer_than_five_requests_get_no_verdict() -> None:
@@ -478,13 +507,20 @@ def test_the_kv_capacity_rule_fires_from_vllms_own_figures_beside_the_speedup() 
 
 
 def test_a_point_too_small_for_a_ratio_is_left_out_of_the_interactive_figures_not_a_crash() -> None:
+    from dataclasses import replace as with_
+
     frame, samples = _sweep({(3, 1.0): 2.0, (3, 4.0): 1.5})
-    points = _analyse(frame, samples).points.copy()
+    comparisons = _analyse(frame, samples).comparisons
+    assert comparisons is not None
+    points = comparisons.table.copy()
     points.loc[points.index[0], ["speedup_median_tpot", "speedup_median_tpot_low", "speedup_median_tpot_high"]] = None
-    points.loc[points.index[0], "verdict"] = "not enough requests"
-    curve = figures.speedup_vs_rate(points)
+    key = str(points.iloc[0]["point_key"])  # its verdict travels in its Decision
+    too_few = with_(comparisons.decisions[key][TPOT], label="not enough requests")
+    decided = comparisons.decisions | {key: comparisons.decisions[key] | {TPOT: too_few}}
+    comparisons = with_(comparisons, table=points, decisions=decided)
+    curve = figures.speedup_vs_rate(comparisons)
     assert curve is not None and [len(s.points) for s in curve.series] == [1]  # the other rate only
-    heat = figures.speedup_heatmap(points)
+    heat = figures.speedup_heatmap(comparisons)
     assert heat is not None
     assert "no ratio: not enough requests" in str(iplots.plotly(heat, {}, lambda run: run).data[0].customdata)
 
