@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.analysis import decisions, verdicts  # noqa: E402
 from pipeline.analysis.capacity import boundary, probe  # noqa: E402
+from pipeline.analysis.categories import GroupComparisons  # noqa: E402
 from pipeline.analysis.decisions import decide  # noqa: E402
 from pipeline.analysis.samples import Sample, ServerSpread, StatsOptions  # noqa: E402
 from pipeline.analysis.stats import acceptance_length_interval, paired_ratio  # noqa: E402
@@ -597,13 +598,16 @@ def grouped_pair(rng: np.random.Generator, truths: Sequence[float], per_group: i
     return made[0], made[1]
 
 
-def group_table(kind: str, base: Sample, spec: Sample, opts: StatsOptions) -> pd.DataFrame:
+def group_table(kind: str, base: Sample, spec: Sample, opts: StatsOptions) -> GroupComparisons:
+    """The groups' comparisons, their table in the groups' order (category name, or time)."""
     from pipeline.analysis import categories, timeline
 
     samples = {"b": base, "s": spec}
     if kind == "category":
-        return categories.compare_groups(GROUP_FRAME, samples, opts).sort_values("category")
-    return timeline.compare_stretches(GROUP_FRAME, samples, opts).sort_values("start_s")
+        found = categories.compare_groups(GROUP_FRAME, samples, opts)
+        return dataclasses.replace(found, table=found.table.sort_values("category"))
+    found = timeline.compare_stretches(GROUP_FRAME, samples, opts)
+    return dataclasses.replace(found, table=found.table.sort_values("start_s"))
 
 
 def group_coverage(
@@ -613,7 +617,7 @@ def group_coverage(
     rng = np.random.default_rng(seed)
     hits = count = 0
     for _ in range(trials):
-        table = group_table(kind, *grouped_pair(rng, truths, per_group), opts)
+        table = group_table(kind, *grouped_pair(rng, truths, per_group), opts).table
         for truth, low, high in zip(
             truths, table["speedup_median_tpot_low"], table["speedup_median_tpot_high"], strict=True
         ):
@@ -626,7 +630,11 @@ def group_calls(
     seed: int, trials: int, opts: StatsOptions, kind: str, truths: Sequence[float], per_group: int
 ) -> list[list[str]]:
     rng = np.random.default_rng(seed)
-    return [list(group_table(kind, *grouped_pair(rng, truths, per_group), opts)["verdict"]) for _ in range(trials)]
+    calls = []
+    for _ in range(trials):
+        groups = group_table(kind, *grouped_pair(rng, truths, per_group), opts)
+        calls.append(list(groups.labels(groups.table)))  # each group's verdict, from its Decision
+    return calls
 
 
 def row(

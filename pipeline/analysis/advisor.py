@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from pipeline.analysis.decisions import HELPS
+from pipeline.analysis.categories import GroupComparisons
+from pipeline.analysis.decisions import HELPS, HURTS
 from pipeline.analysis.verdicts import TPOT, Comparisons, Crossover, config_label
 
 # Every acceptance rule tests alpha: the per-token acceptance probability implied by the
@@ -241,29 +242,30 @@ def _alpha_text(row: pd.Series) -> str:
     return "α not resolved"
 
 
-def by_request_type(table: pd.DataFrame) -> list[Advice]:
+def by_request_type(groups: GroupComparisons | None) -> list[Advice]:
     """The tuning guide's task-type rules ("code: high acceptance, n-gram"; "creative: low
     acceptance, consider disabling speculation"), fired per measured category from its own
     intervals (analysis/categories.py): off where its speedup is resolved below 1; on where it is
     resolved above; route where one point has both."""
     out: list[Advice] = []
-    if table is None or table.empty:
+    if groups is None or groups.empty:
         return out
-    for (config, rate), group in table.groupby(["config", "request_rate"], sort=True):
-        helps = group[group["verdict"] == "helps"]
-        hurts = group[group["verdict"] == "hurts"]
-        for row in (r for _, r in hurts.iterrows()):
+    for (config, rate), group in groups.table.groupby(["config", "request_rate"], sort=True):
+        rows = [(row, groups.decision(row)) for _, row in group.iterrows()]
+        helps = [(row, d.ratio.text) for row, d in rows if d.label == HELPS]
+        hurts = [(row, d.ratio.text) for row, d in rows if d.label == HURTS]
+        for row, text in hurts:
             low_alpha = _finite(row.get("acceptance_alpha_high")) and row["acceptance_alpha_high"] < LOW_ALPHA
             why = " (its drafts are rarely accepted)" if low_alpha else ""
             out.append(
                 Advice(
                     "request type: speculation hurts",
                     f"{config}: turn speculation off for {row['category']} requests{why}",
-                    f"median-TPOT speedup {row['text']} at {rate:g} "
+                    f"median-TPOT speedup {text} at {rate:g} "
                     f"req/s, {_alpha_text(row)}, {int(row['requests'])} requests",
                 )
             )
-        for row in (r for _, r in helps.iterrows()):
+        for row, text in helps:
             high_alpha = _finite(row.get("acceptance_alpha_low")) and row["acceptance_alpha_low"] > HIGH_ALPHA
             if high_alpha:
                 out.append(
@@ -271,18 +273,21 @@ def by_request_type(table: pd.DataFrame) -> list[Advice]:
                         "request type: high acceptance",
                         f"{config}: {row['category']} requests accept "
                         "nearly every draft; a larger k (or n-gram, which needs no draft) has room",
-                        f"{_alpha_text(row)}, median-TPOT speedup {row['text']} at {rate:g} req/s",
+                        f"{_alpha_text(row)}, median-TPOT speedup {text} at {rate:g} req/s",
                     )
                 )
-        if not helps.empty and not hurts.empty:
-            on = ", ".join(f"{r.category} {r.text}" for r in helps.itertuples(index=False))
-            off = ", ".join(f"{r.category} {r.text}" for r in hurts.itertuples(index=False))
-            out.append(
-                Advice(
-                    "route by request type",
-                    f"{config} at {rate:g} req/s: speculation on for "
-                    f"{', '.join(helps['category'])}, off for {', '.join(hurts['category'])}",
-                    f"on: {on}; off: {off} (median-TPOT speedups, one family)",
-                )
-            )
+        if helps and hurts:
+            out.append(_route(config, rate, helps, hurts))
     return out
+
+
+def _route(config: str, rate: float, helps: list[tuple[pd.Series, str]], hurts: list[tuple[pd.Series, str]]) -> Advice:
+    """One point where one category helps while another hurts: route by request type."""
+    on = ", ".join(f"{row['category']} {text}" for row, text in helps)
+    off = ", ".join(f"{row['category']} {text}" for row, text in hurts)
+    return Advice(
+        "route by request type",
+        f"{config} at {rate:g} req/s: speculation on for "
+        f"{', '.join(row['category'] for row, _ in helps)}, off for {', '.join(row['category'] for row, _ in hurts)}",
+        f"on: {on}; off: {off} (median-TPOT speedups, one family)",
+    )

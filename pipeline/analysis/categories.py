@@ -5,7 +5,8 @@ Acceptance depends on the kind of text far more than on load: code editing copie
 and n-gram drafting accepts it, creative chat does not. A point's overall ratio can hide a
 category that gains beside one that loses; this module says which, each with its interval,
 and the median-TPOT verdicts of every (point, category) are one family (Benjamini-Hochberg).
-Pure: frames and samples in, a table and Markdown lines out.
+Pure: frames and samples in, a :class:`GroupComparisons` (a table and its Decisions) and Markdown
+lines out.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -74,6 +77,30 @@ BY_CATEGORY = Grouping()
 BY_TURN = ByTurn()
 
 
+@dataclass(frozen=True)
+class GroupComparisons:
+    """One row per (speculative point, group) with its numbers (the run metrics, the figures),
+    and each row's median-TPOT Decision: the report and the advice read the verdict and the
+    ratio's text from it. The table's verdict column is for a reader of the table only."""
+
+    table: pd.DataFrame = field(default_factory=pd.DataFrame)
+    decisions: Mapping[tuple[str, str], Decision] = field(default_factory=dict)  # (point_key, group) -> decision
+    column: str = "category"  # the table's column that names each row's group
+
+    @property
+    def empty(self) -> bool:
+        return self.table.empty
+
+    def decision(self, row: Any) -> Decision:
+        """The Decision of one row of the table (from itertuples or iterrows)."""
+        return self.decisions[(str(row.point_key), str(getattr(row, self.column)))]
+
+    def labels(self, rows: pd.DataFrame) -> pd.Series:
+        """Each row's verdict, from its Decision; ``rows`` is the table or a slice of it."""
+        found = [self.decision(row).label for row in rows.itertuples(index=False)]
+        return pd.Series(found, index=rows.index, dtype=object)
+
+
 def _length(spec: list[Sample], k: int, opts: StatsOptions, rng: np.random.Generator) -> Ratio | None:
     length = stats.acceptance_length_interval(spec, None, opts, rng)
     return verdicts._within_bounds(length, k) if length.estimate is not None else None
@@ -87,13 +114,13 @@ def _median_ms(samples: Sequence[Sample], metric: str) -> float:
 
 def compare_groups(
     frame: pd.DataFrame, samples: Mapping[str, Sample], opts: StatsOptions, by: Grouping = BY_CATEGORY
-) -> pd.DataFrame:
+) -> GroupComparisons:
     """One row per (speculative point, group) where a point's windows hold two or more groups
     (categories, or first and later turns): the median-TPOT ratio with its interval and
     verdict, L and alpha with theirs, and each side's median TTFT."""
     spec_rows, base_rows = verdicts.measured(frame, "speculative"), verdicts.measured(frame, "baseline")
     if spec_rows.empty:
-        return pd.DataFrame()
+        return GroupComparisons()
     found: list[tuple[dict, Ratio]] = []
     for i, (key, group) in enumerate(spec_rows.groupby(verdicts.key_column(frame), sort=False)):
         pairs = verdicts._pairs(group, base_rows)
@@ -115,22 +142,15 @@ def compare_groups(
             row = {"point_key": str(key), "category": name} | _group_row(pairs, base_c, spec_c, opts, rng)
             found.append((row | by.describe(name, base_c, spec_c), ratio))
     if not found:
-        return pd.DataFrame()
+        return GroupComparisons()
     decided: list[Decision] = decisions.decide([r for _, r in found], opts, verdicts.floor_for(METRIC, opts))
-    rows = []
-    for (row, ratio), decision in zip(found, decided, strict=True):
-        rows.append(
-            row
-            | {
-                METRIC: ratio.estimate,
-                f"{METRIC}_low": ratio.low,
-                f"{METRIC}_high": ratio.high,
-                "verdict": decision.label,
-                "text": ratio.text,
-                "detail": decision.detail,
-            }
-        )
-    return pd.DataFrame(rows)
+    rows = [
+        # The verdict column is the word beside its numbers, for a reader of the table.
+        row | {METRIC: ratio.estimate, f"{METRIC}_low": ratio.low, f"{METRIC}_high": ratio.high, "verdict": d.label}
+        for (row, ratio), d in zip(found, decided, strict=True)
+    ]
+    chosen = {(row["point_key"], row["category"]): d for (row, _), d in zip(found, decided, strict=True)}
+    return GroupComparisons(pd.DataFrame(rows), chosen)
 
 
 def _group_row(
@@ -199,10 +219,10 @@ def _length_text(row: pd.Series) -> str:
     return f"L {row['acceptance_length']:.2f} [{row['acceptance_length_low']:.2f}, {row['acceptance_length_high']:.2f}]"
 
 
-def group_lines(table: pd.DataFrame) -> list[str]:
+def group_lines(result: GroupComparisons) -> list[str]:
     """The report's "By request type" section; with a routing line where the verdicts of one
     point disagree (one category helps while another hurts)."""
-    if table.empty:
+    if result.empty:
         return []
     out = section(
         "By request type",
@@ -210,25 +230,26 @@ def group_lines(table: pd.DataFrame) -> list[str]:
         "speculation, paired by prompt), its verdict decided with every other category's "
         "(Benjamini-Hochberg); L is the category's acceptance length from its tokens per streamed step.",
     )
-    for (config, rate), group in table.groupby(["config", "request_rate"], sort=True):
+    for (config, rate), group in result.table.groupby(["config", "request_rate"], sort=True):
+        rows = [(r, result.decision(r)) for r in group.itertuples(index=False)]
         parts = [
-            f"{r.category} {r.text} {r.verdict} ({_length_text(pd.Series(r._asdict()))}, {r.requests} requests)"
-            for r in group.itertuples(index=False)
+            f"{r.category} {d.ratio.text} {d.label} ({_length_text(pd.Series(r._asdict()))}, {r.requests} requests)"
+            for r, d in rows
         ]
         out.append(f"- {config} at {rate:g} req/s: " + "; ".join(parts))
-        helps = group[group["verdict"] == decisions.HELPS]
-        hurts = group[group["verdict"] == decisions.HURTS]
-        if not helps.empty and not hurts.empty:
-            on = ", ".join(f"{r.category} {r.text}" for r in helps.itertuples(index=False))
-            off = ", ".join(f"{r.category} {r.text}" for r in hurts.itertuples(index=False))
-            out.append(f"  - **route by request type**: speculation on for {on}; off for {off}")
+        helps = [f"{r.category} {d.ratio.text}" for r, d in rows if d.label == decisions.HELPS]
+        hurts = [f"{r.category} {d.ratio.text}" for r, d in rows if d.label == decisions.HURTS]
+        if helps and hurts:
+            out.append(
+                f"  - **route by request type**: speculation on for {', '.join(helps)}; off for {', '.join(hurts)}"
+            )
     return [*out, ""]
 
 
-def turn_lines(table: pd.DataFrame) -> list[str]:
+def turn_lines(result: GroupComparisons) -> list[str]:
     """The report's "By conversation turn" section: first turns against later ones, each paired
     with the same turns on the baseline, with each side's median TTFT."""
-    if table.empty:
+    if result.empty:
         return []
     out = section(
         "By conversation turn",
@@ -237,11 +258,11 @@ def turn_lines(table: pd.DataFrame) -> list[str]:
         "median TPOT, baseline / speculation, paired by request, decided as one family "
         "(Benjamini-Hochberg); TTFT is each group's median on the baseline -> with speculation.",
     )
-    for (config, rate), group in table.groupby(["config", "request_rate"], sort=True):
+    for (config, rate), group in result.table.groupby(["config", "request_rate"], sort=True):
         parts = [
-            f"{r.category} {r.text} {r.verdict} (TTFT {r.base_median_ttft_ms:.0f} -> {r.spec_median_ttft_ms:.0f} ms, "
-            f"{_length_text(pd.Series(r._asdict()))}, {r.requests} requests)"
-            for r in group.itertuples(index=False)
+            f"{r.category} {d.ratio.text} {d.label} (TTFT {r.base_median_ttft_ms:.0f} -> "
+            f"{r.spec_median_ttft_ms:.0f} ms, {_length_text(pd.Series(r._asdict()))}, {r.requests} requests)"
+            for r, d in ((r, result.decision(r)) for r in group.itertuples(index=False))
         ]
         out.append(f"- {config} at {rate:g} req/s: " + "; ".join(parts))
     return [*out, ""]

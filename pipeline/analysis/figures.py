@@ -20,6 +20,7 @@ from enum import Enum
 
 import pandas as pd
 
+from pipeline.analysis.categories import GroupComparisons
 from pipeline.analysis.markdown import ReportData
 from pipeline.analysis.search_report import CapacityCurve, newest_predictions
 from pipeline.analysis.timeline import TIMELINE_FIGURE
@@ -435,19 +436,19 @@ def k_curve(table: pd.DataFrame | None, frame: pd.DataFrame) -> Chart | None:
     )
 
 
-def trace_timeline(table: pd.DataFrame | None) -> Chart | None:
+def trace_timeline(stretches: GroupComparisons | None) -> Chart | None:
     """A trace replay over its own time: the offered load per stretch (upper panel) and each
     stretch's median-TPOT speedup with its interval, per speculative point."""
-    if table is None or table.empty:
+    if stretches is None or stretches.empty:
         return None
     series = []
-    for (config, rate), group in table.groupby(["config", "request_rate"], sort=True):
+    for (config, rate), group in stretches.table.groupby(["config", "request_rate"], sort=True):
         group = group.sort_values("start_s")
         name = f"{config} @ {rate:g}/s"
         hovers = [
             f"{r.bucket}: {r.offered_rate:.2f} req/s offered, {r.in_flight:.1f} in flight"
-            f"<br>median-TPOT speedup {r.text}: {r.verdict}"
-            for r in group.itertuples(index=False)
+            f"<br>median-TPOT speedup {d.ratio.text}: {d.label}"
+            for r, d in ((r, stretches.decision(r)) for r in group.itertuples(index=False))
         ]
         middles = ((group["start_s"] + group["end_s"]) / 2).tolist()
         load = tuple(

@@ -14,6 +14,7 @@ import pandas as pd
 from scipy import stats as scipy_stats
 
 from pipeline.analysis.advisor import Advice
+from pipeline.analysis.categories import GroupComparisons
 from pipeline.analysis.decisions import HELPS, HURTS, INCONCLUSIVE, TOO_FEW, Decision, smallest_resolvable
 from pipeline.analysis.leviathan import LeviathanFit
 from pipeline.analysis.quality import Lossless
@@ -52,9 +53,9 @@ class ReportData:
     capacity: list = field(default_factory=list)  # search=capacity's curves (search_report.CapacityCurve)
     predictions: pd.DataFrame | None = None  # search=predict's table
     run_url: str = ""  # a run's page in the MLflow UI, "{run}" for its id ("": no links)
-    by_type: pd.DataFrame | None = None  # verdicts per request type (analysis/categories.py)
-    by_turn: pd.DataFrame | None = None  # first against later conversation turns (the same module)
-    over_time: pd.DataFrame | None = None  # a trace replay's speedup per stretch of time (analysis/timeline.py)
+    by_type: GroupComparisons | None = None  # verdicts per request type (analysis/categories.py)
+    by_turn: GroupComparisons | None = None  # first against later conversation turns (the same module)
+    over_time: GroupComparisons | None = None  # a trace replay's speedup per stretch of time (analysis/timeline.py)
 
 
 PREFIX_POLICY_TEXT = {

@@ -6,19 +6,22 @@ user wants to read off. Each bucket's requests are paired with the same requests
 baseline through the one statistics core (the grouping machinery of
 :mod:`pipeline.analysis.categories`), the buckets of every point are one Benjamini-Hochberg
 family, and each bucket carries the batch size the baseline ran at (mean requests in flight),
-set against the k schedule's band for that batch. Pure: frames and samples in, a table and
-Markdown lines out.
+set against the k schedule's band for that batch. Pure: frames and samples in, a
+:class:`~pipeline.analysis.categories.GroupComparisons` (a table and its Decisions) and Markdown
+lines out.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 
 from pipeline.analysis import categories, decisions
+from pipeline.analysis.categories import GroupComparisons
 from pipeline.analysis.samples import Sample, StatsOptions
 
 TIMELINE_FIGURE = "Speedup over the trace"  # the figure's name in the report, PNG and Plotly alike
@@ -77,13 +80,17 @@ def in_flight(sample: Sample, lo: float, hi: float) -> float:
     return float(overlap.sum() / (hi - lo))
 
 
-def compare_stretches(frame: pd.DataFrame, samples: Mapping[str, Sample], opts: StatsOptions) -> pd.DataFrame:
+def compare_stretches(frame: pd.DataFrame, samples: Mapping[str, Sample], opts: StatsOptions) -> GroupComparisons:
     """One row per (speculative trace point, time bucket); empty where no point replayed a trace."""
     if "trace_requests" not in frame or frame["trace_requests"].isna().all():
-        return pd.DataFrame()
+        return GroupComparisons()
     traced = frame[frame["trace_requests"].notna()]
-    table = categories.compare_groups(traced, samples, opts, ByTime())
-    return table.rename(columns={"category": "bucket"}) if not table.empty else table
+    found = categories.compare_groups(traced, samples, opts, ByTime())
+    return (
+        replace(found, table=found.table.rename(columns={"category": "bucket"}), column="bucket")
+        if not found.empty
+        else found
+    )
 
 
 def schedule_k(schedules: Sequence[dict], method: str, batch: float) -> int | None:
@@ -97,10 +104,10 @@ def schedule_k(schedules: Sequence[dict], method: str, batch: float) -> int | No
     return None
 
 
-def stretch_lines(table: pd.DataFrame, schedules: Sequence[dict] = ()) -> list[str]:
+def stretch_lines(result: GroupComparisons, schedules: Sequence[dict] = ()) -> list[str]:
     """The report's "Over the trace" section: per point, each bucket's load and verdict, and
     where speculation stopped paying."""
-    if table.empty:
+    if result.empty:
         return []
     out = categories.section(
         "Over the trace",
@@ -108,26 +115,33 @@ def stretch_lines(table: pd.DataFrame, schedules: Sequence[dict] = ()) -> list[s
         "ran at (mean requests in flight), and its requests' median-TPOT speedup against the same requests on the "
         "baseline, paired by request and decided with every other stretch (Benjamini-Hochberg).",
     )
-    for (config, rate), group in table.groupby(["config", "request_rate"], sort=True):
+    for (config, rate), group in result.table.groupby(["config", "request_rate"], sort=True):
         group = group.sort_values("start_s")
         method = config.split()[1] if len(config.split()) > 1 else ""
         out.append(f"- {config} at {rate:g} req/s:")
         for r in group.itertuples(index=False):
             k = schedule_k(schedules, method, r.in_flight)
             band = f"; the k schedule gives k={k} at this batch" if k is not None else ""
+            decision = result.decision(r)
             out.append(
                 f"  - {r.bucket}: {r.offered_rate:.2f} req/s offered, {r.in_flight:.1f} in flight{band}: "
-                f"{r.text} {r.verdict}"
+                f"{decision.ratio.text} {decision.label}"
             )
-        # Only decided stretches count: one with too few requests neither paid nor failed to.
-        decided = group[group["verdict"].isin([decisions.HELPS, decisions.HURTS, decisions.INCONCLUSIVE])]
-        helps = decided[decided["verdict"] == decisions.HELPS]
-        if not decided.empty:
-            busiest = group.loc[group["offered_rate"].idxmax()]
-            unresolved = len(group) - len(decided)
-            left = f" ({unresolved} with too few requests to say)" if unresolved else ""
-            out.append(
-                f"  - speculation paid in {len(helps)} of the {len(decided)} stretches decided{left}; at the "
-                f"busiest ({busiest['bucket']}, {busiest['offered_rate']:.2f} req/s) it was {busiest['verdict']}"
-            )
+        out += _paid_line(group, result.labels(group))
     return [*out, ""]
+
+
+def _paid_line(group: pd.DataFrame, labels: pd.Series) -> list[str]:
+    """In how many of one point's stretches speculation paid, and what it was at the busiest."""
+    # Only decided stretches count: one with too few requests neither paid nor failed to.
+    decided = labels[labels.isin([decisions.HELPS, decisions.HURTS, decisions.INCONCLUSIVE])]
+    if decided.empty:
+        return []
+    helps = decided[decided == decisions.HELPS]
+    busiest = group["offered_rate"].idxmax()
+    unresolved = len(group) - len(decided)
+    left = f" ({unresolved} with too few requests to say)" if unresolved else ""
+    return [
+        f"  - speculation paid in {len(helps)} of the {len(decided)} stretches decided{left}; at the busiest "
+        f"({group.loc[busiest, 'bucket']}, {group.loc[busiest, 'offered_rate']:.2f} req/s) it was {labels[busiest]}"
+    ]

@@ -58,9 +58,9 @@ def build(
             title, frame, probes, tests, samples, opts, SloTarget.from_params(reader.params(parent_id)), predictions
         )
         data = replace(data, run_url=reader.run_url(parent_id))
-        for table, grouping in ((data.by_type, categories.BY_CATEGORY), (data.by_turn, categories.BY_TURN)):
-            if table is not None:  # each speculative run gets its groups' ratios and L
-                for run, metrics in categories.run_metrics(table, grouping.prefix).items():
+        for groups, grouping in ((data.by_type, categories.BY_CATEGORY), (data.by_turn, categories.BY_TURN)):
+            if groups is not None:  # each speculative run gets its groups' ratios and L
+                for run, metrics in categories.run_metrics(groups.table, grouping.prefix).items():
                     reader.log_metrics(run, metrics)
         since, trends = _since_reference(reader, parent_id, work)
     from pipeline.analysis import iplots, plots

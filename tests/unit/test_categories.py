@@ -65,13 +65,14 @@ def test_a_category_that_gains_beside_one_that_loses_is_told_apart_and_routed() 
     frame = _frame()
     base = _window({"code_edit": 0.090, "chat": 0.090}, 40, 1)
     spec = _window({"code_edit": 0.036, "chat": 0.108}, 40, 2)  # truth: 2.5x and 0.83x
-    table = categories.compare_groups(frame, {"b": base, "s": spec}, StatsOptions(resamples=1000))
+    groups = categories.compare_groups(frame, {"b": base, "s": spec}, StatsOptions(resamples=1000))
+    table = groups.table
     by = table.set_index("category")
     assert set(by.index) == {"chat", "code_edit"}
     code, chat = by.loc["code_edit"], by.loc["chat"]
     assert code["speedup_median_tpot_low"] < 2.5 < code["speedup_median_tpot_high"] and code["verdict"] == "helps"
     assert chat["speedup_median_tpot_low"] < 1 / 1.2 < chat["speedup_median_tpot_high"] and chat["verdict"] == "hurts"
-    text = "\n".join(categories.group_lines(table))
+    text = "\n".join(categories.group_lines(groups))
     assert "## By request type" in text and "route by request type" in text
     assert "speculation on for code_edit 2." in text and "off for chat 0.8" in text
     metrics = categories.run_metrics(table)["s"]
@@ -83,7 +84,7 @@ def test_one_category_gets_no_section() -> None:
     frame = _frame()
     one = {"b": _window({"code_edit": 0.09}, 30, 1), "s": _window({"code_edit": 0.05}, 30, 2)}
     assert categories.compare_groups(frame, one, StatsOptions(resamples=500)).empty
-    assert categories.group_lines(pd.DataFrame()) == []
+    assert categories.group_lines(categories.GroupComparisons()) == []
 
 
 def test_later_turns_are_compared_with_the_first_turns_on_their_own() -> None:
@@ -100,15 +101,16 @@ def test_later_turns_are_compared_with_the_first_turns_on_their_own() -> None:
 
     base = turned(_window({"chat": 0.09}, 60, 1), 1.0)
     spec = turned(_window({"chat": 0.09}, 60, 2), 0.5)
-    table = categories.compare_groups(
+    groups = categories.compare_groups(
         _frame(), {"b": base, "s": spec}, StatsOptions(resamples=1000), categories.BY_TURN
     )
+    table = groups.table
     by = table.set_index("category")
     first, later = by.loc[categories.FIRST_TURN], by.loc[categories.LATER_TURNS]
     assert later["speedup_median_tpot_low"] < 2.0 < later["speedup_median_tpot_high"] and later["verdict"] == "helps"
     assert first["speedup_median_tpot_low"] < 1.0 < first["speedup_median_tpot_high"]
     assert later["spec_median_ttft_ms"] < first["spec_median_ttft_ms"] / 2
-    assert "## By conversation turn" in "\n".join(categories.turn_lines(table))
+    assert "## By conversation turn" in "\n".join(categories.turn_lines(groups))
     assert "turn.later_turns.speedup_median_tpot" in categories.run_metrics(table, categories.BY_TURN.prefix)["s"]
     # No conversation, no section.
     plain = {"b": _window({"chat": 0.09}, 30, 1), "s": _window({"chat": 0.05}, 30, 2)}
@@ -120,8 +122,8 @@ def test_the_task_type_rules_fire_from_the_category_intervals() -> None:
 
     base = _window({"code_edit": 0.090, "chat": 0.090}, 40, 1)
     spec = _window({"code_edit": 0.036, "chat": 0.108}, 40, 2)  # truth: 2.5x and 0.83x
-    table = categories.compare_groups(_frame(), {"b": base, "s": spec}, StatsOptions(resamples=1000))
-    advice = {a.rule: a for a in advisor.by_request_type(table)}
+    groups = categories.compare_groups(_frame(), {"b": base, "s": spec}, StatsOptions(resamples=1000))
+    advice = {a.rule: a for a in advisor.by_request_type(groups)}
     assert "turn speculation off for chat requests" in advice["request type: speculation hurts"].advice
     assert "median-TPOT speedup 0.8" in advice["request type: speculation hurts"].evidence
     routed = advice["route by request type"]
@@ -132,3 +134,24 @@ def test_the_task_type_rules_fire_from_the_category_intervals() -> None:
         "s": _window({"code_edit": 0.09, "chat": 0.09}, 40, 2),
     }
     assert advisor.by_request_type(categories.compare_groups(_frame(), even, StatsOptions(resamples=1000))) == []
+
+
+def test_each_group_carries_its_verdict_as_a_decision_and_the_report_reads_it_from_there() -> None:
+    """The table's verdict column is for a reader of the table: blanking it changes nothing the
+    section or the advice says."""
+    from dataclasses import replace
+
+    from pipeline.analysis import advisor
+    from pipeline.analysis.decisions import Decision
+
+    base = _window({"code_edit": 0.090, "chat": 0.090}, 40, 1)
+    spec = _window({"code_edit": 0.036, "chat": 0.108}, 40, 2)  # truth: 2.5x and 0.83x
+    groups = categories.compare_groups(_frame(), {"b": base, "s": spec}, StatsOptions(resamples=1000))
+    decided = {name: d for (_, name), d in groups.decisions.items()}
+    assert all(isinstance(d, Decision) for d in decided.values())
+    assert (decided["code_edit"].label, decided["chat"].label) == ("helps", "hurts")
+    assert "text" not in groups.table and "detail" not in groups.table  # they travel in the Decision
+    blank = replace(groups, table=groups.table.assign(verdict=""))
+    assert categories.group_lines(blank) == categories.group_lines(groups)
+    assert f"code_edit {decided['code_edit'].ratio.text} helps" in "\n".join(categories.group_lines(blank))
+    assert advisor.by_request_type(blank) == advisor.by_request_type(groups) != []

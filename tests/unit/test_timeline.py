@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.analysis import timeline
+from pipeline.analysis.categories import GroupComparisons
 from pipeline.analysis.samples import Sample, StatsOptions
 
 
@@ -65,7 +66,8 @@ def _frame(with_trace: bool = True) -> pd.DataFrame:
 def test_each_stretch_gets_its_own_paired_speedup_and_load() -> None:
     base = _window({0: 0.05, 1: 0.05, 2: 0.05, 3: 0.05}, 1)
     spec = _window({0: 0.025, 1: 0.025, 2: 0.06, 3: 0.025}, 2)  # truth: 2x, 2x, 0.83x, 2x
-    table = timeline.compare_stretches(_frame(), {"b": base, "s": spec}, StatsOptions(resamples=1000))
+    stretches = timeline.compare_stretches(_frame(), {"b": base, "s": spec}, StatsOptions(resamples=1000))
+    table = stretches.table
     assert list(table["bucket"]) == ["0-29 s", "29-59 s", "59-88 s", "88-118 s"]  # 0 to the last send, in 4
     truth = [2.0, 2.0, 0.05 / 0.06, 2.0]
     for row, expected in zip(table.itertuples(index=False), truth, strict=True):
@@ -74,14 +76,14 @@ def test_each_stretch_gets_its_own_paired_speedup_and_load() -> None:
         assert abs(row.in_flight - 0.8) < 0.1
     assert list(table["verdict"]) == ["helps", "helps", "hurts", "helps"]
     schedules = [{"method": "ngram", "num_speculative_tokens_per_batch_size": [[1, 4, 3], [5, 1024, 0]]}]
-    text = "\n".join(timeline.stretch_lines(table, schedules))
+    text = "\n".join(timeline.stretch_lines(stretches, schedules))
     assert "## Over the trace" in text and "59-88 s: 0.41 req/s offered, 0.8 in flight" in text
     assert "the k schedule gives k=3 at this batch" in text
     assert "speculation paid in 3 of the 4 stretches decided; at the busiest" in text
     # The figure: the load above, each stretch's speedup below, drawn by both renderers.
     from pipeline.analysis import figures, iplots, plots
 
-    chart = figures.trace_timeline(table)
+    chart = figures.trace_timeline(stretches)
     assert chart is not None and chart.upper_label and plots.png(chart).startswith(b"\x89PNG")
     drawn = iplots.plotly(chart, {}, lambda run: run)
     assert [t.name for t in drawn.data] == [s.name for s in chart.series]
@@ -94,5 +96,35 @@ def test_no_trace_or_too_few_requests_gets_no_section() -> None:
     ).empty
     few = {"b": base.with_index(np.arange(20)), "s": spec.with_index(np.arange(20))}  # 20 < 2 x 12
     assert timeline.compare_stretches(_frame(), few, StatsOptions(resamples=200)).empty
-    assert timeline.stretch_lines(pd.DataFrame()) == []
+    assert timeline.stretch_lines(GroupComparisons()) == []
     assert timeline.schedule_k([], "ngram", 3.0) is None
+
+
+def test_each_stretch_carries_its_verdict_as_a_decision_and_the_report_reads_it_from_there() -> None:
+    """The table's verdict column is for a reader of the table: blanking it changes nothing the
+    section or the figure says."""
+    from dataclasses import replace
+
+    from pipeline.analysis import figures
+    from pipeline.analysis.decisions import Decision
+
+    base = _window({0: 0.05, 1: 0.05, 2: 0.05, 3: 0.05}, 1)
+    spec = _window({0: 0.025, 1: 0.025, 2: 0.06, 3: 0.025}, 2)
+    stretches = timeline.compare_stretches(_frame(), {"b": base, "s": spec}, StatsOptions(resamples=1000))
+    assert stretches.column == "bucket" and all(isinstance(d, Decision) for d in stretches.decisions.values())
+    assert [stretches.decision(r).label for r in stretches.table.itertuples(index=False)] == [
+        "helps",
+        "helps",
+        "hurts",
+        "helps",
+    ]
+    blank = replace(stretches, table=stretches.table.assign(verdict=""))
+    assert timeline.stretch_lines(blank) == timeline.stretch_lines(stretches)
+    assert "it was helps" in "\n".join(timeline.stretch_lines(blank))
+
+    def hovers(found: GroupComparisons) -> list[str]:
+        chart = figures.trace_timeline(found)
+        assert chart is not None
+        return [p.hover for s in chart.series for p in s.points]
+
+    assert hovers(blank) == hovers(stretches) and any(h.endswith(": hurts") for h in hovers(blank))
