@@ -42,6 +42,20 @@ class FigureKey(Enum):
     GATE_TREND = "Since the reference"
 
 
+@dataclass(frozen=True)
+class FigureId:
+    """One drawn figure of the report: its key, and which one where a key is drawn once per
+    point (the gate's trend charts, ``part`` naming the point's chart)."""
+
+    key: FigureKey
+    part: str = ""
+
+    @property
+    def title(self) -> str:
+        """Its name where the report is written out: "Since the reference (trend1)"."""
+        return f"{self.key.value} ({self.part})" if self.part else self.key.value
+
+
 class Look(Enum):
     """How a series is drawn; both renderers map each look to their own style."""
 

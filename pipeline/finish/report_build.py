@@ -20,7 +20,7 @@ import pandas as pd
 
 from pipeline.analysis import categories
 from pipeline.analysis.assemble import analyse, output_length_tests
-from pipeline.analysis.figures import Figure, FigureKey, report_figures
+from pipeline.analysis.figures import Figure, FigureId, FigureKey, report_figures
 from pipeline.analysis.markdown import ReportData, markdown, run_names
 from pipeline.analysis.report_html import page
 from pipeline.analysis.samples import Sample, StatsOptions
@@ -69,20 +69,20 @@ def build(
     interactive = interactive_figures(data, specs)
     # Every figure as a PNG for the Markdown report; the HTML page draws the same ones with
     # Plotly, and only the gate's trend charts as PNGs.
-    figures = {key.value: plots.png(spec) for key, spec in specs.items()} | trends
+    pngs = {FigureId(key): plots.png(spec) for key, spec in specs.items()} | trends
     out = (out_dir or Path(tempfile.mkdtemp())) / REPORT_DIR
     out.mkdir(parents=True, exist_ok=True)
     paths = {"html": out / "report.html", "markdown": out / "report.md"}
     section = f"\n## Since the reference\n\n{since}" if since else ""
     html_section = f"<h2>Since the reference</h2><pre>{html_escape(since)}</pre></body>" if since else "</body>"
-    static = trends
+    static = {figure.title: png for figure, png in trends.items()}  # the page heads each with its title
     paths["html"].write_text(page(data, static, iplots.html(interactive)).replace("</body>", html_section))
-    pngs = [(name, f"figure{i}.png") for i, name in enumerate(figures, start=1)]
-    images = "\n## Figures\n\n" + "\n".join(f"![{name}]({file})" for name, file in pngs) + "\n" if pngs else ""
-    paths["markdown"].write_text(markdown(data) + section + images)
-    for (name, file), png in zip(pngs, figures.values(), strict=True):
-        (out / file).write_bytes(png)
-        paths[name] = out / file
+    files = {figure: f"figure{i}.png" for i, figure in enumerate(pngs, start=1)}
+    images = "".join(f"![{figure.title}]({file})\n" for figure, file in files.items())
+    paths["markdown"].write_text(markdown(data) + section + (f"\n## Figures\n\n{images}" if images else ""))
+    for figure, file in files.items():
+        (out / file).write_bytes(pngs[figure])
+        paths[figure.title] = out / file
     for path in paths.values():
         reader.log_file(parent_id, path, REPORT_DIR)
     for i, fig in enumerate(interactive.values(), start=1):  # MLflow's artifact viewer draws these
@@ -90,12 +90,12 @@ def build(
     return paths
 
 
-def _since_reference(reader: SweepReader, parent_id: str, work: Path) -> tuple[str, dict[str, bytes]]:
+def _since_reference(reader: SweepReader, parent_id: str, work: Path) -> tuple[str, dict[FigureId, bytes]]:
     """The regression gate's summary and trend plots, where the gate judged this sweep."""
     folder = reader.download(parent_id, "gate", work / "gate")
     if folder is None or not (folder / "summary.md").is_file():
         return "", {}
-    trends = {f"Since the reference ({p.stem})": p.read_bytes() for p in sorted(folder.glob("trend*.png"))}
+    trends = {FigureId(FigureKey.GATE_TREND, p.stem): p.read_bytes() for p in sorted(folder.glob("trend*.png"))}
     return (folder / "summary.md").read_text(), trends
 
 

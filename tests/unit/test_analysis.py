@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -541,3 +542,21 @@ def test_the_memory_rule_reads_device_memory_where_every_server_reports_it() -> 
     assert _memory_ratios(frame) == {"draft k=3": (1.5, 1.5, 1.5)}
     cpu = frame.assign(server_gpu_memory_mib=[None, None])  # no GPU reading: host RSS, as before
     assert _memory_ratios(cpu) == {"draft k=3": (1.0, 1.0, 1.0)}
+
+
+def test_the_gate_trends_reach_the_report_keyed_by_their_figure_key(tmp_path: Path) -> None:
+    from pipeline.finish.report_build import _since_reference
+
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    (gate / "summary.md").write_text("pass\n")
+    (gate / "trend1.png").write_bytes(b"\x89PNG")
+
+    class Reader:
+        def download(self, parent: str, name: str, work: object) -> object:
+            return gate if name == "gate" else None
+
+    since, trends = _since_reference(Reader(), "parent", tmp_path)  # type: ignore[arg-type]
+    assert since == "pass\n" and list(trends) == [figures.FigureId(FigureKey.GATE_TREND, "trend1")]
+    assert [f.title for f in trends] == ["Since the reference (trend1)"]  # the name the report shows
+    assert figures.FigureId(FigureKey.SPEEDUP_VS_RATE).title == FigureKey.SPEEDUP_VS_RATE.value
