@@ -16,11 +16,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pipeline.config import ConfigError, EngineConfig, JobConfig
-from pipeline.engines.acceptance import Scrape
+from pipeline.engines.acceptance import Acceptance, Scrape, WindowAcceptance
 from pipeline.engines.base import Server, ServerSpec
 from pipeline.engines.hardware import gpu_names, resolve_device
 from pipeline.engines.models import resolve_model
-from pipeline.engines.sglang_acceptance import SglangAcceptance
 from pipeline.load.client import RequestRecord
 
 
@@ -122,7 +121,8 @@ class Engine(Protocol):
         ...
 
     def window_acceptance(
-        self, records: Sequence[RequestRecord], after: Scrape, base_url: str
-    ) -> SglangAcceptance | None:
-        """Acceptance read besides the /metrics counters (SGLang's per-request counts)."""
+        self, records: Sequence[RequestRecord], counters: Acceptance, after: Scrape, base_url: str
+    ) -> WindowAcceptance:
+        """The window's acceptance on the one scale: from the /metrics ``counters``, or from what
+        the engine reads besides them (SGLang's per-request counts), with its own figures."""
         ...

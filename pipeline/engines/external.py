@@ -19,11 +19,10 @@ from urllib.parse import urlsplit
 import httpx
 
 from pipeline.config import ConfigError, EngineConfig, JobConfig
-from pipeline.engines.acceptance import Scrape
+from pipeline.engines.acceptance import Acceptance, Scrape, WindowAcceptance
 from pipeline.engines.base import Server, ServerError, ServerSpec
 from pipeline.engines.engine import Target
 from pipeline.engines.models import resolve_model
-from pipeline.engines.sglang_acceptance import SglangAcceptance
 from pipeline.load.client import RequestRecord
 
 # What the two URLs are called in the config, for messages.
@@ -221,6 +220,6 @@ class ExternalEngine:
         return False
 
     def window_acceptance(
-        self, records: Sequence[RequestRecord], after: Scrape, base_url: str
-    ) -> SglangAcceptance | None:
-        return None
+        self, records: Sequence[RequestRecord], counters: Acceptance, after: Scrape, base_url: str
+    ) -> WindowAcceptance:
+        return WindowAcceptance.of_counters(counters)

@@ -21,10 +21,10 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from pipeline.config import ConfigError, EngineConfig, JobConfig, SpecConfig
-from pipeline.engines.acceptance import Scrape
+from pipeline.engines.acceptance import Acceptance, Scrape, WindowAcceptance
 from pipeline.engines.base import EngineServer, Server, ServerSpec
 from pipeline.engines.engine import Target, check_extra_args, launch_args, planned_device, resolve_models
-from pipeline.engines.sglang_acceptance import SglangAcceptance, server_info, sglang_acceptance
+from pipeline.engines.sglang_acceptance import server_info, sglang_acceptance
 from pipeline.engines.vllm import EngineNotInstalled, LaunchPlan, run_probe
 from pipeline.load.client import RequestRecord
 
@@ -295,6 +295,6 @@ class SglangEngine:
         return engine.prefix_cache not in ("off", "as_is")
 
     def window_acceptance(
-        self, records: Sequence[RequestRecord], after: Scrape, base_url: str
-    ) -> SglangAcceptance | None:
-        return sglang_acceptance(records, after, server_info(base_url))
+        self, records: Sequence[RequestRecord], counters: Acceptance, after: Scrape, base_url: str
+    ) -> WindowAcceptance:
+        return sglang_acceptance(records, after, server_info(base_url)).on_scale(counters)

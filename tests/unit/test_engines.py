@@ -47,6 +47,15 @@ def test_what_each_engine_does_differently_comes_from_its_object() -> None:
     assert report_note("vllm") is None and "SGLang" in (report_note("sglang") or "")
 
 
+@pytest.mark.parametrize("name", ["vllm", "external"])
+def test_where_the_counters_are_the_whole_story_the_window_acceptance_is_theirs(name: str) -> None:
+    from pipeline.engines.acceptance import Acceptance, Scrape, WindowAcceptance
+
+    counters = Acceptance(source="vllm-v1-counters", num_drafts=3.0, acceptance_length=2.5)
+    on_scale = ENGINES[name].window_acceptance([], counters, Scrape(), "http://127.0.0.1:9")
+    assert on_scale == WindowAcceptance(2.5, "vllm-v1-counters")
+
+
 def test_a_dry_run_label_and_version_note_come_from_the_engine() -> None:
     from packaging.version import Version
 
@@ -80,6 +89,19 @@ def test_nothing_outside_engines_branches_on_an_engines_name() -> None:
     outside = [p for p in PIPELINE.rglob("*.py") if "engines" not in p.relative_to(PIPELINE).parts]
     found = [hit for p in outside for hit in _name_branches(p)]
     assert not found, f"ask the engine object (pipeline/engines/registry.py) instead: {found}"
+
+
+def test_nothing_outside_engines_reads_sglangs_own_records() -> None:
+    """A window's acceptance reaches the sweep as a WindowAcceptance, whatever served it."""
+    own = ("pipeline.engines.sglang", "pipeline.engines.sglang_acceptance")
+    outside = [p for p in PIPELINE.rglob("*.py") if "engines" not in p.relative_to(PIPELINE).parts]
+    found = [
+        f"{p.relative_to(PIPELINE.parent)}:{node.lineno}"
+        for p in outside
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, ast.ImportFrom) and node.module in own
+    ]
+    assert not found, f"read WindowAcceptance (pipeline/engines/acceptance.py) instead: {found}"
 
 
 def test_the_name_check_finds_a_branch(tmp_path: Path) -> None:
