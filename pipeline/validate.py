@@ -1,6 +1,8 @@
 """The checks that refuse a config before anything runs: each error names the key and the fix.
 
-Engine-independent; each engine adds its own checks (``pipeline.engines.vllm``, ``.sglang``).
+Every declared rule (:class:`pipeline.config.Valid`), then what settings mean together. What
+an engine refuses of a job is its own (:meth:`pipeline.engines.engine.Engine.check`, called
+here); what needs its install, device or models is checked when the driver resolves it.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def validate(job: JobConfig) -> None:
     _validate_addresses(job)
     _validate_exposure(job.engine)
     _validate_revision(job.model.id, job.model.revision)
-    _validate_external(job)
+    ENGINES[job.engine.name].check(job)  # what is the engine's own to refuse
     _validate_search(job)
     _validate_paired_gate(job)
 
@@ -202,61 +204,6 @@ def _validate_revision(model_id: str, revision: str | None) -> None:
         raise ConfigError(
             f"model.revision pins a hub model's commit; model.id={model_id} is local, and its files are its "
             "revision (the gate keys on a digest of them): remove model.revision"
-        )
-
-
-def _validate_external(job: JobConfig) -> None:
-    """engine=external measures two servers that already run: what would start, restart or
-    reconfigure a server is refused, not ignored."""
-    from pipeline.engines.external import url_problem
-
-    engine = job.engine
-    if ENGINES[engine.name].starts_servers:
-        _validate_not_external(engine)
-        return
-    for key in ("url", "baseline_url"):
-        problem = url_problem(f"engine.{key}", getattr(engine, key))
-        if problem:
-            raise ConfigError(problem)
-    if engine.url.rstrip("/") == engine.baseline_url.rstrip("/"):  # type: ignore[union-attr]
-        raise ConfigError(
-            "engine.url and engine.baseline_url are the same server; the baseline is the same model served "
-            "without speculation, at its own address"
-        )
-    if job.spec.method == "none" or job.aa:
-        raise ConfigError(
-            "engine=external compares the speculative server at engine.url with engine.baseline_url; set spec to "
-            "the method engine.url runs, e.g. spec=eagle3 spec.k=3 (aa=true needs two servers specsweep starts)"
-        )
-    if engine.prefix_cache != "as_is":
-        raise ConfigError(
-            f"engine.prefix_cache={engine.prefix_cache} needs a cache reset or a server flag, which a server that "
-            f"is not ours does not give; engine=external measures the cache as it is: engine.prefix_cache=as_is"
-        )
-    ignored = [name for name in ("extra_args", "env", "env_from", "python") if getattr(engine, name)]
-    if ignored:
-        raise ConfigError(
-            f"engine.{ignored[0]} configures a server specsweep starts; engine=external starts none, so it would "
-            f"be ignored: remove it"
-        )
-    if job.repeats.restart:
-        raise ConfigError("repeats.restart=true restarts servers, which engine=external cannot; set it to false")
-    if job.engine.device == "gpu":
-        raise ConfigError("engine.device=gpu picks the device of a server specsweep starts; remove it")
-
-
-def _validate_not_external(engine: EngineConfig) -> None:
-    """A server specsweep starts has no address of its own to be given, and a cache policy."""
-    for key in ("url", "baseline_url"):
-        if getattr(engine, key):
-            raise ConfigError(
-                f"engine.{key} is for engine=external (servers that already run); with "
-                f"engine={engine.name} specsweep starts its own servers: remove engine.{key}"
-            )
-    if engine.prefix_cache == "as_is":
-        raise ConfigError(
-            "engine.prefix_cache=as_is is for engine=external; a server specsweep starts is measured cold, "
-            "warm or off (engine.prefix_cache=cold is the default)"
         )
 
 

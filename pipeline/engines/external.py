@@ -193,6 +193,42 @@ class ExternalEngine:
         "or server log, and each server's version is what its /version answered"
     )
     emits_k_schedule = False  # its engine is not known here
+    run_prefix = "external-"
+
+    def check(self, job: JobConfig) -> None:
+        """Two servers that already run are measured as they are: what would start, restart or
+        reconfigure a server is refused, not ignored."""
+        engine = job.engine
+        for key in ("url", "baseline_url"):
+            problem = url_problem(f"engine.{key}", getattr(engine, key))
+            if problem:
+                raise ConfigError(problem)
+        if engine.url.rstrip("/") == engine.baseline_url.rstrip("/"):  # type: ignore[union-attr]
+            raise ConfigError(
+                "engine.url and engine.baseline_url are the same server; the baseline is the same model served "
+                "without speculation, at its own address"
+            )
+        if job.spec.method == "none" or job.aa:
+            raise ConfigError(
+                "engine=external compares the speculative server at engine.url with engine.baseline_url; set spec "
+                "to the method engine.url runs, e.g. spec=eagle3 spec.k=3 (aa=true needs two servers specsweep starts)"
+            )
+        if engine.prefix_cache != "as_is":
+            raise ConfigError(
+                f"engine.prefix_cache={engine.prefix_cache} needs a cache reset or a server flag, which a server "
+                f"that is not ours does not give; engine=external measures the cache as it is: "
+                f"engine.prefix_cache=as_is"
+            )
+        ignored = [name for name in ("extra_args", "env", "env_from", "python") if getattr(engine, name)]
+        if ignored:
+            raise ConfigError(
+                f"engine.{ignored[0]} configures a server specsweep starts; engine=external starts none, so it "
+                f"would be ignored: remove it"
+            )
+        if job.repeats.restart:
+            raise ConfigError("repeats.restart=true restarts servers, which engine=external cannot; set it to false")
+        if job.engine.device == "gpu":
+            raise ConfigError("engine.device=gpu picks the device of a server specsweep starts; remove it")
 
     def resolve(self, job: JobConfig, *, build: bool, plan_only: bool) -> Target:
         """Nothing to install or start. The model's tokenizer is still needed (prompt lengths,

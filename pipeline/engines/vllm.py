@@ -22,7 +22,14 @@ from packaging.version import InvalidVersion, Version
 from pipeline.config import ConfigError, EngineConfig, JobConfig, SpecConfig
 from pipeline.engines.acceptance import Acceptance, Scrape, WindowAcceptance
 from pipeline.engines.base import EngineServer, Server, ServerSpec
-from pipeline.engines.engine import Target, check_extra_args, launch_args, planned_device, resolve_models
+from pipeline.engines.engine import (
+    Target,
+    check_extra_args,
+    check_own_servers,
+    launch_args,
+    planned_device,
+    resolve_models,
+)
 from pipeline.engines.models import cache_root
 from pipeline.load.client import RequestRecord
 
@@ -300,6 +307,10 @@ class VllmEngine:
     reset_hint = "the server needs VLLM_SERVER_DEV_MODE=1"
     report_note: str | None = None
     emits_k_schedule = True
+    run_prefix = ""  # the default engine
+
+    def check(self, job: JobConfig) -> None:
+        check_own_servers(job.engine)
 
     def resolve(self, job: JobConfig, *, build: bool, plan_only: bool) -> Target:
         on_gpu, planned_gpu = planned_device(job, plan_only)

@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from pipeline.config import ConfigError, EngineConfig, JobConfig, SweepSettings
+from pipeline.config import ConfigError, JobConfig, SweepSettings
 from pipeline.engines.registry import engine_of
 from pipeline.identity import point_hash, server_key
 from pipeline.load import traces
@@ -36,8 +36,7 @@ def _starts_servers(job: JobConfig) -> bool:
 
 
 def _server_name(role: str, job: JobConfig) -> str:
-    # The default engine's runs go unprefixed; another engine's carry its name.
-    engine = "" if job.engine.name == EngineConfig().name else f"{job.engine.name}-"
+    engine = engine_of(job).run_prefix
     engine = ("ref-" if job.build == "reference" else "") + engine  # gate.mode=paired's reference build
     if job.replica:
         return engine + "baseline-twin"  # the A/A comparison's second server

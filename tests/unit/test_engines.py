@@ -45,6 +45,18 @@ def test_what_each_engine_does_differently_comes_from_its_object() -> None:
     assert not ENGINES["external"].starts_servers and ENGINES["external"].reset_path is None
     assert emits_k_schedule("vllm") and not emits_k_schedule("sglang") and not emits_k_schedule("retired-engine")
     assert report_note("vllm") is None and "SGLang" in (report_note("sglang") or "")
+    # The default engine's runs keep the names they had before there was another engine.
+    assert [ENGINES[n].run_prefix for n in ("vllm", "sglang", "external")] == ["", "sglang-", "external-"]
+
+
+def test_each_engine_refuses_what_is_its_own_to_refuse() -> None:
+    given_url = JobConfig(engine=EngineConfig(url="http://127.0.0.1:9"))
+    for name in ("vllm", "sglang"):
+        with pytest.raises(ConfigError, match="engine.url is for engine=external"):
+            ENGINES[name].check(dataclasses.replace(given_url, engine=dataclasses.replace(given_url.engine, name=name)))
+        ENGINES[name].check(JobConfig())
+    with pytest.raises(ConfigError, match="engine=external needs engine.url"):
+        ENGINES["external"].check(JobConfig())
 
 
 @pytest.mark.parametrize("name", ["vllm", "external"])
