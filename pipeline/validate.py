@@ -225,7 +225,10 @@ def _validate_paired_gate(job: JobConfig) -> None:
         return
     if not gate.enabled:
         raise ConfigError("gate.mode=paired is the regression gate's design: set gate.enabled=true")
-    if job.search != "grid" or job.aa or job.repeats.count > 1 or not ENGINES[job.engine.name].starts_servers:
+    from pipeline.run.search.kinds import SEARCHES
+
+    pairable = SEARCHES[job.search].pairable
+    if not pairable or job.aa or job.repeats.count > 1 or not ENGINES[job.engine.name].starts_servers:
         raise ConfigError(
             "gate.mode=paired measures the grid on fresh servers of both builds, gate.pairs times each: use "
             "search=grid, leave aa and repeats.count at their defaults, and an engine specsweep starts"
@@ -257,38 +260,11 @@ def _validate_paired_gate(job: JobConfig) -> None:
 
 
 def _validate_search(job: JobConfig) -> None:
-    """One job's search settings; what needs the whole grid (two k values) is checked by the planner."""
+    """One job's search settings, by its search (SearchKind.check); what needs the whole grid
+    (two k values) is checked by the planner."""
+    from pipeline.run.search.kinds import SEARCHES
+
     cap = job.capacity
     if not 0 < cap.min_rate <= cap.start_rate:
         raise ConfigError(f"capacity.min_rate={cap.min_rate} must lie in (0, capacity.start_rate={cap.start_rate}]")
-    if job.search == "capacity":
-        slo = job.slo
-        if slo.ttft_ms is None and slo.tpot_ms is None and slo.e2el_ms is None:
-            raise ConfigError(
-                "search=capacity needs an SLO to search under; set at least one of slo.ttft_ms, slo.tpot_ms, "
-                "slo.e2el_ms, e.g. slo.tpot_ms=50"
-            )
-        if job.repeats.count > 1 or job.aa:
-            raise ConfigError("search=capacity measures each server once; drop repeats.count and aa")
-        if job.gate.enabled:
-            raise ConfigError("search=capacity probes adaptive rates that no reference shares; set gate.enabled=false")
-    if job.search == "predict":
-        from pipeline.analysis.kcurve import VALIDATED_METHODS
-
-        if job.spec.method not in ("none", *VALIDATED_METHODS):
-            raise ConfigError(
-                f"search=predict is validated for spec.method in {', '.join(VALIDATED_METHODS)} only (chain drafters "
-                f"whose k-draft is the start of a longer one); spec.method={job.spec.method} needs search=grid"
-            )
-        if not ENGINES[job.engine.name].per_position_counters:
-            raise ConfigError(
-                f"search=predict reads vLLM's per-position acceptance counters; engine={job.engine.name} needs "
-                "search=grid (SGLang's trees with topk > 1 break the prefix property it rests on)"
-            )
-        if job.workload.temperature > 0:
-            raise ConfigError(
-                f"search=predict is validated for greedy decoding only; workload.temperature="
-                f"{job.workload.temperature} needs search=grid or workload.temperature=0"
-            )
-        if job.aa:
-            raise ConfigError("search=predict compares speculative k values; aa=true needs search=grid")
+    SEARCHES[job.search].check(job)
