@@ -40,7 +40,6 @@ def validate(job: JobConfig) -> None:
         if problem:
             raise ConfigError(problem)
     _validate_together(job)
-    _validate_addresses(job)
     _validate_exposure(job.engine)
     _validate_revision(job.model.id, job.model.revision)
     ENGINES[job.engine.name].check(job)  # what is the engine's own to refuse
@@ -170,22 +169,6 @@ def _validate_exposure(engine: EngineConfig) -> None:
             raise ConfigError(f"engine.env_from entry {name!r} is not a variable name; e.g. engine.env_from=[HF_TOKEN]")
         if name not in os.environ:
             raise ConfigError(f"engine.env_from names {name}, which this environment does not set; export {name}=...")
-
-
-def _validate_addresses(job: JobConfig) -> None:
-    """No credential inside an address: outputs, logs and MLflow would keep it."""
-    from urllib.parse import urlsplit
-
-    for key, value, where in (
-        ("tracking.uri", job.tracking.uri, "export MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD"),
-        ("ray.address", job.ray.address, "Ray reads its token from RAY_AUTH_TOKEN: export it"),
-    ):
-        parts = urlsplit(value) if value and "://" in value else None
-        if parts is not None and (parts.username or parts.password):
-            raise ConfigError(
-                f"{key} holds a user name or password, which outputs, logs and MLflow would keep; give the address "
-                f"alone and {where}"
-            )
 
 
 def _validate_revision(model_id: str, revision: str | None) -> None:

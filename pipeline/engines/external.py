@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from pipeline.config import ConfigError, EngineConfig, JobConfig
+from pipeline.config import SERVER_URL, ConfigError, EngineConfig, JobConfig
 from pipeline.engines.acceptance import Acceptance, Scrape, WindowAcceptance
 from pipeline.engines.base import Server, ServerError, ServerSpec
 from pipeline.engines.engine import Target
@@ -36,11 +36,9 @@ def url_problem(key: str, url: str | None) -> str | None:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return f"{key}={url!r} is not an http(s) address; e.g. {key}=http://10.0.0.5:8000"
-    if parts.username or parts.password:
-        return (
-            f"{key} holds a user name or password, which outputs and MLflow would keep; give the address alone "
-            f"(an API key goes in the environment: export OPENAI_API_KEY)"
-        )
+    credentials = SERVER_URL.problem(key, url)  # the declared rule, which validate() applies first
+    if credentials:
+        return credentials
     if parts.query or parts.fragment or parts.path.rstrip("/") not in ("", "/v1"):
         return f"{key}={url!r}: give the server's root (http://host:port), without a path or query"
     return None
