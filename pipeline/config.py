@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
+from urllib.parse import urlsplit
 
 SPEC_METHODS = ("none", "ngram", "draft", "eagle", "eagle3", "medusa", "mtp", "suffix")
 DEVICES = ("auto", "cpu", "gpu")
@@ -58,12 +59,20 @@ class Valid:
     positive: bool = False  # a positive, finite number
     interval: str | None = None  # e.g. "[0, 1)" or "(0, 100]"
     hint: str = ""  # said after the rule: an example, or what null means
+    # An address (a URL): no user name or password in it, since outputs, logs and MLflow keep
+    # every setting. Says where the credentials go instead, e.g. "export RAY_AUTH_TOKEN".
+    address: str | None = None
 
     def problem(self, key: str, value: Any) -> str | None:
         if value is None:
             return None
         if self.choices and value not in self.choices:
             return f"{key}={value!r} is not valid; choose one of: {', '.join(self.choices)}"
+        if self.address is not None and _has_credentials(value):
+            return (
+                f"{key} holds a user name or password, which outputs, logs and MLflow would keep; give the address "
+                f"alone and {self.address}"
+            )
         rule = self._broken(value)
         return f"{key}={value} must {rule}{self.hint}" if rule else None
 
@@ -81,6 +90,15 @@ class Valid:
             if not (low_ok and high_ok):
                 return f"lie in {self.interval}"
         return None
+
+
+def _has_credentials(address: str) -> bool:
+    parts = urlsplit(address) if "://" in address else None  # host:port and "auto" hold none
+    return parts is not None and bool(parts.username or parts.password)
+
+
+# engine=external's two servers: an API key reaches them from the environment (pipeline/load/client.py).
+SERVER_URL = Valid(address="export an API key as OPENAI_API_KEY")
 
 
 def setting(
@@ -138,8 +156,8 @@ class EngineConfig:
     allow_remote: bool = setting(Role.SERVER, False)
     # engine=external only: the speculative server and the same model without speculation,
     # both already running (http://host:port); specsweep measures them and starts nothing.
-    url: str | None = setting(Role.SERVER, None)
-    baseline_url: str | None = setting(Role.SERVER, None)
+    url: str | None = setting(Role.SERVER, None, valid=SERVER_URL)
+    baseline_url: str | None = setting(Role.SERVER, None, valid=SERVER_URL)
 
 
 @dataclass(frozen=True)
@@ -236,7 +254,9 @@ class SloConfig:
 @dataclass(frozen=True)
 class TrackingConfig:
     # None: a SQLite store under the project's mlruns/.
-    uri: str | None = None
+    uri: str | None = setting(
+        None, None, valid=Valid(address="export MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD")
+    )
     experiment: str | None = None  # default: the sweep name
     # Each point also as a `vllm bench serve` result JSON (vllm_result.json): off, summary, or
     # detailed (with --save-detailed's per-request arrays).
@@ -254,7 +274,7 @@ class LosslessConfig:
 @dataclass(frozen=True)
 class RayConfig:
     # None: start a local Ray; "auto" or host:port joins a running cluster.
-    address: str | None = None
+    address: str | None = setting(None, None, valid=Valid(address="Ray reads its token from RAY_AUTH_TOKEN: export it"))
     connect_timeout_s: float = setting(None, 30.0, valid=Valid(above=0))  # an unreachable address fails after this long
     # What each server group asks of a node, e.g. {specsweep_slot: 1} on CPU nodes started
     # with that custom resource, or {GPU: 1}. Empty: one GPU per engine rank on GPU machines,

@@ -1,6 +1,8 @@
 """The checks that refuse a config before anything runs: each error names the key and the fix.
 
-Engine-independent; each engine adds its own checks (``pipeline.engines.vllm``, ``.sglang``).
+Every declared rule (:class:`pipeline.config.Valid`), then what settings mean together. What
+an engine refuses of a job is its own (:meth:`pipeline.engines.engine.Engine.check`, called
+here); what needs its install, device or models is checked when the driver resolves it.
 """
 
 from __future__ import annotations
@@ -38,10 +40,9 @@ def validate(job: JobConfig) -> None:
         if problem:
             raise ConfigError(problem)
     _validate_together(job)
-    _validate_addresses(job)
     _validate_exposure(job.engine)
     _validate_revision(job.model.id, job.model.revision)
-    _validate_external(job)
+    ENGINES[job.engine.name].check(job)  # what is the engine's own to refuse
     _validate_search(job)
     _validate_paired_gate(job)
 
@@ -170,22 +171,6 @@ def _validate_exposure(engine: EngineConfig) -> None:
             raise ConfigError(f"engine.env_from names {name}, which this environment does not set; export {name}=...")
 
 
-def _validate_addresses(job: JobConfig) -> None:
-    """No credential inside an address: outputs, logs and MLflow would keep it."""
-    from urllib.parse import urlsplit
-
-    for key, value, where in (
-        ("tracking.uri", job.tracking.uri, "export MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD"),
-        ("ray.address", job.ray.address, "Ray reads its token from RAY_AUTH_TOKEN: export it"),
-    ):
-        parts = urlsplit(value) if value and "://" in value else None
-        if parts is not None and (parts.username or parts.password):
-            raise ConfigError(
-                f"{key} holds a user name or password, which outputs, logs and MLflow would keep; give the address "
-                f"alone and {where}"
-            )
-
-
 def _validate_revision(model_id: str, revision: str | None) -> None:
     """model.revision pins a hub model; a folder's or the embedded model's files are their own revision."""
     from pathlib import Path
@@ -202,61 +187,6 @@ def _validate_revision(model_id: str, revision: str | None) -> None:
         raise ConfigError(
             f"model.revision pins a hub model's commit; model.id={model_id} is local, and its files are its "
             "revision (the gate keys on a digest of them): remove model.revision"
-        )
-
-
-def _validate_external(job: JobConfig) -> None:
-    """engine=external measures two servers that already run: what would start, restart or
-    reconfigure a server is refused, not ignored."""
-    from pipeline.engines.external import url_problem
-
-    engine = job.engine
-    if ENGINES[engine.name].starts_servers:
-        _validate_not_external(engine)
-        return
-    for key in ("url", "baseline_url"):
-        problem = url_problem(f"engine.{key}", getattr(engine, key))
-        if problem:
-            raise ConfigError(problem)
-    if engine.url.rstrip("/") == engine.baseline_url.rstrip("/"):  # type: ignore[union-attr]
-        raise ConfigError(
-            "engine.url and engine.baseline_url are the same server; the baseline is the same model served "
-            "without speculation, at its own address"
-        )
-    if job.spec.method == "none" or job.aa:
-        raise ConfigError(
-            "engine=external compares the speculative server at engine.url with engine.baseline_url; set spec to "
-            "the method engine.url runs, e.g. spec=eagle3 spec.k=3 (aa=true needs two servers specsweep starts)"
-        )
-    if engine.prefix_cache != "as_is":
-        raise ConfigError(
-            f"engine.prefix_cache={engine.prefix_cache} needs a cache reset or a server flag, which a server that "
-            f"is not ours does not give; engine=external measures the cache as it is: engine.prefix_cache=as_is"
-        )
-    ignored = [name for name in ("extra_args", "env", "env_from", "python") if getattr(engine, name)]
-    if ignored:
-        raise ConfigError(
-            f"engine.{ignored[0]} configures a server specsweep starts; engine=external starts none, so it would "
-            f"be ignored: remove it"
-        )
-    if job.repeats.restart:
-        raise ConfigError("repeats.restart=true restarts servers, which engine=external cannot; set it to false")
-    if job.engine.device == "gpu":
-        raise ConfigError("engine.device=gpu picks the device of a server specsweep starts; remove it")
-
-
-def _validate_not_external(engine: EngineConfig) -> None:
-    """A server specsweep starts has no address of its own to be given, and a cache policy."""
-    for key in ("url", "baseline_url"):
-        if getattr(engine, key):
-            raise ConfigError(
-                f"engine.{key} is for engine=external (servers that already run); with "
-                f"engine={engine.name} specsweep starts its own servers: remove engine.{key}"
-            )
-    if engine.prefix_cache == "as_is":
-        raise ConfigError(
-            "engine.prefix_cache=as_is is for engine=external; a server specsweep starts is measured cold, "
-            "warm or off (engine.prefix_cache=cold is the default)"
         )
 
 
@@ -278,7 +208,10 @@ def _validate_paired_gate(job: JobConfig) -> None:
         return
     if not gate.enabled:
         raise ConfigError("gate.mode=paired is the regression gate's design: set gate.enabled=true")
-    if job.search != "grid" or job.aa or job.repeats.count > 1 or not ENGINES[job.engine.name].starts_servers:
+    from pipeline.run.search.kinds import SEARCHES
+
+    pairable = SEARCHES[job.search].pairable
+    if not pairable or job.aa or job.repeats.count > 1 or not ENGINES[job.engine.name].starts_servers:
         raise ConfigError(
             "gate.mode=paired measures the grid on fresh servers of both builds, gate.pairs times each: use "
             "search=grid, leave aa and repeats.count at their defaults, and an engine specsweep starts"
@@ -310,38 +243,11 @@ def _validate_paired_gate(job: JobConfig) -> None:
 
 
 def _validate_search(job: JobConfig) -> None:
-    """One job's search settings; what needs the whole grid (two k values) is checked by the planner."""
+    """One job's search settings, by its search (SearchKind.check); what needs the whole grid
+    (two k values) is checked by the planner."""
+    from pipeline.run.search.kinds import SEARCHES
+
     cap = job.capacity
     if not 0 < cap.min_rate <= cap.start_rate:
         raise ConfigError(f"capacity.min_rate={cap.min_rate} must lie in (0, capacity.start_rate={cap.start_rate}]")
-    if job.search == "capacity":
-        slo = job.slo
-        if slo.ttft_ms is None and slo.tpot_ms is None and slo.e2el_ms is None:
-            raise ConfigError(
-                "search=capacity needs an SLO to search under; set at least one of slo.ttft_ms, slo.tpot_ms, "
-                "slo.e2el_ms, e.g. slo.tpot_ms=50"
-            )
-        if job.repeats.count > 1 or job.aa:
-            raise ConfigError("search=capacity measures each server once; drop repeats.count and aa")
-        if job.gate.enabled:
-            raise ConfigError("search=capacity probes adaptive rates that no reference shares; set gate.enabled=false")
-    if job.search == "predict":
-        from pipeline.analysis.kcurve import VALIDATED_METHODS
-
-        if job.spec.method not in ("none", *VALIDATED_METHODS):
-            raise ConfigError(
-                f"search=predict is validated for spec.method in {', '.join(VALIDATED_METHODS)} only (chain drafters "
-                f"whose k-draft is the start of a longer one); spec.method={job.spec.method} needs search=grid"
-            )
-        if not ENGINES[job.engine.name].per_position_counters:
-            raise ConfigError(
-                f"search=predict reads vLLM's per-position acceptance counters; engine={job.engine.name} needs "
-                "search=grid (SGLang's trees with topk > 1 break the prefix property it rests on)"
-            )
-        if job.workload.temperature > 0:
-            raise ConfigError(
-                f"search=predict is validated for greedy decoding only; workload.temperature="
-                f"{job.workload.temperature} needs search=grid or workload.temperature=0"
-            )
-        if job.aa:
-            raise ConfigError("search=predict compares speculative k values; aa=true needs search=grid")
+    SEARCHES[job.search].check(job)

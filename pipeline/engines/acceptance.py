@@ -140,6 +140,23 @@ class Acceptance:
         return out
 
 
+@dataclass(frozen=True)
+class WindowAcceptance:
+    """A window's acceptance as the sweep records it, whatever engine served it: the length L
+    (bonus token included) that every engine's figures are compared on, the tag naming where
+    it was read, and the engine's own figures under their own names. :meth:`Engine.window_acceptance`
+    returns one, so that nothing past the engines knows how an engine counts."""
+
+    length: float | None  # L over the window; None where the engine gave none
+    source: str  # the acceptance.source tag, e.g. "vllm-v1-counters"
+    metrics: dict[str, float] = field(default_factory=dict)  # the engine's own figures, besides the counters'
+
+    @staticmethod
+    def of_counters(counters: Acceptance) -> WindowAcceptance:
+        """Where the /metrics counters are the whole story (vLLM, a server that is not ours)."""
+        return WindowAcceptance(counters.acceptance_length, counters.source)
+
+
 RESTARTED = "acceptance not computed: the server restarted during the window ({name} went backwards)"
 
 

@@ -1,7 +1,7 @@
 """The one interface every engine meets, and what a job's servers run (:class:`Target`).
 
-The sweep asks its engine object, never the engine's name: how to check and resolve a job
-(install, device, models), the server's command, the server object that runs it, the label
+The sweep asks its engine object, never the engine's name: how to check a job's settings,
+how to resolve it (install, device, models), the server's command, the server object that runs it, the label
 and version note of the dry run, how the prefix cache is emptied between windows, and what a
 window's acceptance is read from. The implementations are :class:`~pipeline.engines.vllm.VllmEngine`,
 :class:`~pipeline.engines.sglang.SglangEngine` and :class:`~pipeline.engines.external.ExternalEngine`;
@@ -16,11 +16,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pipeline.config import ConfigError, EngineConfig, JobConfig
-from pipeline.engines.acceptance import Scrape
+from pipeline.engines.acceptance import Acceptance, Scrape, WindowAcceptance
 from pipeline.engines.base import Server, ServerSpec
 from pipeline.engines.hardware import gpu_names, resolve_device
 from pipeline.engines.models import resolve_model
-from pipeline.engines.sglang_acceptance import SglangAcceptance
 from pipeline.load.client import RequestRecord
 
 
@@ -74,6 +73,22 @@ def check_extra_args(extra_args: Sequence[str], flags: frozenset[str], engine: s
             )
 
 
+def check_own_servers(engine: EngineConfig) -> None:
+    """What an engine whose servers specsweep starts refuses: an address given for a server it
+    starts, and the cache policy of a server that is not ours."""
+    for key in ("url", "baseline_url"):
+        if getattr(engine, key):
+            raise ConfigError(
+                f"engine.{key} is for engine=external (servers that already run); with "
+                f"engine={engine.name} specsweep starts its own servers: remove engine.{key}"
+            )
+    if engine.prefix_cache == "as_is":
+        raise ConfigError(
+            "engine.prefix_cache=as_is is for engine=external; a server specsweep starts is measured cold, "
+            "warm or off (engine.prefix_cache=cold is the default)"
+        )
+
+
 def launch_args(target: Target, job: JobConfig, port: int) -> dict[str, Any]:
     """What every engine's command is built from."""
     return {
@@ -104,6 +119,14 @@ class Engine(Protocol):
     report_note: str | None
     # Whether the report's tuning advice can give a k schedule in this engine's own format.
     emits_k_schedule: bool
+    # What its servers' and points' names start with: "" for the default engine, whose runs
+    # were named before there was another.
+    run_prefix: str
+
+    def check(self, job: JobConfig) -> None:
+        """Refuse what this engine cannot do with the job's settings, before anything starts:
+        pure (no install, no server, no file), a ConfigError naming the key and the fix."""
+        ...
 
     def resolve(self, job: JobConfig, *, build: bool, plan_only: bool) -> Target:
         """Check the install, device, methods and models; raise ConfigError and the like."""
@@ -122,7 +145,8 @@ class Engine(Protocol):
         ...
 
     def window_acceptance(
-        self, records: Sequence[RequestRecord], after: Scrape, base_url: str
-    ) -> SglangAcceptance | None:
-        """Acceptance read besides the /metrics counters (SGLang's per-request counts)."""
+        self, records: Sequence[RequestRecord], counters: Acceptance, after: Scrape, base_url: str
+    ) -> WindowAcceptance:
+        """The window's acceptance on the one scale: from the /metrics ``counters``, or from what
+        the engine reads besides them (SGLang's per-request counts), with its own figures."""
         ...

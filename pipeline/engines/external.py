@@ -18,12 +18,11 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from pipeline.config import ConfigError, EngineConfig, JobConfig
-from pipeline.engines.acceptance import Scrape
+from pipeline.config import SERVER_URL, ConfigError, EngineConfig, JobConfig
+from pipeline.engines.acceptance import Acceptance, Scrape, WindowAcceptance
 from pipeline.engines.base import Server, ServerError, ServerSpec
 from pipeline.engines.engine import Target
 from pipeline.engines.models import resolve_model
-from pipeline.engines.sglang_acceptance import SglangAcceptance
 from pipeline.load.client import RequestRecord
 
 # What the two URLs are called in the config, for messages.
@@ -37,11 +36,9 @@ def url_problem(key: str, url: str | None) -> str | None:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return f"{key}={url!r} is not an http(s) address; e.g. {key}=http://10.0.0.5:8000"
-    if parts.username or parts.password:
-        return (
-            f"{key} holds a user name or password, which outputs and MLflow would keep; give the address alone "
-            f"(an API key goes in the environment: export OPENAI_API_KEY)"
-        )
+    credentials = SERVER_URL.problem(key, url)  # the declared rule, which validate() applies first
+    if credentials:
+        return credentials
     if parts.query or parts.fragment or parts.path.rstrip("/") not in ("", "/v1"):
         return f"{key}={url!r}: give the server's root (http://host:port), without a path or query"
     return None
@@ -194,6 +191,42 @@ class ExternalEngine:
         "or server log, and each server's version is what its /version answered"
     )
     emits_k_schedule = False  # its engine is not known here
+    run_prefix = "external-"
+
+    def check(self, job: JobConfig) -> None:
+        """Two servers that already run are measured as they are: what would start, restart or
+        reconfigure a server is refused, not ignored."""
+        engine = job.engine
+        for key in ("url", "baseline_url"):
+            problem = url_problem(f"engine.{key}", getattr(engine, key))
+            if problem:
+                raise ConfigError(problem)
+        if engine.url.rstrip("/") == engine.baseline_url.rstrip("/"):  # type: ignore[union-attr]
+            raise ConfigError(
+                "engine.url and engine.baseline_url are the same server; the baseline is the same model served "
+                "without speculation, at its own address"
+            )
+        if job.spec.method == "none" or job.aa:
+            raise ConfigError(
+                "engine=external compares the speculative server at engine.url with engine.baseline_url; set spec "
+                "to the method engine.url runs, e.g. spec=eagle3 spec.k=3 (aa=true needs two servers specsweep starts)"
+            )
+        if engine.prefix_cache != "as_is":
+            raise ConfigError(
+                f"engine.prefix_cache={engine.prefix_cache} needs a cache reset or a server flag, which a server "
+                f"that is not ours does not give; engine=external measures the cache as it is: "
+                f"engine.prefix_cache=as_is"
+            )
+        ignored = [name for name in ("extra_args", "env", "env_from", "python") if getattr(engine, name)]
+        if ignored:
+            raise ConfigError(
+                f"engine.{ignored[0]} configures a server specsweep starts; engine=external starts none, so it "
+                f"would be ignored: remove it"
+            )
+        if job.repeats.restart:
+            raise ConfigError("repeats.restart=true restarts servers, which engine=external cannot; set it to false")
+        if job.engine.device == "gpu":
+            raise ConfigError("engine.device=gpu picks the device of a server specsweep starts; remove it")
 
     def resolve(self, job: JobConfig, *, build: bool, plan_only: bool) -> Target:
         """Nothing to install or start. The model's tokenizer is still needed (prompt lengths,
@@ -221,6 +254,6 @@ class ExternalEngine:
         return False
 
     def window_acceptance(
-        self, records: Sequence[RequestRecord], after: Scrape, base_url: str
-    ) -> SglangAcceptance | None:
-        return None
+        self, records: Sequence[RequestRecord], counters: Acceptance, after: Scrape, base_url: str
+    ) -> WindowAcceptance:
+        return WindowAcceptance.of_counters(counters)

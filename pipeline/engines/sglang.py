@@ -21,10 +21,17 @@ from pathlib import Path
 from packaging.version import InvalidVersion, Version
 
 from pipeline.config import ConfigError, EngineConfig, JobConfig, SpecConfig
-from pipeline.engines.acceptance import Scrape
+from pipeline.engines.acceptance import Acceptance, Scrape, WindowAcceptance
 from pipeline.engines.base import EngineServer, Server, ServerSpec
-from pipeline.engines.engine import Target, check_extra_args, launch_args, planned_device, resolve_models
-from pipeline.engines.sglang_acceptance import SglangAcceptance, server_info, sglang_acceptance
+from pipeline.engines.engine import (
+    Target,
+    check_extra_args,
+    check_own_servers,
+    launch_args,
+    planned_device,
+    resolve_models,
+)
+from pipeline.engines.sglang_acceptance import server_info, sglang_acceptance
 from pipeline.engines.vllm import EngineNotInstalled, LaunchPlan, run_probe
 from pipeline.load.client import RequestRecord
 
@@ -263,6 +270,10 @@ class SglangEngine:
         "bench spreads a multi-token chunk's gap over its tokens, so its ITL reads lower under speculation"
     )
     emits_k_schedule = False  # its adaptive-speculation tiers: format not verified here
+    run_prefix = "sglang-"
+
+    def check(self, job: JobConfig) -> None:
+        check_own_servers(job.engine)
 
     def resolve(self, job: JobConfig, *, build: bool, plan_only: bool) -> Target:
         # build=False (before anything is built) plans a server even where SGLang cannot run.
@@ -295,6 +306,6 @@ class SglangEngine:
         return engine.prefix_cache not in ("off", "as_is")
 
     def window_acceptance(
-        self, records: Sequence[RequestRecord], after: Scrape, base_url: str
-    ) -> SglangAcceptance | None:
-        return sglang_acceptance(records, after, server_info(base_url))
+        self, records: Sequence[RequestRecord], counters: Acceptance, after: Scrape, base_url: str
+    ) -> WindowAcceptance:
+        return sglang_acceptance(records, after, server_info(base_url)).on_scale(counters)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from pipeline.engines.acceptance import Scrape
+from pipeline.engines.acceptance import Acceptance, Scrape, WindowAcceptance
 from pipeline.load.client import RequestRecord
 
 SGLANG_ACCEPT_LENGTH = "sglang:spec_accept_length"
@@ -46,6 +46,12 @@ class SglangAcceptance:
             ("sglang_avg_spec_accept_length_since_start", self.since_start_length),
         )
         return {k: v for k, v in pairs if v is not None}
+
+    def on_scale(self, counters: Acceptance) -> WindowAcceptance:
+        """The window's L from the per-request counts, which cover exactly the window; the
+        /metrics counters' source stands only where no request was counted."""
+        source = "sglang-per-request" if self.window_length else counters.source
+        return WindowAcceptance(self.window_length, source, self.as_metrics())
 
 
 def server_info_accept_length(info: dict) -> float | None:

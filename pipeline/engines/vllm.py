@@ -20,11 +20,17 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from pipeline.config import ConfigError, EngineConfig, JobConfig, SpecConfig
-from pipeline.engines.acceptance import Scrape
+from pipeline.engines.acceptance import Acceptance, Scrape, WindowAcceptance
 from pipeline.engines.base import EngineServer, Server, ServerSpec
-from pipeline.engines.engine import Target, check_extra_args, launch_args, planned_device, resolve_models
+from pipeline.engines.engine import (
+    Target,
+    check_extra_args,
+    check_own_servers,
+    launch_args,
+    planned_device,
+    resolve_models,
+)
 from pipeline.engines.models import cache_root
-from pipeline.engines.sglang_acceptance import SglangAcceptance
 from pipeline.load.client import RequestRecord
 
 JSON_CONFIG_SINCE = Version("0.8.0")
@@ -301,6 +307,10 @@ class VllmEngine:
     reset_hint = "the server needs VLLM_SERVER_DEV_MODE=1"
     report_note: str | None = None
     emits_k_schedule = True
+    run_prefix = ""  # the default engine
+
+    def check(self, job: JobConfig) -> None:
+        check_own_servers(job.engine)
 
     def resolve(self, job: JobConfig, *, build: bool, plan_only: bool) -> Target:
         on_gpu, planned_gpu = planned_device(job, plan_only)
@@ -330,6 +340,6 @@ class VllmEngine:
         return engine.prefix_cache not in ("off", "as_is") and not engine.allow_remote
 
     def window_acceptance(
-        self, records: Sequence[RequestRecord], after: Scrape, base_url: str
-    ) -> SglangAcceptance | None:
-        return None  # the /metrics counters are the whole story
+        self, records: Sequence[RequestRecord], counters: Acceptance, after: Scrape, base_url: str
+    ) -> WindowAcceptance:
+        return WindowAcceptance.of_counters(counters)  # the /metrics counters are the whole story

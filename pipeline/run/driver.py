@@ -39,7 +39,6 @@ from pipeline.run.plan import (
     describe,
     estimate_s,
     plan_sweep,
-    search_note,
 )
 from pipeline.run.plumbing import cluster, diskfull
 from pipeline.run.plumbing.errors import LaunchError, Unreachable
@@ -172,7 +171,7 @@ class Sweep:
         shown = self.kind.shown(self.plan)
         lines = [_server_line(self.targets[g.index], g.server_job) for g in shown.groups]
         print(describe(shown, lines, self.on_gpu))
-        print(search_note(self.settings))
+        print(self.kind.note(self.settings))
         if more := self.kind.describe(shown):
             print(more)
 
@@ -280,7 +279,7 @@ class Sweep:
             f"plan: {len(shown.groups)} server(s), {len(shown.points)} point(s) to measure"
             + (f", {skipped} already finished (force=true re-measures them)" if skipped else "")
             + f"; estimated ~{estimate_s(shown, self.on_gpu) / 60:.1f} min (rough)\n"
-            + (f"{search_note(settings)}\n" if settings.search != "grid" else "")
+            + (f"{note}\n" if (note := self.kind.note(settings)) else "")
             + f"MLflow: {self.store.tracking_uri} (experiment {self.experiment!r})"
         )
 

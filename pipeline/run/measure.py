@@ -19,13 +19,13 @@ from pipeline.engines.acceptance import (
     MetricsFormatError,
     PrefixCacheWindow,
     Scrape,
+    WindowAcceptance,
     acceptance_between,
     parse_scrape,
     prefix_cache_between,
 )
 from pipeline.engines.engine import Engine
 from pipeline.engines.registry import engine_of
-from pipeline.engines.sglang_acceptance import SglangAcceptance
 from pipeline.load.client import ClientOptions, RequestRecord
 from pipeline.load.items import Request
 from pipeline.load.loadgen import StopRule, Window, run_window
@@ -47,10 +47,10 @@ WINDOW_STOPPED = "window stopped early: "
 @dataclass(frozen=True)
 class Measurement:
     window: Window
-    acceptance: Acceptance
+    acceptance: Acceptance  # the /metrics counters' figures
+    on_scale: WindowAcceptance  # the window's L and its source, as the engine reads them
     prefix_cache: PrefixCacheWindow
     summary: dict[str, float]
-    sglang: SglangAcceptance | None = None  # SGLang servers only
     kv_capacity: dict[str, float] = field(default_factory=dict)  # vLLM's KV cache size (Scrape.kv_capacity)
 
 
@@ -189,12 +189,11 @@ def measure(
     acceptance = acceptance_between(before, after)
     if note:
         acceptance = Acceptance(source="none", note=note)
-    sglang = engine.window_acceptance(window.records, after, base_url)
     return Measurement(
         window=window,
         acceptance=acceptance,
+        on_scale=engine.window_acceptance(window.records, acceptance, after, base_url),
         prefix_cache=prefix_cache_between(before, after),
         summary=summarize(window.records, window.duration_s, job.slo, job.load.request_rate),
-        sglang=sglang,
         kv_capacity=after.kv_capacity,
     )

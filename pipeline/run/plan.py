@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from pipeline.config import ConfigError, EngineConfig, JobConfig, SweepSettings
+from pipeline.config import ConfigError, JobConfig
 from pipeline.engines.registry import engine_of
 from pipeline.identity import point_hash, server_key
 from pipeline.load import traces
@@ -36,8 +36,7 @@ def _starts_servers(job: JobConfig) -> bool:
 
 
 def _server_name(role: str, job: JobConfig) -> str:
-    # The default engine's runs go unprefixed; another engine's carry its name.
-    engine = "" if job.engine.name == EngineConfig().name else f"{job.engine.name}-"
+    engine = engine_of(job).run_prefix
     engine = ("ref-" if job.build == "reference" else "") + engine  # gate.mode=paired's reference build
     if job.replica:
         return engine + "baseline-twin"  # the A/A comparison's second server
@@ -227,19 +226,3 @@ def describe(plan: SweepPlan, servers: Sequence[ServerLine], on_gpu: bool) -> st
         f"estimated time: ~{estimate_s(plan, on_gpu) / 60:.1f} min (rough: start-ups dominate on CPU)",
     ]
     return "\n".join(lines)
-
-
-def search_note(settings: SweepSettings) -> str:
-    """What a search other than the grid does beyond the plan printed for it."""
-    if settings.search == "predict":
-        return (
-            f"search=predict: the baseline and the largest k of each method are measured first; then at most "
-            f"{settings.predict.max_confirm} more server(s) per method confirm the predicted best k"
-        )
-    if settings.search == "capacity":
-        c = settings.capacity
-        return (
-            f"search=capacity: each server probes from {c.start_rate:g} req/s (bracketing, then bisection to "
-            f"{c.resolution:.0%}), at most {c.max_probes} windows per server"
-        )
-    return ""

@@ -49,16 +49,15 @@ def point_tags(point: Point, target: Target, version: str, confirms: str | None 
 
 
 def point_metrics(measurement: Measurement, k: int, startup_s: float | None) -> dict[str, float]:
-    # One scale for every engine: L over the window (vLLM's counters, SGLang's per-request
-    # verify counts) and the alpha it implies at k. Each engine's native rate keeps its own name.
-    sglang = measurement.sglang
-    length = sglang.window_length if sglang else measurement.acceptance.acceptance_length
+    # One scale for every engine: L over the window, as its engine reads it, and the alpha it
+    # implies at k. Each engine's native figures keep their own names.
+    on_scale = measurement.on_scale
     k_eff = measurement.acceptance.effective_k or k
     return {
         **measurement.summary,
         **measurement.acceptance.as_metrics(),
-        **(sglang.as_metrics() if sglang else {}),
-        **normalized(length, k_eff),
+        **on_scale.metrics,
+        **normalized(on_scale.length, k_eff),
         **measurement.prefix_cache.as_metrics(),
         **measurement.kv_capacity,
         **({"server_startup_s": startup_s} if startup_s is not None else {}),
@@ -154,8 +153,7 @@ def _log_point(
     tracker.log_file(run_id, point_dir / "summary.json")
     tracker.log_file(run_id, point_dir / "requests.csv")
     tracker.log_file(run_id, point_dir / vllm_result.FILE_NAME)  # where tracking.vllm_result wrote one
-    source = "sglang-per-request" if measurement.sglang and measurement.sglang.window_length else None
-    tags = {"acceptance.source": source or measurement.acceptance.source}
+    tags = {"acceptance.source": measurement.on_scale.source}
     if measurement.acceptance.note:
         print(f"[{point.label}] {measurement.acceptance.note}")
         tags["acceptance.note"] = measurement.acceptance.note

@@ -160,6 +160,13 @@ CASES: list[tuple[str, bool, list[str], str]] = [
         ["tracking.uri=http://me:sentinel@127.0.0.1:5000"],
         "export MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD",
     ),
+    (
+        "credential-in-ray-address",
+        True,
+        ["ray.address=ray://me:sentinel@127.0.0.1:10001"],
+        "ray.address holds a user name or password, which outputs, logs and MLflow would keep; give the address "
+        "alone and Ray reads its token from RAY_AUTH_TOKEN: export it",
+    ),
     # workloads and their files
     ("max-tokens", False, ["workload.max_tokens=0"], "workload.max_tokens=0 must be >= 1"),
     (

@@ -220,3 +220,35 @@ def test_declared_rules_say_the_key_the_rule_and_the_fix() -> None:
     found = {key: valid.problem(key, value) for key, value, valid in declared(JobConfig())}
     assert not [k for k, p in found.items() if p], found
     assert {"load.num_requests", "gate.history", "capacity.max_probes", "seed", "workload.temperature"} <= set(found)
+
+
+def _addresses(section: type, prefix: str = "") -> dict[str, dataclasses.Field]:
+    """Every setting that holds an address (a URL, URI or Ray address, by its name), in every section."""
+    from typing import get_type_hints
+
+    hints = get_type_hints(section)  # the schema's annotations are strings (from __future__ import annotations)
+    found = {}
+    for field in dataclasses.fields(section):
+        if dataclasses.is_dataclass(hints[field.name]):
+            found |= _addresses(hints[field.name], f"{prefix}{field.name}.")
+        elif field.name.rsplit("_", 1)[-1] in ("url", "uri", "address"):
+            found[f"{prefix}{field.name}"] = field
+    return found
+
+
+def test_every_address_declares_that_it_holds_no_credential() -> None:
+    """One declared rule refuses a user name or password in any address (config.Valid.address),
+    each naming where the credentials go instead."""
+    from pipeline.config import VALID
+
+    found = _addresses(JobConfig)
+    assert {"tracking.uri", "ray.address", "engine.url", "engine.baseline_url"} <= set(found)
+    undeclared = [key for key, field in found.items() if getattr(field.metadata.get(VALID), "address", None) is None]
+    assert not undeclared, f"declare valid=Valid(address=...) on {undeclared}"
+    for key, field in found.items():
+        rule = field.metadata[VALID]
+        assert "holds a user name or password" in (rule.problem(key, "https://me:pw@host:1") or "")
+        assert rule.problem(key, "https://host:1") is None and rule.problem(key, "host:6379") is None
+    assert "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD" in (
+        found["tracking.uri"].metadata[VALID].problem("tracking.uri", "http://me:pw@h:5000") or ""
+    )

@@ -45,6 +45,27 @@ def test_what_each_engine_does_differently_comes_from_its_object() -> None:
     assert not ENGINES["external"].starts_servers and ENGINES["external"].reset_path is None
     assert emits_k_schedule("vllm") and not emits_k_schedule("sglang") and not emits_k_schedule("retired-engine")
     assert report_note("vllm") is None and "SGLang" in (report_note("sglang") or "")
+    # The default engine's runs keep the names they had before there was another engine.
+    assert [ENGINES[n].run_prefix for n in ("vllm", "sglang", "external")] == ["", "sglang-", "external-"]
+
+
+def test_each_engine_refuses_what_is_its_own_to_refuse() -> None:
+    given_url = JobConfig(engine=EngineConfig(url="http://127.0.0.1:9"))
+    for name in ("vllm", "sglang"):
+        with pytest.raises(ConfigError, match="engine.url is for engine=external"):
+            ENGINES[name].check(dataclasses.replace(given_url, engine=dataclasses.replace(given_url.engine, name=name)))
+        ENGINES[name].check(JobConfig())
+    with pytest.raises(ConfigError, match="engine=external needs engine.url"):
+        ENGINES["external"].check(JobConfig())
+
+
+@pytest.mark.parametrize("name", ["vllm", "external"])
+def test_where_the_counters_are_the_whole_story_the_window_acceptance_is_theirs(name: str) -> None:
+    from pipeline.engines.acceptance import Acceptance, Scrape, WindowAcceptance
+
+    counters = Acceptance(source="vllm-v1-counters", num_drafts=3.0, acceptance_length=2.5)
+    on_scale = ENGINES[name].window_acceptance([], counters, Scrape(), "http://127.0.0.1:9")
+    assert on_scale == WindowAcceptance(2.5, "vllm-v1-counters")
 
 
 def test_a_dry_run_label_and_version_note_come_from_the_engine() -> None:
@@ -80,6 +101,19 @@ def test_nothing_outside_engines_branches_on_an_engines_name() -> None:
     outside = [p for p in PIPELINE.rglob("*.py") if "engines" not in p.relative_to(PIPELINE).parts]
     found = [hit for p in outside for hit in _name_branches(p)]
     assert not found, f"ask the engine object (pipeline/engines/registry.py) instead: {found}"
+
+
+def test_nothing_outside_engines_reads_sglangs_own_records() -> None:
+    """A window's acceptance reaches the sweep as a WindowAcceptance, whatever served it."""
+    own = ("pipeline.engines.sglang", "pipeline.engines.sglang_acceptance")
+    outside = [p for p in PIPELINE.rglob("*.py") if "engines" not in p.relative_to(PIPELINE).parts]
+    found = [
+        f"{p.relative_to(PIPELINE.parent)}:{node.lineno}"
+        for p in outside
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, ast.ImportFrom) and node.module in own
+    ]
+    assert not found, f"read WindowAcceptance (pipeline/engines/acceptance.py) instead: {found}"
 
 
 def test_the_name_check_finds_a_branch(tmp_path: Path) -> None:

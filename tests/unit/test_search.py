@@ -3,6 +3,7 @@ what the predictor feeds the model, the capacity probe loop, and the report's se
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import math
 from pathlib import Path
@@ -13,12 +14,22 @@ import pytest
 
 from pipeline.analysis import figures, iplots, plots, search_report
 from pipeline.analysis.samples import Sample, ServerSpread, StatsOptions
-from pipeline.config import CapacityConfig, ConfigError, JobConfig, LoadConfig, SloConfig, SpecConfig
+from pipeline.config import (
+    SEARCH_MODES,
+    CapacityConfig,
+    ConfigError,
+    JobConfig,
+    LoadConfig,
+    SloConfig,
+    SpecConfig,
+    SweepSettings,
+)
 from pipeline.identity import point_hash
 from pipeline.load.slo import SloTarget
 from pipeline.run.outcomes import GroupOutcome, PointOutcome
 from pipeline.run.plan import Point, ServerGroup, SweepPlan, plan_sweep
 from pipeline.run.search import capacity_points, predict_phases, predicting
+from pipeline.run.search.kinds import SEARCHES
 from pipeline.run.search.profiles import Bracketing, Measured
 from pipeline.run.search.strategy import Capacity, Context
 from pipeline.validate import validate
@@ -82,6 +93,53 @@ def test_predict_settings_are_checked(changes: dict, message: str) -> None:
 def test_capacity_settings_are_checked(capacity: CapacityConfig, slo: SloConfig, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         validate(dataclasses.replace(JobConfig(), search="capacity", capacity=capacity, slo=slo))
+
+
+def test_each_search_says_what_it_does_beyond_its_plan() -> None:
+    settings = SweepSettings.of([JobConfig()])
+    assert SEARCHES["grid"].note(settings) == ""
+    assert SEARCHES["predict"].note(settings).startswith("search=predict: the baseline and the largest k")
+    assert "at most 1 more server(s) per method" in SEARCHES["predict"].note(settings)
+    assert SEARCHES["capacity"].note(settings) == (
+        "search=capacity: each server probes from 1 req/s (bracketing, then bisection to 10%), at most 8 windows "
+        "per server"
+    )
+    assert [name for name, kind in SEARCHES.items() if kind.pairable] == ["grid"]  # what gate.mode=paired measures
+
+
+def test_every_search_mode_is_a_kind() -> None:
+    assert set(SEARCHES) == set(SEARCH_MODES)
+
+
+def _mode_comparisons(path: Path, root: Path) -> list[str]:
+    """Comparisons of a value with a search mode's name (==, !=, in a literal tuple, list or set)."""
+
+    def names(node: ast.expr) -> list[object]:
+        if isinstance(node, ast.Constant):
+            return [node.value]
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return [e.value for e in node.elts if isinstance(e, ast.Constant)]
+        return []
+
+    return [
+        f"{path.relative_to(root)}:{node.lineno}"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Compare)
+        and any(name in SEARCH_MODES for side in (node.left, *node.comparators) for name in names(side))
+    ]
+
+
+def test_nothing_outside_run_search_compares_a_value_with_a_search_modes_name() -> None:
+    pipeline = Path(__file__).resolve().parents[2] / "pipeline"
+    outside = [p for p in pipeline.rglob("*.py") if p.relative_to(pipeline).parts[:2] != ("run", "search")]
+    found = [hit for p in outside for hit in _mode_comparisons(p, pipeline.parent)]
+    assert not found, f"ask the search's kind (pipeline/run/search/kinds.py) instead: {found}"
+
+
+def test_the_mode_check_finds_a_comparison(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text('def f(s):\n    return s.search == "predict" or s.search in ("grid", "capacity")\n')
+    assert _mode_comparisons(probe, tmp_path) == ["probe.py:2", "probe.py:2"]
 
 
 def test_slo_decision_settings_are_not_part_of_a_point() -> None:

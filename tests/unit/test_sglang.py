@@ -12,8 +12,16 @@ from packaging.version import Version
 
 from pipeline.config import ConfigError, EngineConfig, JobConfig, SpecConfig, WorkloadConfig
 from pipeline.engines import sglang
-from pipeline.engines.acceptance import alpha_from_length, expected_length, normalized, parse_scrape
-from pipeline.engines.sglang_acceptance import server_info_accept_length, sglang_acceptance
+from pipeline.engines.acceptance import (
+    Acceptance,
+    WindowAcceptance,
+    alpha_from_length,
+    expected_length,
+    normalized,
+    parse_scrape,
+)
+from pipeline.engines.registry import ENGINES
+from pipeline.engines.sglang_acceptance import SglangAcceptance, server_info_accept_length, sglang_acceptance
 from pipeline.engines.vllm import EngineNotInstalled
 from pipeline.load.client import ClientOptions
 from pipeline.load.items import Request
@@ -218,6 +226,7 @@ def test_acceptance_through_sglang_generate_stream_end_to_end(cumulative: bool) 
 
         after = parse_scrape(httpx.get(url + "/metrics").text)
         info = httpx.get(url + "/get_server_info").json()
+        on_scale = ENGINES["sglang"].window_acceptance(records, Acceptance(source="none"), after, url)
     body = server.bodies[0]
     assert body["stream"] is True and body["sampling_params"]["max_new_tokens"] == 11 and "text" in body
     a, b = sorted(records, key=lambda r: r.index)
@@ -238,8 +247,19 @@ def test_acceptance_through_sglang_generate_stream_end_to_end(cumulative: bool) 
     assert metrics_out["sglang_spec_accept_rate_gauge"] == 61.0
     assert metrics_out["sglang_native_accept_length"] == pytest.approx(19 / 7)
     assert metrics_out["sglang_avg_spec_accept_length_since_start"] == 3.1
+    # What the sweep records, through the engine interface: the per-request L, named as such.
+    assert on_scale == WindowAcceptance(result.window_length, "sglang-per-request", metrics_out)
     print(
         f"sglang per-request acceptance length {result.window_length:.4f}, alpha at k=3 "
         f"{cross['acceptance_alpha']:.4f}; gauges {result.gauge_length}, {result.gauge_rate}; since start "
         f"{result.since_start_length}"
+    )
+
+
+def test_a_window_without_counted_requests_keeps_the_counters_source_and_gives_no_length() -> None:
+    """SGLang's L comes from the per-request counts alone: without them there is none, and the
+    acceptance.source tag stays the /metrics one."""
+    counters = Acceptance(source="vllm-v1-counters", acceptance_length=2.0)
+    assert SglangAcceptance(gauge_length=2.9).on_scale(counters) == WindowAcceptance(
+        None, "vllm-v1-counters", {"sglang_spec_accept_length_gauge": 2.9}
     )

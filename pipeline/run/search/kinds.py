@@ -28,8 +28,18 @@ class _PredictPlans:
         return predict_phases.first_phase(plan)
 
 
+def _no_check(job: JobConfig) -> None:
+    """The grid measures any job that passes the sweep's own checks."""
+
+
+def _no_note(settings: SweepSettings) -> str:
+    return ""
+
+
 @dataclass(frozen=True)
 class SearchKind:
+    """What a search is to everything outside run/search: asked, never compared by name."""
+
     planned: Callable[[Sequence[JobConfig]], SweepPlan]  # the whole plan, refusals first
     shown: Callable[[SweepPlan], SweepPlan]  # what a dry run shows and the estimate covers
     start: Callable[[SweepPlan, Context], Search]
@@ -37,14 +47,36 @@ class SearchKind:
     profile: LoadProfile  # what each server's worker measures (pipeline.run.search.profiles)
     reads_windows: bool = False  # its strategy reads the windows' requests back from MLflow
     describe: Callable[[SweepPlan], str] = lambda plan: ""  # more for the dry run to say of its plan
+    # One job's settings, refused before anything starts (pipeline.validate calls it); what
+    # needs the whole grid is refused by ``planned``.
+    check: Callable[[JobConfig], None] = _no_check
+    # What it does beyond the plan printed for it, said by the dry run and the sweep's start ("" for nothing).
+    note: Callable[[SweepSettings], str] = _no_note
+    # gate.mode=paired may measure its plan on both builds: the grid's, on fresh servers.
+    pairable: bool = False
 
 
 SEARCHES = {
-    "grid": SearchKind(Grid.planned, Grid.shown, Grid, Grid.resumes, Planned()),
+    "grid": SearchKind(Grid.planned, Grid.shown, Grid, Grid.resumes, Planned(), pairable=True),
     "predict": SearchKind(
-        _PredictPlans.planned, _PredictPlans.shown, PredictSearch, PredictSearch.resumes, Planned(), True
+        _PredictPlans.planned,
+        _PredictPlans.shown,
+        PredictSearch,
+        PredictSearch.resumes,
+        Planned(),
+        True,
+        check=predict_phases.check_job,
+        note=predict_phases.note,
     ),
-    "capacity": SearchKind(Capacity.planned, Capacity.shown, Capacity, Capacity.resumes, Bracketing()),
+    "capacity": SearchKind(
+        Capacity.planned,
+        Capacity.shown,
+        Capacity,
+        Capacity.resumes,
+        Bracketing(),
+        check=Capacity.check,
+        note=Capacity.note,
+    ),
 }
 # gate.mode=paired: the grid's plan on both builds, pair by pair, one server after another;
 # every night measures afresh.

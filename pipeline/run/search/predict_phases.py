@@ -4,9 +4,41 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pipeline.config import ConfigError
+from pipeline.config import ConfigError, JobConfig, SweepSettings
+from pipeline.engines.registry import engine_of
 from pipeline.identity import setting_key
 from pipeline.run.plan import Point, SweepPlan
+
+
+def check_job(job: JobConfig) -> None:
+    """What one job of search=predict must be: what the k-curve model was validated on."""
+    from pipeline.analysis.kcurve import VALIDATED_METHODS
+
+    if job.spec.method not in ("none", *VALIDATED_METHODS):
+        raise ConfigError(
+            f"search=predict is validated for spec.method in {', '.join(VALIDATED_METHODS)} only (chain drafters "
+            f"whose k-draft is the start of a longer one); spec.method={job.spec.method} needs search=grid"
+        )
+    if not engine_of(job).per_position_counters:
+        raise ConfigError(
+            f"search=predict reads vLLM's per-position acceptance counters; engine={job.engine.name} needs "
+            "search=grid (SGLang's trees with topk > 1 break the prefix property it rests on)"
+        )
+    if job.workload.temperature > 0:
+        raise ConfigError(
+            f"search=predict is validated for greedy decoding only; workload.temperature="
+            f"{job.workload.temperature} needs search=grid or workload.temperature=0"
+        )
+    if job.aa:
+        raise ConfigError("search=predict compares speculative k values; aa=true needs search=grid")
+
+
+def note(settings: SweepSettings) -> str:
+    """What search=predict does beyond the plan printed for it."""
+    return (
+        f"search=predict: the baseline and the largest k of each method are measured first; then at most "
+        f"{settings.predict.max_confirm} more server(s) per method confirm the predicted best k"
+    )
 
 
 def curves(plan: SweepPlan) -> dict[str, list[Point]]:

@@ -17,7 +17,7 @@ from typing import Protocol
 
 import pandas as pd
 
-from pipeline.config import JobConfig, SweepSettings
+from pipeline.config import ConfigError, JobConfig, SweepSettings
 from pipeline.run.outcomes import GroupOutcome, PointOutcome
 from pipeline.run.plan import Point, SweepPlan, plan_sweep
 from pipeline.run.search import capacity_points
@@ -113,6 +113,29 @@ class Capacity(Grid):
     def planned(jobs: Sequence[JobConfig]) -> SweepPlan:
         plan_sweep(jobs)  # the grid's own refusals first
         return plan_sweep(capacity_points.seed_jobs(jobs))
+
+    @staticmethod
+    def check(job: JobConfig) -> None:
+        """What one job of search=capacity must be: an SLO to search under, one server each."""
+        slo = job.slo
+        if slo.ttft_ms is None and slo.tpot_ms is None and slo.e2el_ms is None:
+            raise ConfigError(
+                "search=capacity needs an SLO to search under; set at least one of slo.ttft_ms, slo.tpot_ms, "
+                "slo.e2el_ms, e.g. slo.tpot_ms=50"
+            )
+        if job.repeats.count > 1 or job.aa:
+            raise ConfigError("search=capacity measures each server once; drop repeats.count and aa")
+        if job.gate.enabled:
+            raise ConfigError("search=capacity probes adaptive rates that no reference shares; set gate.enabled=false")
+
+    @staticmethod
+    def note(settings: SweepSettings) -> str:
+        """What search=capacity does beyond the seed points printed for it."""
+        c = settings.capacity
+        return (
+            f"search=capacity: each server probes from {c.start_rate:g} req/s (bracketing, then bisection to "
+            f"{c.resolution:.0%}), at most {c.max_probes} windows per server"
+        )
 
     def finish(self) -> SearchEnd:
         ran = {o.index: o.ran for o in self.outcomes if o.ran}
