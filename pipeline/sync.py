@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("outputs", type=Path, help="a sweep's output folder, or a folder of them (e.g. outputs/)")
     parser.add_argument("--tracking-uri", help="where to write instead of the store each journal names")
     args = parser.parse_args(argv)
-    startup.configure(verbose=False)
+    startup.begin(verbose=False)
     if not args.outputs.is_dir():
         print(
             f"error: {args.outputs} is not a folder; give a sweep's output folder, e.g. outputs/default",

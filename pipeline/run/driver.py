@@ -263,7 +263,7 @@ class Sweep:
             self.tracker.end_run(self.parent, killed=True)
             print("interrupted: every server was stopped; finished points are in MLflow", file=sys.stderr)
             return ExitCode.INTERRUPTED
-        except SystemExit:  # SIGTERM (pipeline.run.plumbing.signals): stopped, like Ctrl-C, not failed
+        except SystemExit:  # SIGTERM (pipeline.startup.exit_on_sigterm): stopped, like Ctrl-C, not failed
             self.tracker.end_run(self.parent, killed=True)
             print("terminated: every server was stopped; finished points are in MLflow", file=sys.stderr)
             raise

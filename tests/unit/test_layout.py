@@ -188,3 +188,84 @@ def test_no_function_is_longer_than_sixty_lines() -> None:
         and (node.end_lineno or node.lineno) - node.lineno + 1 > MAX_LINES
     )
     assert not long, f"split these by what each part does: {long}"
+
+
+# What a module may call while it is imported: definitions (a dataclass, Hydra's main), the
+# typing and logging objects every module may make, immutable constants, and a record of the
+# package's own types built as a constant. Anything else (a registry written, a handler set, a
+# file read) belongs in a function an entry point calls (pipeline/startup.py).
+IMPORT_TIME_CALLS = {
+    "dataclass",
+    "hydra.main",
+    "TypeVar",
+    "logging.getLogger",
+    "frozenset",
+    "MappingProxyType",
+    "re.compile",
+    "Version",
+    "msgspec.json.Decoder",
+    "Path",
+    "str",
+}
+IMPORT_TIME_METHODS = {"values", "resolve"}  # a constant mapping's values; a path made absolute
+OWN_CLASSES = {
+    node.name
+    for path in MODULES.values()
+    for node in ast.walk(ast.parse(path.read_text()))
+    if isinstance(node, ast.ClassDef)
+}
+
+
+def _dotted(func: ast.expr) -> str:
+    if isinstance(func, ast.Name):
+        return func.id
+    if isinstance(func, ast.Attribute):
+        return f"{_dotted(func.value)}.{func.attr}"
+    return type(func).__name__
+
+
+def _runs_at_import(statement: ast.stmt) -> list[ast.AST]:
+    """The parts of a module-level statement Python evaluates on import: a definition's
+    decorators, bases and defaults, not its body; nothing under ``if __name__ == "__main__"``."""
+    if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return [*statement.decorator_list, *statement.args.defaults, *filter(None, statement.args.kw_defaults)]
+    if isinstance(statement, ast.ClassDef):
+        return [*statement.decorator_list, *statement.bases, *statement.keywords]
+    if isinstance(statement, ast.If) and ast.unparse(statement.test) == "__name__ == '__main__'":
+        return []
+    return [statement]
+
+
+def _import_time_calls(source: str) -> list[str]:
+    """Each call made at import that is not a harmless one: its line and callee."""
+    found = []
+    for statement in ast.parse(source).body:
+        for part in _runs_at_import(statement):
+            for node in ast.walk(part):
+                if not isinstance(node, ast.Call):
+                    continue
+                name = _dotted(node.func)
+                method = isinstance(node.func, ast.Attribute) and node.func.attr in IMPORT_TIME_METHODS
+                if not (name in IMPORT_TIME_CALLS or name in OWN_CLASSES or method):
+                    found.append(f"{node.lineno} {name}")
+    return found
+
+
+def test_importing_a_module_does_nothing() -> None:
+    """An import has no side effect (no registry written, no signal handler set): each entry
+    point sets its process up when it runs."""
+    calls = {name: found for name, path in MODULES.items() if (found := _import_time_calls(path.read_text()))}
+    assert not calls, f"calls made at import: {calls}"
+
+
+def test_the_import_check_finds_a_call() -> None:
+    assert _import_time_calls("import x\nx.setup()\n") == ["2 x.setup"]
+    assert _import_time_calls("@lru_cache()\ndef f() -> None:\n    pass\n") == ["1 lru_cache"]
+    assert _import_time_calls("def f(x: int = g()) -> None:\n    pass\n") == ["1 g"]
+    harmless = (
+        "@dataclass(frozen=True)\nclass A:\n    x: int = field(default=1)\n"
+        "LOG = logging.getLogger(__name__)\nT = TypeVar('T')\nKEYS = frozenset(M.values())\n"
+        "def main() -> None:\n    run()\n"
+        "if __name__ == '__main__':\n    main()\n"
+    )
+    assert _import_time_calls(harmless) == []
