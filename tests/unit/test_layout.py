@@ -176,6 +176,32 @@ def test_no_two_public_functions_or_classes_share_a_name() -> None:
     assert twins and all(twins <= _public_names(m) for m in PER_ENGINE)
 
 
+def _named_like_a_module(functions: dict[str, set[str]], modules: set[str]) -> list[str]:
+    """Public functions (by module) that share a name with another module or package: the
+    module's own name is its one job (``validate.validate``), another's is a second meaning."""
+    return sorted(
+        f"{owner}.{function}"
+        for owner, names in functions.items()
+        for function in names
+        if any(m.rsplit(".", 1)[-1] == function and m != owner for m in modules)
+    )
+
+
+def test_no_function_is_named_like_another_module() -> None:
+    """``judge`` the function and ``pipeline.finish.judge`` the module would read the same in
+    an import line: a function says what it does."""
+    functions = {
+        name: {
+            n.name for n in ast.parse(path.read_text()).body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+        }
+        for name, path in MODULES.items()
+    }
+    functions = {name: {f for f in found if not f.startswith("_")} for name, found in functions.items()}
+    assert not _named_like_a_module(functions, set(MODULES) - {"pipeline"})
+    caught = _named_like_a_module({"a.regression": {"judge"}, "a.judge": {"judge"}}, {"a.judge", "a.regression"})
+    assert caught == ["a.regression.judge"]
+
+
 MAX_LINES = 60  # with ruff's C901 and PLR0912 at 12 (pyproject.toml): a function does one thing
 
 

@@ -263,7 +263,7 @@ def test_report_capacity_headline_gives_each_boundary_and_the_ratio_with_interva
                 }
             )
     target = SloTarget(tpot_s=0.05)
-    curves = search_report.capacity(pd.DataFrame(rows), samples, target, OPTS)
+    curves = search_report.capacity_curves(pd.DataFrame(rows), samples, target, OPTS)
     assert [c.label for c in curves] == ["vllm baseline", "vllm ngram k=3"]
     base, spec = curves
     # Every request passes up to the boundary and misses past it: the goodput share falls from 1 to 0
