@@ -4,15 +4,20 @@ module imports one that imports it; no grab-bag modules."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
-PIPELINE = Path(__file__).resolve().parents[2] / "pipeline"
+ROOT = Path(__file__).resolve().parents[2]
+PIPELINE = ROOT / "pipeline"
+# The sweep's other entry point: Hydra imports the sweeper and the launcher by this namespace.
+PLUGINS = ROOT / "hydra_plugins"
 
 # The layers, top first: a module imports modules of its own layer and of the layers below,
 # never above. Every module of the package belongs to one; there is no list of exceptions.
 LAYERS = (
-    # The commands, and the checks of a command line before anything runs.
+    # The commands and Hydra's plugins, and the checks of a command line before anything runs.
     (
+        "hydra_plugins.specsweep_launcher",
         "pipeline.sweep",
         "pipeline.gate",
         "pipeline.report",
@@ -47,25 +52,26 @@ def _layer(module: str) -> int | None:
 
 def _modules() -> dict[str, Path]:
     found = {}
-    for path in PIPELINE.rglob("*.py"):
-        name = ".".join(path.relative_to(PIPELINE.parent).with_suffix("").parts).removesuffix(".__init__")
+    for path in [*PIPELINE.rglob("*.py"), *PLUGINS.rglob("*.py")]:
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
         found[name] = path
     return found
 
 
 MODULES = _modules()
+OURS = ("pipeline", "hydra_plugins")
 
 
 def _imports(path: Path) -> set[str]:
-    """Every pipeline module this file imports: at the top, inside a function, or for types only."""
+    """Every module of ours this file imports: at the top, inside a function, or for types only."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("pipeline"):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(OURS):
             for alias in node.names:
                 full = f"{node.module}.{alias.name}"
                 found.add(full if full in MODULES else node.module)
         elif isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name.startswith("pipeline")}
+            found |= {a.name for a in node.names if a.name.startswith(OURS)}
     return found
 
 
@@ -133,6 +139,19 @@ def test_analysis_is_pure() -> None:
             roots = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
             roots |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
             assert "mlflow" not in roots and "ray" not in roots, f"{name} imports MLflow or Ray"
+
+
+def _tree(name: str) -> ast.Module:
+    return ast.parse(MODULES[name].read_text())
+
+
+def test_every_package_says_what_it_may_import() -> None:
+    """A package's docstring is its rule, one phrase the same everywhere ("...; may import the
+    base modules only"): a reader learns what it may use before opening its modules."""
+    packages = [name for name, path in MODULES.items() if path.name == "__init__.py"]
+    assert "pipeline.run.search" in packages and "hydra_plugins.specsweep_launcher" in packages
+    silent = [n for n in packages if not re.search(r"\bmay import\b", ast.get_docstring(_tree(n)) or "")]
+    assert not silent, f"say what each may import: {silent}"
 
 
 def test_there_is_no_utils() -> None:
