@@ -7,8 +7,8 @@ only once its config is read, so its driver and each group's worker call :func:`
 then. Quiet by default: MLflow draws a progress bar per artifact download (a dozen while the
 report is built), matplotlib announces its font cache at INFO (Hydra sets the root logger to
 INFO), and Ray notes its own state on every start. ``verbose=true`` keeps all of it. The
-server's log goes to its file either way. Imports nothing of the pipeline: every layer may
-call it.
+server's log goes to its file either way. Imports only the exit codes of the pipeline: every
+layer may call it.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import logging
 import os
 import signal
 from typing import Any
+
+from pipeline.exitcode import signal_exit_code
 
 # Loggers that speak about themselves, not about the sweep, and the level they keep. Ray's
 # token-auth notice is a WARNING on every start ("Token authentication is enabled ...").
@@ -71,7 +73,7 @@ def exit_on_sigterm() -> None:
     def _raise(signum: int, frame: Any) -> None:
         global _received
         _received = signum
-        raise SystemExit(128 + signum)
+        raise SystemExit(signal_exit_code(signum))
 
     try:
         signal.signal(signal.SIGTERM, _raise)
@@ -80,7 +82,7 @@ def exit_on_sigterm() -> None:
 
 
 def exit_code() -> int | None:
-    """128 + the signal that ended this process through :func:`exit_on_sigterm`, if one did.
+    """The code of the signal that ended this process through :func:`exit_on_sigterm`, if one did.
     Ray's ``ray.get`` turns the SystemExit raised inside it into one of code 1, so the
     entry point reads the code from here."""
-    return None if _received is None else 128 + _received
+    return None if _received is None else signal_exit_code(_received)

@@ -31,13 +31,13 @@ def main(argv: list[str] | None = None) -> int:
     found = journals(args.outputs)
     if not found:
         print(f"nothing to sync: no {args.outputs}/**/mlflow-journal.jsonl")
-        return 0
+        return ExitCode.OK
     made, left = replay_journal(found, lambda header: make_tracker(header, args.tracking_uri))
     print(
         f"synced {made} MLflow write(s) from {len(found)} journal(s)"
         + (f"; {left} still left: is the tracking server up? run this again" if left else "")
     )
-    return ExitCode.INFRA if left else 0
+    return ExitCode.INFRA if left else ExitCode.OK
 
 
 if __name__ == "__main__":

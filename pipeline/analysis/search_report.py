@@ -138,7 +138,7 @@ def newest_predictions(group: pd.DataFrame) -> pd.DataFrame:
 
 
 def predictions_table(results: Sequence) -> pd.DataFrame:
-    """Predicted against measured: one row per (curve, k, rate) of search_predict's curve results."""
+    """Predicted against measured: one row per (curve, k, rate) of search=predict's curve results."""
     rows = []
     for result in results:
         for k, rate in sorted(set(result.first) | set(result.measured)):
