@@ -60,7 +60,7 @@ def main() -> int:
     wall, out = sweep_runs.run(project, "capacity", ["search=capacity", f"load.duration_s={args.duration}", *common])
     frame = pd.read_csv(out / "summary.csv")
     target = SloTarget(tpot_s=args.tpot_ms / 1000)
-    curves = search_report.capacity(frame, samples(client, frame), target, StatsOptions())
+    curves = search_report.capacity_curves(frame, samples(client, frame), target, StatsOptions())
     exp = client.get_experiment_by_name("capacity")
     assert exp is not None
     (parent,) = client.search_runs([exp.experiment_id], "tags.role = 'sweep'", max_results=1)

@@ -106,7 +106,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from agreement_vllm_bench import metadata_shim  # noqa: E402
 
-from pipeline.compose import to_job_config  # noqa: E402
+from pipeline import startup  # noqa: E402
+from pipeline.compose import register_schema, to_job_config  # noqa: E402
 from pipeline.config import JobConfig  # noqa: E402
 from pipeline.engines import vllm  # noqa: E402
 from pipeline.engines.base import EngineServer  # noqa: E402
@@ -117,8 +118,7 @@ from pipeline.identity import point_hash  # noqa: E402
 from pipeline.load.items import Request  # noqa: E402
 from pipeline.run.job import point_requests, resolve_target, server_spec  # noqa: E402
 from pipeline.run.measure import reset_prefix_cache  # noqa: E402
-from pipeline.run.plumbing.signals import exit_on_sigterm  # noqa: E402
-from pipeline.sweep import CONF_DIR  # noqa: E402  (importing it registers the config schema)
+from pipeline.sweep import CONF_DIR  # noqa: E402
 
 MODEL = "embedded:smollm2-135m"
 K = 3
@@ -289,6 +289,7 @@ def compose_jobs(settings: Settings, seed: int, output_dir: Path) -> dict[float,
     """Each rate's ngram point as the sweep composes it (the baseline is ``job.baseline()``)."""
     from hydra import compose, initialize_config_dir
 
+    register_schema()  # what the sweep's entry stores before Hydra composes
     jobs = {}
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         for rate in settings.rates:
@@ -671,7 +672,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.repeats < 1 or args.requests < 1 or args.max_tokens < 1 or any(not r > 0 for r in args.rates):
         parser.error("--repeats, --requests, --max-tokens and every rate must be positive")
-    exit_on_sigterm()  # SIGTERM unwinds like Ctrl-C: every server and child is stopped
+    startup.exit_on_sigterm()  # SIGTERM unwinds like Ctrl-C: every server and child is stopped
     started = time.monotonic()
     settings = Settings(
         rates=tuple(sorted(set(args.rates))),

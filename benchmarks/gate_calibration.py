@@ -43,7 +43,7 @@ from scipy import stats as scipy_stats
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pipeline.analysis.regression import GATED, REGRESSED, SUSPECT, Floors, judge  # noqa: E402
+from pipeline.analysis.regression import GATED, REGRESSED, SUSPECT, Floors, judge_against_history  # noqa: E402
 from pipeline.analysis.samples import StatsOptions  # noqa: E402
 from pipeline.finish.judge import measured_points, point_runs  # noqa: E402
 from pipeline.record.readers import HistoryReader  # noqa: E402
@@ -110,7 +110,7 @@ def offline(reader: HistoryReader, current: str, history: list[str], work: Path)
     for run in history:
         for p in point_runs(reader, run, measured_points(reader.children(run)), work):
             past.setdefault(p.key, []).append(p)
-    result = judge(now, past, StatsOptions(), Floors())
+    result = judge_against_history(now, past, StatsOptions(), Floors())
     flagged = [
         f"{f.label} {f.metric} {f.ratio.text} ({f.verdict})"
         for f in result.findings
@@ -187,7 +187,7 @@ def main() -> None:
         for run in unchanged[:-1][-5:]:
             for p in point_runs(reader, run, measured_points(reader.children(run)), work):
                 past.setdefault(p.key, []).append(p)
-        result = judge(current, past, StatsOptions(), Floors())
+        result = judge_against_history(current, past, StatsOptions(), Floors())
         n = min(5, len(unchanged) - 1)
         print(f"smallest slowdown one night detects (reference: {n} nights; no multiplicity correction):")
         for metric in GATED:

@@ -88,7 +88,7 @@ def lateness() -> dict:
         for scale in SCALES:
             workload = WorkloadConfig(name="trace", path=traces.BUNDLED_PATH, time_scale=scale, max_tokens=16)
             replayed = traces.load_replay(workload, None)
-            requests = to_requests(traces.items(replayed, None), workload, None)
+            requests = to_requests(traces.replay_items(replayed, None), workload, None)
             window = run_window(requests, list(replayed.offsets), opts)
             late = np.array([r.lateness_s for r in window.records if r.ok]) * 1e3
             rows[scale] = {
@@ -139,7 +139,7 @@ def _metadata_shim(folder: Path, version: str) -> Path:
 def run_ours(url: str, trace: Path, tokenizer: object) -> dict:
     workload = WorkloadConfig(name="trace", path=str(trace), endpoint="completions", ignore_eos=True, max_tokens=4096)
     replayed = traces.load_replay(workload, None)
-    requests = to_requests(traces.items(replayed, tokenizer), workload, tokenizer)  # type: ignore[arg-type]
+    requests = to_requests(traces.replay_items(replayed, tokenizer), workload, tokenizer)  # type: ignore[arg-type]
     opts = ClientOptions(base_url=url, model=SERVED, endpoint="completions", ignore_eos=True)
     window = run_window(requests, list(replayed.offsets), opts)
     result = summarize(window.records, window.duration_s, SloConfig(), replayed.own_mean_rate)

@@ -3,7 +3,7 @@
 Layers, top first, each importing only its own and those below (tests/unit/test_layout.py):
 the commands (sweep, gate, report, sync, ui, with compose and validate) -> run -> finish ->
 record -> analysis -> engines -> load -> the base modules (config, identity, exitcode,
-startup, redact).
+startup, redact). Each package's docstring says what it may import; this one may import nothing.
 """
 
 from __future__ import annotations

@@ -9,6 +9,11 @@ import signal
 from enum import IntEnum
 
 
+def signal_exit_code(signum: int) -> int:
+    """The code of a process a signal ended, as a shell reports it: 128 + the signal's number."""
+    return 128 + signum
+
+
 class ExitCode(IntEnum):
     OK = 0  # done; with the gate on: pass, or improved
     REGRESSED = 1  # the gate found a regression (confirmed, with gate.confirm=true)
@@ -17,5 +22,5 @@ class ExitCode(IntEnum):
     # history to judge. Measured results are kept either way.
     INCOMPLETE = 3
     INFRA = 4  # the tracking server or the Ray cluster does not answer, or the disk is full
-    INTERRUPTED = 128 + signal.SIGINT  # Ctrl-C: every server stopped, finished points kept
-    TERMINATED = 128 + signal.SIGTERM  # SIGTERM (a scheduler's stop): the same
+    INTERRUPTED = signal_exit_code(signal.SIGINT)  # Ctrl-C: every server stopped, finished points kept
+    TERMINATED = signal_exit_code(signal.SIGTERM)  # SIGTERM (a scheduler's stop): the same

@@ -49,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    startup.configure(verbose=False)
+    startup.begin(verbose=False)
     action, refs = ("judge", args.ref) if args.ref[0] not in ("pin", "unpin") else (args.ref[0], args.ref[1:])
     if len(refs) != 1:
         parser.error(f"give exactly one sweep name or run id (got {len(refs)}): e.g. python -m pipeline.gate nightly")

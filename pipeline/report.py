@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--resamples", type=int, help="bootstrap replicates (default: the sweep's stats.resamples)")
     parser.add_argument("--verbose", action="store_true", help="MLflow's download bars and library notices too")
     args = parser.parse_args(argv)
-    startup.configure(args.verbose)
+    startup.begin(args.verbose)
     uri = args.tracking_uri or resolve_store(TrackingConfig(), args.project.resolve()).tracking_uri
     reader = SweepReader(uri)
     try:

@@ -9,7 +9,6 @@ plans the whole grid and launches one job per server group; each of those jobs l
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import sys
@@ -19,11 +18,11 @@ from typing import Any
 
 import hydra
 
+from pipeline import startup
 from pipeline.compose import GROUP_FILE_KEY, register_schema, to_job_config
 from pipeline.config import ConfigError
 from pipeline.exitcode import ExitCode
 from pipeline.run.plumbing import entry
-from pipeline.run.plumbing.signals import exit_on_sigterm
 
 RAY_PACKAGE_DIR = "runtime_resources/working_dir_files"
 STABLE_COPY_ENV = "SPECSWEEP_JOB_COPY"
@@ -58,11 +57,7 @@ def run_group_file(path: str, out_dir: Path) -> Any:
 
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")
 def main(cfg: Any) -> Any:
-    entry.entered()
-    exit_on_sigterm()
-    logging.raiseExceptions = False  # a log file on a full disk: no traceback per line
-    # Hydra sets the root logger to INFO; a line per HTTP request buries the progress bar.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    startup.begin(verbose=None)  # how loud: once the config is read (the driver, each group)
     if cfg.get(GROUP_FILE_KEY):
         return run_group_file(cfg[GROUP_FILE_KEY], Path(cfg.output_dir).resolve())
     try:
@@ -86,8 +81,14 @@ def main(cfg: Any) -> Any:
     return None
 
 
-register_schema()
+def cli() -> None:
+    """``python -m pipeline.sweep``: only the driver runs this (a Ray task imports the module,
+    and must stay put). The schema is Hydra's global state, so it is stored here rather than at
+    import; :func:`main` reads it when it composes, a multirun's sweeper and launcher after it."""
+    run_from_a_stable_copy()
+    register_schema()
+    entry.run_command(main)
+
 
 if __name__ == "__main__":
-    run_from_a_stable_copy()  # only the driver: a Ray task imports this module, and must stay put
-    entry.run_command(main)
+    cli()

@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("outputs", type=Path, help="a sweep's output folder, or a folder of them (e.g. outputs/)")
     parser.add_argument("--tracking-uri", help="where to write instead of the store each journal names")
     args = parser.parse_args(argv)
-    startup.configure(verbose=False)
+    startup.begin(verbose=False)
     if not args.outputs.is_dir():
         print(
             f"error: {args.outputs} is not a folder; give a sweep's output folder, e.g. outputs/default",
@@ -31,13 +31,13 @@ def main(argv: list[str] | None = None) -> int:
     found = journals(args.outputs)
     if not found:
         print(f"nothing to sync: no {args.outputs}/**/mlflow-journal.jsonl")
-        return 0
+        return ExitCode.OK
     made, left = replay_journal(found, lambda header: make_tracker(header, args.tracking_uri))
     print(
         f"synced {made} MLflow write(s) from {len(found)} journal(s)"
         + (f"; {left} still left: is the tracking server up? run this again" if left else "")
     )
-    return ExitCode.INFRA if left else 0
+    return ExitCode.INFRA if left else ExitCode.OK
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ import httpx
 from pipeline import startup
 from pipeline.config import TrackingConfig
 from pipeline.engines.process import free_port
-from pipeline.run.plumbing.signals import exit_on_sigterm
 
 READY_TIMEOUT_S = 60.0
 
@@ -87,8 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=0, help="port (default: a free one)")
     parser.add_argument("--project", type=Path, default=Path.cwd(), help="folder holding mlruns/ (default: here)")
     args = parser.parse_args(argv)
-    startup.configure(verbose=False)
-    exit_on_sigterm()  # so that `finally` stops the UI's own process group too
+    startup.begin(verbose=False)  # SIGTERM too: `finally` stops the UI's own process group
     proc, base_url, uri = start(args.project.resolve(), args.host, args.port or free_port(args.host))
     try:
         print(f"MLflow UI: {runs_table_url(base_url, _experiment_id(uri, args.experiment))}", flush=True)

@@ -8,7 +8,6 @@ per server group through whichever launcher is configured (ours on Ray, or Hydra
 
 from __future__ import annotations
 
-import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,11 +20,11 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
+from pipeline import startup
 from pipeline.compose import GROUP_FILE_KEY, to_job_config
 from pipeline.config import ConfigError
 from pipeline.exitcode import ExitCode
-from pipeline.run.plumbing import diskfull, entry
-from pipeline.run.plumbing.signals import exit_on_sigterm
+from pipeline.run.plumbing import diskfull
 
 # Hydra imports every plugin on every command line, a refused one too: the driver (MLflow,
 # pandas, scipy, plotly) is imported where a sweep runs, not here.
@@ -73,9 +72,7 @@ class SpecsweepSweeper(BasicSweeper):
         from pipeline.run.driver import run_guarded
 
         assert self.config is not None and self.launcher is not None and self.hydra_context is not None
-        entry.entered()
-        exit_on_sigterm()
-        logging.raiseExceptions = False  # a log file on a full disk: no traceback per line
+        startup.begin(verbose=None)  # how loud: once the driver has read the sweep's config
         loader = self.hydra_context.config_loader
         sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
         try:

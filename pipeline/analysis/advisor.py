@@ -12,6 +12,7 @@ import pandas as pd
 
 from pipeline.analysis.categories import GroupComparisons
 from pipeline.analysis.decisions import HELPS, HURTS
+from pipeline.analysis.samples import finite_number
 from pipeline.analysis.verdicts import TPOT, Comparisons, Crossover, config_label
 
 # Every acceptance rule tests alpha: the per-token acceptance probability implied by the
@@ -48,10 +49,6 @@ class Advice:
     rule: str
     advice: str
     evidence: str
-
-
-def _finite(value: object) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def _curves(table: pd.DataFrame):  # type: ignore[no-untyped-def]
@@ -100,7 +97,7 @@ def advise(
 def _alpha_advice(name: str, low: pd.Series) -> list[Advice]:
     """α at the curve's lowest rate, where only a resolved interval past a threshold speaks."""
     alpha, lo, hi = low.get("acceptance_alpha"), low.get("alpha_low"), low.get("alpha_high")
-    if not (_finite(alpha) and _finite(lo) and _finite(hi)):
+    if not (finite_number(alpha) and finite_number(lo) and finite_number(hi)):
         return []
     evidence = f"α {alpha:.2f} [{lo:.2f}, {hi:.2f}] at {low['request_rate']:g} req/s ({ALPHA_SCALE})"
     out = []
@@ -129,7 +126,7 @@ def _load_advice(comparisons: Comparisons, name: str, group: pd.DataFrame) -> li
                 f"output throughput {tput.ratio.text} the baseline's at {high['request_rate']:g} req/s",
             )
         )
-    slower = group[group["speedup_median_ttft_high"].apply(lambda v: _finite(v) and v < TTFT_REGRESSION)]
+    slower = group[group["speedup_median_ttft_high"].apply(lambda v: finite_number(v) and v < TTFT_REGRESSION)]
     if not slower.empty:
         worst = slower.loc[slower["speedup_median_ttft"].idxmin()]
         fix = "a smaller k" if worst["method"] in ("ngram", "suffix") else "a smaller k, or ngram (no draft to prefill)"
@@ -237,7 +234,7 @@ def _ratio_text(comparisons: Comparisons, row: pd.Series, metric: str) -> str:
 
 def _alpha_text(row: pd.Series) -> str:
     alpha, lo, hi = row.get("acceptance_alpha"), row.get("acceptance_alpha_low"), row.get("acceptance_alpha_high")
-    if _finite(alpha) and _finite(lo) and _finite(hi):
+    if finite_number(alpha) and finite_number(lo) and finite_number(hi):
         return f"α {alpha:.2f} [{lo:.2f}, {hi:.2f}]"
     return "α not resolved"
 
@@ -255,7 +252,7 @@ def by_request_type(groups: GroupComparisons | None) -> list[Advice]:
         helps = [(row, d.ratio.text) for row, d in rows if d.label == HELPS]
         hurts = [(row, d.ratio.text) for row, d in rows if d.label == HURTS]
         for row, text in hurts:
-            low_alpha = _finite(row.get("acceptance_alpha_high")) and row["acceptance_alpha_high"] < LOW_ALPHA
+            low_alpha = finite_number(row.get("acceptance_alpha_high")) and row["acceptance_alpha_high"] < LOW_ALPHA
             why = " (its drafts are rarely accepted)" if low_alpha else ""
             out.append(
                 Advice(
@@ -266,7 +263,7 @@ def by_request_type(groups: GroupComparisons | None) -> list[Advice]:
                 )
             )
         for row, text in helps:
-            high_alpha = _finite(row.get("acceptance_alpha_low")) and row["acceptance_alpha_low"] > HIGH_ALPHA
+            high_alpha = finite_number(row.get("acceptance_alpha_low")) and row["acceptance_alpha_low"] > HIGH_ALPHA
             if high_alpha:
                 out.append(
                     Advice(

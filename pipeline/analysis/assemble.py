@@ -84,7 +84,7 @@ def analyse(
     advice = advisor.advise(comparisons, crossings, _memory_ratios(frame) if not kv else {}, kv)
     if not probes:
         gaps.append("losslessness: no probe outputs in this sweep run (lossless.prompts=0, or all points resumed)")
-    curves = search_report.capacity(frame, samples, target, opts) if target is not None else []
+    curves = search_report.capacity_curves(frame, samples, target, opts) if target is not None else []
     sections = search_report.capacity_lines(curves, target, opts) if target is not None else []
     sections += search_report.predict_lines(predictions if predictions is not None else pd.DataFrame())
     # The same comparison within each point: per request type, first against later turns, and

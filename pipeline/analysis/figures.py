@@ -132,17 +132,18 @@ Figure = Chart | Heatmap
 
 
 def interval_text(value: float, low: object, high: object, fmt: str, unit: str = "") -> str:
-    if _finite(low) and _finite(high):
+    if _finite_not_bool(low) and _finite_not_bool(high):
         return f"{value:{fmt}}{unit} [{float(low):{fmt}}, {float(high):{fmt}}]"  # type: ignore[arg-type]
     return f"{value:{fmt}}{unit} (no interval: a summary of the window only)"
 
 
-def _finite(value: object) -> bool:
+def _finite_not_bool(value: object) -> bool:
+    """:func:`~pipeline.analysis.samples.finite_number`, less a bool: a flag is no value to draw."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _bounds(low: object, high: object) -> tuple[float, float] | None:
-    return (float(low), float(high)) if _finite(low) and _finite(high) else None  # type: ignore[arg-type]
+    return (float(low), float(high)) if _finite_not_bool(low) and _finite_not_bool(high) else None  # type: ignore[arg-type]
 
 
 def _look(row: pd.Series) -> Look:
@@ -501,7 +502,7 @@ def gate_trend(label: str, series: dict[str, list[tuple[float, float]]], referen
         ref = reference.get(metric)
         if not points or not ref:
             continue
-        made = [Mark(t, 100 * (v / ref - 1), _when(t)) for t, v in points]
+        made = [Mark(t, 100 * (v / ref - 1), _when_label(t)) for t, v in points]
         made[-1] = Mark(made[-1].x, made[-1].y, made[-1].hover, label="this run")
         lines.append(Series(metric, tuple(made)))
     return Chart(
@@ -516,7 +517,8 @@ def gate_trend(label: str, series: dict[str, list[tuple[float, float]]], referen
     )
 
 
-def _when(epoch_ms: float) -> str:
+def _when_label(epoch_ms: float) -> str:
+    """A mark's label, to the minute; the Plotly renderer's axis takes ISO times (iplots._when_iso)."""
     return dt.datetime.fromtimestamp(epoch_ms / 1000, tz=dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 

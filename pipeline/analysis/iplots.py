@@ -67,7 +67,7 @@ def _trace(chart: Chart, series: Series, names: dict[str, str], url: RunUrl) -> 
     if any(p.missed for p in series.points):  # capacity probes: circle met, cross missed
         look["marker"] = {"symbol": ["x" if p.missed else "circle" for p in series.points], "size": 9}
     return go.Scatter(
-        x=[_when(x) for x in xs] if chart.time_x else xs,
+        x=[_when_iso(x) for x in xs] if chart.time_x else xs,
         y=ys,
         name=series.name,
         customdata=[_custom(p, series, names, url) for p in series.points],
@@ -79,7 +79,8 @@ def _trace(chart: Chart, series: Series, names: dict[str, str], url: RunUrl) -> 
     )
 
 
-def _when(epoch_ms: float) -> str:
+def _when_iso(epoch_ms: float) -> str:
+    """ISO 8601, which Plotly's date axis reads; figures labels its marks to the minute instead."""
     import datetime as dt
 
     return dt.datetime.fromtimestamp(epoch_ms / 1000, tz=dt.UTC).isoformat()

@@ -3,12 +3,12 @@ the draft cost ratio c from the low-load speedup, and the speedup predicted for 
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass
 
 import pandas as pd
 
+from pipeline.analysis.samples import finite_number
 from pipeline.engines.acceptance import alpha_from_length, expected_length
 
 
@@ -43,10 +43,10 @@ def fit_curves(points: pd.DataFrame, max_k: int = 8) -> tuple[list[LeviathanFit]
         alphas, costs, measured = [], [], {}
         for row in low.itertuples():
             length, speedup = row.acceptance_length, row.speedup_median_tpot
-            if not _finite(length) or not _finite(speedup):
+            if not finite_number(length) or not finite_number(speedup):
                 continue
             k_eff = getattr(row, "acceptance_k_effective", None)
-            alpha = alpha_from_length(length, k_eff if _finite(k_eff) else row.k)
+            alpha = alpha_from_length(length, k_eff if finite_number(k_eff) else row.k)
             if alpha is None:
                 continue
             alphas.append(alpha)
@@ -69,7 +69,3 @@ def fit_curves(points: pd.DataFrame, max_k: int = 8) -> tuple[list[LeviathanFit]
             )
         )
     return fits, skipped
-
-
-def _finite(value: object) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)

@@ -117,7 +117,7 @@ class GateResult:
         return [run for run, verdict in self.points.items() if verdict == REGRESSED]
 
 
-def judge(
+def judge_against_history(
     current: Sequence[GatedRun],
     history: Mapping[str, Sequence[GatedRun]],
     opts: StatsOptions,

@@ -13,6 +13,12 @@ import pandas as pd
 from pipeline.config import stats_problem
 
 
+def finite_number(value: object) -> bool:
+    """An int or a float (NumPy's float64 is one) that is neither NaN nor infinite: a table
+    cell or a recorded value worth showing or computing with."""
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
 class StatsError(ValueError):
     pass
 

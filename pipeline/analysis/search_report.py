@@ -21,7 +21,7 @@ from pipeline.analysis.capacity import (
     capacity_ratio,
     probe,
 )
-from pipeline.analysis.samples import Sample, StatsOptions
+from pipeline.analysis.samples import Sample, StatsOptions, finite_number
 from pipeline.analysis.verdicts import config_label, measured
 from pipeline.load.slo import SloTarget
 
@@ -38,7 +38,7 @@ class CapacityCurve:
     run_ids: tuple[str, ...] = ()  # each probe's MLflow run, in the order of ``probes``
 
 
-def capacity(
+def capacity_curves(
     frame: pd.DataFrame, samples: Mapping[str, Sample], target: SloTarget, opts: StatsOptions
 ) -> list[CapacityCurve]:
     """Each server's probes (rows with ``capacity_probe``), its boundary, and speculative
@@ -138,7 +138,7 @@ def newest_predictions(group: pd.DataFrame) -> pd.DataFrame:
 
 
 def predictions_table(results: Sequence) -> pd.DataFrame:
-    """Predicted against measured: one row per (curve, k, rate) of search_predict's curve results."""
+    """Predicted against measured: one row per (curve, k, rate) of search=predict's curve results."""
     rows = []
     for result in results:
         for k, rate in sorted(set(result.first) | set(result.measured)):
@@ -231,7 +231,7 @@ def predict_lines(table: pd.DataFrame) -> list[str]:
                 f"| {r.k} | {r.request_rate:g} | {_interval(r, 'predicted_length', '', 2)} | "
                 f"{_interval(r, 'predicted_tpot_ms', ' ms')} | {_interval(r, 'final_tpot_ms', ' ms')} | "
                 f"{_interval(r, 'measured_tpot_ms', ' ms')}"
-                + (f", L {r.measured_length:.2f}" if _finite(getattr(r, "measured_length", None)) else "")
+                + (f", L {r.measured_length:.2f}" if finite_number(getattr(r, "measured_length", None)) else "")
                 + " |"
             )
         lines.append("")
@@ -240,11 +240,7 @@ def predict_lines(table: pd.DataFrame) -> list[str]:
 
 def _interval(row: object, name: str, unit: str, digits: int = 1) -> str:
     value, low, high = (getattr(row, f"{name}{s}", None) for s in ("", "_low", "_high"))
-    if not _finite(value):
+    if not finite_number(value):
         return "—"
-    bounds = f" [{low:.{digits}f}, {high:.{digits}f}]" if _finite(low) and _finite(high) else ""
+    bounds = f" [{low:.{digits}f}, {high:.{digits}f}]" if finite_number(low) and finite_number(high) else ""
     return f"{value:.{digits}f}{unit}{bounds}"
-
-
-def _finite(value: object) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)

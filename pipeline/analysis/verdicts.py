@@ -97,7 +97,7 @@ def _pairs(group: pd.DataFrame, base: pd.DataFrame) -> list[tuple[pd.Series, pd.
 
 
 def _summary_only(metric: str, pairs: list[tuple[pd.Series, pd.Series]]) -> Ratio:
-    values = [float(s.get(metric)) for _, s in pairs if _finite(s.get(metric))]
+    values = [float(s.get(metric)) for _, s in pairs if _finite_any_float(s.get(metric))]
     estimate = math.exp(float(np.mean(np.log(values)))) if values else None
     return Ratio(metric, estimate, runs=len(pairs), note="no per-request data (requests.csv) for an interval")
 
@@ -200,10 +200,10 @@ def _point_row(
     }
     length = (
         stats.acceptance_length_interval(spec_s, row["acceptance_length"], opts)
-        if spec_s and _finite(row["acceptance_length"])
+        if spec_s and _finite_any_float(row["acceptance_length"])
         else None
     )
-    k_eff = row["acceptance_k_effective"] if _finite(row["acceptance_k_effective"]) else row["k"]
+    k_eff = row["acceptance_k_effective"] if _finite_any_float(row["acceptance_k_effective"]) else row["k"]
     length = _within_bounds(length, k_eff) if length else None
     row["alpha_low"], row["alpha_high"] = _alpha_bounds(length, k_eff) if length else (None, None)
     row["acceptance_length_text"] = length.text.replace("x", "") if length else "—"
@@ -237,11 +237,12 @@ def _basis(ratio: Ratio) -> str:
 def _median(group: pd.DataFrame, column: str) -> float | None:
     if column not in group:
         return None
-    values = [v for v in group[column] if _finite(v)]
+    values = [v for v in group[column] if _finite_any_float(v)]
     return float(np.median(values)) if values else None
 
 
-def _finite(value: object) -> bool:
+def _finite_any_float(value: object) -> bool:
+    """:func:`~pipeline.analysis.samples.finite_number`, and a NumPy float of any width too."""
     return isinstance(value, (int, float, np.floating)) and math.isfinite(float(value))  # type: ignore[arg-type]
 
 
@@ -321,5 +322,5 @@ def aa_log_ratios(frame: pd.DataFrame) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
     for metric in RATIOS:
         if metric in spec:
-            out[metric] = [math.log(float(v)) for v in spec[metric] if _finite(v) and float(v) > 0]
+            out[metric] = [math.log(float(v)) for v in spec[metric] if _finite_any_float(v) and float(v) > 0]
     return out

@@ -29,7 +29,7 @@ from pipeline.analysis.regression import (
     decision_flips,
     flips_markdown,
     gate_markdown,
-    judge,
+    judge_against_history,
 )
 from pipeline.analysis.samples import StatsOptions
 from pipeline.config import GateConfig
@@ -211,7 +211,7 @@ def after_steps(
     return trimmed, tuple(said)
 
 
-def record(
+def record_verdicts(
     reader: HistoryReader,
     parent_id: str,
     result: GateResult,
@@ -266,17 +266,17 @@ def judge_sweep(
         current = point_runs(reader, parent_id, measured_points(children), work)
         ref = reference_for(reader, parent_id, current, config.history, work, known)
         aa = stored_server_spread(reader, spread_fingerprint(children))
-        result = judge(current, ref.runs, opts, floors, aa, spread_from=ref.spread_from)
+        result = judge_against_history(current, ref.runs, opts, floors, aa, spread_from=ref.spread_from)
         remeasured = [c for c in children if CONFIRMATION_TAG in c.tags and c.tags.get("status") == "finished"]
         if remeasured:
             again = point_runs(reader, parent_id, remeasured, work)  # the same fingerprints as the originals
-            second = judge(again, ref.runs, opts, floors, aa, spread_from=ref.spread_from)
+            second = judge_against_history(again, ref.runs, opts, floors, aa, spread_from=ref.spread_from)
             result = confirm(result, second, {c.tags[CONFIRMATION_TAG]: c.run_id for c in remeasured})
         flips, compared = _flips(reader, parent_id, ref, work, opts, known)
     summary = gate_markdown(result, reader.title(parent_id), ref.text) + "\n" + flips_markdown(flips, compared)
     if ref.steps:
         summary += "\nChange points:\n\n" + "\n".join(f"- {line}" for line in ref.steps) + "\n"
-    record(reader, parent_id, result, ref, current, summary, out_dir / GATE_DIR)
+    record_verdicts(reader, parent_id, result, ref, current, summary, out_dir / GATE_DIR)
     for flip in flips:
         reader.set_tags(flip.run_id, {FLIP_TAG: f"{flip.before} -> {flip.after} (since sweep run {flip.reference})"})
     reader.set_tags(parent_id, {"gate.decision_flips": str(len(flips))})

@@ -334,7 +334,7 @@ def synthesize_prompt(line: TraceLine, tokenizer: Tokenizer, vocab: Sequence[int
     return tokenizer.decode(ids[:length])
 
 
-def items(replayed: Replay, tokenizer: Tokenizer | None) -> list[Item]:
+def replay_items(replayed: Replay, tokenizer: Tokenizer | None) -> list[Item]:
     """The replay's requests as prompt items, text synthesised where the trace gives lengths."""
     out = []
     vocab: list[int] | None = None

@@ -28,7 +28,7 @@ def load_items(workload: WorkloadConfig, count: int, seed: int, tokenizer: Token
         replayed = traces.load_replay(workload, None)  # read and checked, slice included
         if replayed.synthetic and tokenizer is None:
             return []  # lengths only: the text needs the model's tokenizer
-        return traces.items(replayed, tokenizer)[:count]
+        return traces.replay_items(replayed, tokenizer)[:count]
     if workload.name == "random":
         if tokenizer is None:
             raise ConfigError("workload.name=random needs the model's tokenizer to build prompts of exact lengths")

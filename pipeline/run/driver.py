@@ -119,7 +119,7 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
     startup.configure(sweep.settings.verbose)  # before Ray starts: its workers inherit the environment
     if sweep.settings.dry_run:
         sweep.show()
-        return 0
+        return ExitCode.OK
     code = sweep.open(executor)
     if code is not None:
         return code
@@ -247,7 +247,7 @@ class Sweep:
                     f"skipped: engine {identity[1]} already ran this sweep's fingerprint (sweep run {earlier}); "
                     f"gate.skip_if_done=false measures it again"
                 )
-                return 0
+                return ExitCode.OK
         shown = self.kind.shown(self.plan).without(self.done)
         self._announce(shown)
         started = time.monotonic()
@@ -262,7 +262,7 @@ class Sweep:
             self.tracker.end_run(self.parent, killed=True)
             print("interrupted: every server was stopped; finished points are in MLflow", file=sys.stderr)
             return ExitCode.INTERRUPTED
-        except SystemExit:  # SIGTERM (pipeline.run.plumbing.signals): stopped, like Ctrl-C, not failed
+        except SystemExit:  # SIGTERM (pipeline.startup.exit_on_sigterm): stopped, like Ctrl-C, not failed
             self.tracker.end_run(self.parent, killed=True)
             print("terminated: every server was stopped; finished points are in MLflow", file=sys.stderr)
             raise
@@ -379,7 +379,7 @@ class Sweep:
         if full:  # no gate or report: they would judge a sweep cut short, and need the disk too
             print(f"error: {full}", file=sys.stderr)
             return ExitCode.INFRA
-        code = 0
+        code: int = ExitCode.OK
         if settings.gate.enabled:
             confirm_task = functools.partial(
                 _confirm_task, self.store, self.tracker.experiment_id, parent, self.targets

@@ -186,7 +186,7 @@ class GroupRun:
                 self.tracker.set_tags(self.run_ids[point.hash], {"server.restarts_before": str(self.restarts)})
             outcome = self._measure_one(point, first=fresh)
             fresh = False
-            extra = walk.judge(Measured(point, outcome), self.out_dir)
+            extra = walk.judge(Measured(point, outcome))
             if extra:
                 self.tracker.log_metrics(self.run_ids[point.hash], extra)
                 outcome = self.results[point.hash] = replace(outcome, metrics={**outcome.metrics, **extra})

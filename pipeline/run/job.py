@@ -55,7 +55,7 @@ def _trace_requests(job: JobConfig, tokenizer: Tokenizer | None) -> PointRequest
     it). Every repeat replays the same requests at the same offsets. The warm-up sends the
     slice's last prompts; under the default cold policy the cache is reset after it."""
     replayed = traces.load_replay(job.workload, job.load.request_rate)
-    requests = to_requests(traces.items(replayed, tokenizer), job.workload, tokenizer)
+    requests = to_requests(traces.replay_items(replayed, tokenizer), job.workload, tokenizer)
     # A warm-up request stands alone: a conversation's turn is sent as its user text only.
     warmup = [
         replace(r.alone(), index=i, max_tokens=min(r.max_tokens, WARMUP_MAX_TOKENS))

@@ -24,7 +24,7 @@ from pipeline.analysis.regression import (
     GatedRun,
     confirm,
     gate_markdown,
-    judge,
+    judge_against_history,
 )
 from pipeline.analysis.samples import Sample, StatsOptions
 from pipeline.config import GateConfig
@@ -92,24 +92,24 @@ def test_against_history_is_a_prediction_interval() -> None:
 def test_unchanged_night_passes_and_a_slower_one_regresses_on_the_right_metric() -> None:
     rng = np.random.default_rng(1)
     past = history(rng)
-    same = judge([night(9, "base", 201, 50), night(9, "spec", 119, 80.5, 40)], past, OPTS, Floors())
+    same = judge_against_history([night(9, "base", 201, 50), night(9, "spec", 119, 80.5, 40)], past, OPTS, Floors())
     assert set(same.points.values()) == {PASS} and same.overall == "pass"
-    slower = judge([night(9, "base", 201, 50), night(9, "spec", 150, 64, 40)], past, OPTS, Floors())
+    slower = judge_against_history([night(9, "base", 201, 50), night(9, "spec", 150, 64, 40)], past, OPTS, Floors())
     assert slower.points == {"run9-base": PASS, "run9-spec": REGRESSED}
     flagged = {f.metric for f in slower.findings if f.verdict == REGRESSED}
     assert {"median_tpot_ms", "output_throughput"} <= flagged and "spec_decode_acceptance_rate" not in flagged
     assert slower.overall == "fail" and slower.flagged() == ["run9-spec"]
     text = gate_markdown(slower, "nightly", "the median of the last 5 runs")
     assert "| spec-r1 | median_tpot_ms | **regressed** |" in text
-    faster = judge([night(9, "base", 201, 50), night(9, "spec", 90, 105, 40)], past, OPTS, Floors())
+    faster = judge_against_history([night(9, "base", 201, 50), night(9, "spec", 90, 105, 40)], past, OPTS, Floors())
     assert faster.points["run9-spec"] == IMPROVED and faster.overall == "pass"
 
 
 def test_acceptance_floor_is_in_percentage_points() -> None:
     rng = np.random.default_rng(2)
     past = {"spec": [night(i, "spec", 120, 80, 40 + 0.2 * rng.standard_normal()) for i in range(5)]}
-    small = judge([night(9, "spec", 120, 80, 38.8)], past, OPTS, Floors(acceptance_pp=2.0))
-    big = judge([night(9, "spec", 120, 80, 36.0)], past, OPTS, Floors(acceptance_pp=2.0))
+    small = judge_against_history([night(9, "spec", 120, 80, 38.8)], past, OPTS, Floors(acceptance_pp=2.0))
+    big = judge_against_history([night(9, "spec", 120, 80, 36.0)], past, OPTS, Floors(acceptance_pp=2.0))
 
     def verdict(result: object) -> str:
         return next(f.verdict for f in result.findings if f.metric == "spec_decode_acceptance_rate")  # type: ignore[attr-defined]
@@ -119,7 +119,7 @@ def test_acceptance_floor_is_in_percentage_points() -> None:
 
 
 def test_no_history_is_insufficient_never_a_pass() -> None:
-    result = judge([night(9, "base", 200)], {}, OPTS, Floors())
+    result = judge_against_history([night(9, "base", 200)], {}, OPTS, Floors())
     assert result.points == {"run9-base": INSUFFICIENT} and result.overall == "insufficient"
     assert "No reference for: base-r1" in gate_markdown(result, "t", "r")
 
@@ -143,25 +143,27 @@ def _sample(rng: np.random.Generator, tpot: float, n: int = 40) -> Sample:
 def test_one_past_run_without_a_measured_spread_can_only_be_suspect() -> None:
     rng = np.random.default_rng(3)
     past = {"base": [night(0, "base", 200, sample=_sample(rng, 200))]}
-    result = judge([night(9, "base", 260, sample=_sample(rng, 260))], past, OPTS, Floors())
+    result = judge_against_history([night(9, "base", 260, sample=_sample(rng, 260))], past, OPTS, Floors())
     assert result.points == {"run9-base": SUSPECT} and result.overall == "pass"
-    better = judge([night(9, "base", 150, sample=_sample(rng, 150))], past, OPTS, Floors())
+    better = judge_against_history([night(9, "base", 150, sample=_sample(rng, 150))], past, OPTS, Floors())
     assert better.points == {"run9-base": PASS}  # not "improved" on an interval without the spread
     # The A/A spread between servers widens the interval, but is no night-to-night spread: still
     # suspect, never a failed job, from one past night.
     spread = samples.ServerSpread({"speedup_median_tpot": 0.03}, 20, "an A/A sweep")
-    with_aa = judge([night(9, "base", 260, sample=_sample(rng, 260))], past, OPTS, Floors(), aa=spread)
+    with_aa = judge_against_history([night(9, "base", 260, sample=_sample(rng, 260))], past, OPTS, Floors(), aa=spread)
     assert with_aa.points == {"run9-base": SUSPECT} and with_aa.overall == "pass"
 
 
 def test_a_regression_stands_only_if_the_confirmation_shows_it_again() -> None:
     rng = np.random.default_rng(4)
     past = history(rng)
-    first = judge([night(9, "spec", 150, 64, 40)], past, OPTS, Floors())
+    first = judge_against_history([night(9, "spec", 150, 64, 40)], past, OPTS, Floors())
     assert first.points == {"run9-spec": REGRESSED}
-    gone = judge([GatedRun("again", "parent9", "spec", "spec-r1", dict(past["spec"][0].values))], past, OPTS, Floors())
+    gone = judge_against_history(
+        [GatedRun("again", "parent9", "spec", "spec-r1", dict(past["spec"][0].values))], past, OPTS, Floors()
+    )
     assert confirm(first, gone, {"run9-spec": "again"}).points == {"run9-spec": SUSPECT}
-    seen = judge(
+    seen = judge_against_history(
         [GatedRun("again", "parent9", "spec", "spec-r1", night(0, "spec", 150, 64, 40).values)], past, OPTS, Floors()
     )
     assert confirm(first, seen, {"run9-spec": "again"}).points == {"run9-spec": REGRESSED}
@@ -179,10 +181,10 @@ def test_false_alarms_and_power_on_simulated_nights() -> None:
         past = history(rng, noise=0.02)
         now = history(rng, nights=1, noise=0.02)
         same = [now["base"][0], now["spec"][0]]
-        false_alarms += judge(same, past, OPTS, Floors()).overall == "fail"
+        false_alarms += judge_against_history(same, past, OPTS, Floors()).overall == "fail"
         spec = now["spec"][0]
         slow = night(9, "spec", spec.values["median_tpot_ms"] * 1.15, spec.values["output_throughput"] / 1.15, 40)
-        detected += judge([now["base"][0], slow], past, OPTS, Floors()).points[slow.run_id] == REGRESSED
+        detected += judge_against_history([now["base"][0], slow], past, OPTS, Floors()).points[slow.run_id] == REGRESSED
     assert false_alarms <= 2
     assert 0.3 * trials <= detected <= 0.6 * trials
 

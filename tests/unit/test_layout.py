@@ -4,15 +4,20 @@ module imports one that imports it; no grab-bag modules."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
-PIPELINE = Path(__file__).resolve().parents[2] / "pipeline"
+ROOT = Path(__file__).resolve().parents[2]
+PIPELINE = ROOT / "pipeline"
+# The sweep's other entry point: Hydra imports the sweeper and the launcher by this namespace.
+PLUGINS = ROOT / "hydra_plugins"
 
 # The layers, top first: a module imports modules of its own layer and of the layers below,
 # never above. Every module of the package belongs to one; there is no list of exceptions.
 LAYERS = (
-    # The commands, and the checks of a command line before anything runs.
+    # The commands and Hydra's plugins, and the checks of a command line before anything runs.
     (
+        "hydra_plugins.specsweep_launcher",
         "pipeline.sweep",
         "pipeline.gate",
         "pipeline.report",
@@ -47,25 +52,26 @@ def _layer(module: str) -> int | None:
 
 def _modules() -> dict[str, Path]:
     found = {}
-    for path in PIPELINE.rglob("*.py"):
-        name = ".".join(path.relative_to(PIPELINE.parent).with_suffix("").parts).removesuffix(".__init__")
+    for path in [*PIPELINE.rglob("*.py"), *PLUGINS.rglob("*.py")]:
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
         found[name] = path
     return found
 
 
 MODULES = _modules()
+OURS = ("pipeline", "hydra_plugins")
 
 
 def _imports(path: Path) -> set[str]:
-    """Every pipeline module this file imports: at the top, inside a function, or for types only."""
+    """Every module of ours this file imports: at the top, inside a function, or for types only."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("pipeline"):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(OURS):
             for alias in node.names:
                 full = f"{node.module}.{alias.name}"
                 found.add(full if full in MODULES else node.module)
         elif isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name.startswith("pipeline")}
+            found |= {a.name for a in node.names if a.name.startswith(OURS)}
     return found
 
 
@@ -135,6 +141,19 @@ def test_analysis_is_pure() -> None:
             assert "mlflow" not in roots and "ray" not in roots, f"{name} imports MLflow or Ray"
 
 
+def _tree(name: str) -> ast.Module:
+    return ast.parse(MODULES[name].read_text())
+
+
+def test_every_package_says_what_it_may_import() -> None:
+    """A package's docstring is its rule, one phrase the same everywhere ("...; may import the
+    base modules only"): a reader learns what it may use before opening its modules."""
+    packages = [name for name, path in MODULES.items() if path.name == "__init__.py"]
+    assert "pipeline.run.search" in packages and "hydra_plugins.specsweep_launcher" in packages
+    silent = [n for n in packages if not re.search(r"\bmay import\b", ast.get_docstring(_tree(n)) or "")]
+    assert not silent, f"say what each may import: {silent}"
+
+
 def test_there_is_no_utils() -> None:
     # Modules are split by concept, not by a line count (a 400-line module that does one thing
     # beats three that share one): no size cap, but no grab-bag either.
@@ -176,6 +195,32 @@ def test_no_two_public_functions_or_classes_share_a_name() -> None:
     assert twins and all(twins <= _public_names(m) for m in PER_ENGINE)
 
 
+def _named_like_a_module(functions: dict[str, set[str]], modules: set[str]) -> list[str]:
+    """Public functions (by module) that share a name with another module or package: the
+    module's own name is its one job (``validate.validate``), another's is a second meaning."""
+    return sorted(
+        f"{owner}.{function}"
+        for owner, names in functions.items()
+        for function in names
+        if any(m.rsplit(".", 1)[-1] == function and m != owner for m in modules)
+    )
+
+
+def test_no_function_is_named_like_another_module() -> None:
+    """``judge`` the function and ``pipeline.finish.judge`` the module would read the same in
+    an import line: a function says what it does."""
+    functions = {
+        name: {
+            n.name for n in ast.parse(path.read_text()).body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+        }
+        for name, path in MODULES.items()
+    }
+    functions = {name: {f for f in found if not f.startswith("_")} for name, found in functions.items()}
+    assert not _named_like_a_module(functions, set(MODULES) - {"pipeline"})
+    caught = _named_like_a_module({"a.regression": {"judge"}, "a.judge": {"judge"}}, {"a.judge", "a.regression"})
+    assert caught == ["a.regression.judge"]
+
+
 MAX_LINES = 60  # with ruff's C901 and PLR0912 at 12 (pyproject.toml): a function does one thing
 
 
@@ -188,3 +233,84 @@ def test_no_function_is_longer_than_sixty_lines() -> None:
         and (node.end_lineno or node.lineno) - node.lineno + 1 > MAX_LINES
     )
     assert not long, f"split these by what each part does: {long}"
+
+
+# What a module may call while it is imported: definitions (a dataclass, Hydra's main), the
+# typing and logging objects every module may make, immutable constants, and a record of the
+# package's own types built as a constant. Anything else (a registry written, a handler set, a
+# file read) belongs in a function an entry point calls (pipeline/startup.py).
+IMPORT_TIME_CALLS = {
+    "dataclass",
+    "hydra.main",
+    "TypeVar",
+    "logging.getLogger",
+    "frozenset",
+    "MappingProxyType",
+    "re.compile",
+    "Version",
+    "msgspec.json.Decoder",
+    "Path",
+    "str",
+}
+IMPORT_TIME_METHODS = {"values", "resolve"}  # a constant mapping's values; a path made absolute
+OWN_CLASSES = {
+    node.name
+    for path in MODULES.values()
+    for node in ast.walk(ast.parse(path.read_text()))
+    if isinstance(node, ast.ClassDef)
+}
+
+
+def _dotted(func: ast.expr) -> str:
+    if isinstance(func, ast.Name):
+        return func.id
+    if isinstance(func, ast.Attribute):
+        return f"{_dotted(func.value)}.{func.attr}"
+    return type(func).__name__
+
+
+def _runs_at_import(statement: ast.stmt) -> list[ast.AST]:
+    """The parts of a module-level statement Python evaluates on import: a definition's
+    decorators, bases and defaults, not its body; nothing under ``if __name__ == "__main__"``."""
+    if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return [*statement.decorator_list, *statement.args.defaults, *filter(None, statement.args.kw_defaults)]
+    if isinstance(statement, ast.ClassDef):
+        return [*statement.decorator_list, *statement.bases, *statement.keywords]
+    if isinstance(statement, ast.If) and ast.unparse(statement.test) == "__name__ == '__main__'":
+        return []
+    return [statement]
+
+
+def _import_time_calls(source: str) -> list[str]:
+    """Each call made at import that is not a harmless one: its line and callee."""
+    found = []
+    for statement in ast.parse(source).body:
+        for part in _runs_at_import(statement):
+            for node in ast.walk(part):
+                if not isinstance(node, ast.Call):
+                    continue
+                name = _dotted(node.func)
+                method = isinstance(node.func, ast.Attribute) and node.func.attr in IMPORT_TIME_METHODS
+                if not (name in IMPORT_TIME_CALLS or name in OWN_CLASSES or method):
+                    found.append(f"{node.lineno} {name}")
+    return found
+
+
+def test_importing_a_module_does_nothing() -> None:
+    """An import has no side effect (no registry written, no signal handler set): each entry
+    point sets its process up when it runs."""
+    calls = {name: found for name, path in MODULES.items() if (found := _import_time_calls(path.read_text()))}
+    assert not calls, f"calls made at import: {calls}"
+
+
+def test_the_import_check_finds_a_call() -> None:
+    assert _import_time_calls("import x\nx.setup()\n") == ["2 x.setup"]
+    assert _import_time_calls("@lru_cache()\ndef f() -> None:\n    pass\n") == ["1 lru_cache"]
+    assert _import_time_calls("def f(x: int = g()) -> None:\n    pass\n") == ["1 g"]
+    harmless = (
+        "@dataclass(frozen=True)\nclass A:\n    x: int = field(default=1)\n"
+        "LOG = logging.getLogger(__name__)\nT = TypeVar('T')\nKEYS = frozenset(M.values())\n"
+        "def main() -> None:\n    run()\n"
+        "if __name__ == '__main__':\n    main()\n"
+    )
+    assert _import_time_calls(harmless) == []

@@ -239,20 +239,6 @@ def capacity_sample(rate: float, scale: float, n: int = 30, seed: int = 0, noise
     )
 
 
-def write_requests(folder: Path, sample: Sample) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    scheduled = sample.scheduled if len(sample.scheduled) == sample.size else np.zeros(sample.size)
-    rows = {
-        "index": sample.index,
-        "error": [None] * sample.size,
-        "output_tokens": sample.output_tokens,
-        "num_chunks": sample.chunks,
-        "scheduled_s": scheduled,
-        **{f"{m}_s": sample.values[m] for m in ("ttft", "tpot", "e2el")},
-    }
-    pd.DataFrame(rows).to_csv(folder / "requests.csv", index=False)
-
-
 def test_probe_loop_brackets_then_bisects_to_the_resolution(tmp_path: Path) -> None:
     job = dataclasses.replace(
         JobConfig(),
@@ -266,9 +252,8 @@ def test_probe_loop_brackets_then_bisects_to_the_resolution(tmp_path: Path) -> N
     logged: list[dict[str, float]] = []
     while (point := walk.next_point(measured)) is not None:
         sample = capacity_sample(point.job.load.request_rate, 3.0, noise=0.0)
-        write_requests(tmp_path / point.label, sample)
-        done = Measured(point, PointOutcome(point.hash, "r", {"duration": sample.duration_s}))
-        logged.append(walk.judge(done, tmp_path))
+        done = Measured(point, PointOutcome(point.hash, "r", {"duration": sample.duration_s}, sample=sample))
+        logged.append(walk.judge(done))
         measured.append(done)
     history = [
         (m.point.job.load.request_rate, bool(extra["slo_passed"])) for m, extra in zip(measured, logged, strict=True)
@@ -281,10 +266,10 @@ def test_probe_loop_brackets_then_bisects_to_the_resolution(tmp_path: Path) -> N
     assert [m["capacity_probe"] for m in logged] == [float(i) for i in range(1, len(logged) + 1)]
     # A probe that fails to measure ends the walk.
     failed = Measured(seed, PointOutcome(seed.hash, "r", error="server died"))
-    assert walk.judge(failed, tmp_path) == {} and walk.next_point([*measured, failed]) is None
+    assert walk.judge(failed) == {} and walk.next_point([*measured, failed]) is None
 
 
-def test_a_rate_grid_is_refused_and_the_probed_plan_replaces_the_planned_points() -> None:
+def test_a_rate_grid_is_refused_and_the_points_a_group_ran_replace_its_seed() -> None:
     jobs = [dataclasses.replace(JobConfig(), search="capacity", load=LoadConfig(request_rate=r)) for r in (1, 2)]
     with pytest.raises(ConfigError, match="searches the request rate itself"):
         capacity_points.seed_jobs(jobs)
@@ -321,7 +306,7 @@ def test_report_capacity_headline_gives_each_boundary_and_the_ratio_with_interva
                 }
             )
     target = SloTarget(tpot_s=0.05)
-    curves = search_report.capacity(pd.DataFrame(rows), samples, target, OPTS)
+    curves = search_report.capacity_curves(pd.DataFrame(rows), samples, target, OPTS)
     assert [c.label for c in curves] == ["vllm baseline", "vllm ngram k=3"]
     base, spec = curves
     # Every request passes up to the boundary and misses past it: the goodput share falls from 1 to 0

@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline import startup
 from pipeline.config import RayConfig
-from pipeline.run.plumbing import signals
 from pipeline.run.plumbing.errors import LaunchError, Unreachable
 
 GCS_DEFAULT_PORT = 6379
@@ -150,7 +150,7 @@ def connect(config: RayConfig) -> bool:
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise Unreachable(f"cannot start or join Ray (ray.address={address}): {exc}") from exc
     # ray.init takes SIGTERM over (its handler aborts the driver: exit 134, not 143): take it back.
-    signals.exit_on_sigterm()
+    startup.exit_on_sigterm()
     return True
 
 

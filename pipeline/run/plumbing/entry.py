@@ -10,23 +10,15 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
+from pipeline import startup
 from pipeline.exitcode import ExitCode
-from pipeline.run.plumbing import signals
-
-_entered = False
-
-
-def entered() -> None:
-    """Called first by the code Hydra hands over to (the single run, the sweeper)."""
-    global _entered
-    _entered = True
 
 
 def run_command(main: Callable[[], object]) -> None:
     try:
         main()
     except SystemExit as exc:
-        if exc.code == 1 and not _entered:
+        if exc.code == 1 and not startup.begun():  # the code Hydra hands over to begins with it
             print(
                 "error: the command line could not be composed into a config (Hydra's message is above); check "
                 "the key and group names and the value types (`python -m pipeline.sweep --cfg job` prints the "
@@ -34,6 +26,6 @@ def run_command(main: Callable[[], object]) -> None:
                 file=sys.stderr,
             )
             sys.exit(ExitCode.BAD_INPUT)
-        if signals.exit_code() is not None:  # stopped by SIGTERM: 143, whatever code the exit took on the way
-            sys.exit(signals.exit_code())
+        if startup.exit_code() is not None:  # stopped by SIGTERM: 143, whatever code the exit took on the way
+            sys.exit(startup.exit_code())
         raise

@@ -45,7 +45,9 @@ class SearchKind:
     start: Callable[[SweepPlan, Context], Search]
     resumes: bool
     profile: LoadProfile  # what each server's worker measures (pipeline.run.search.profiles)
-    reads_windows: bool = False  # its strategy reads the windows' requests back from MLflow
+    # Its strategy computes on the windows: those its groups return, and a resumed point's, read
+    # back from MLflow (it did not run in this sweep).
+    reads_windows: bool = False
     describe: Callable[[SweepPlan], str] = lambda plan: ""  # more for the dry run to say of its plan
     # One job's settings, refused before anything starts (pipeline.validate calls it); what
     # needs the whole grid is refused by ``planned``.

@@ -14,10 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol
-
-import pandas as pd
 
 from pipeline.analysis.capacity import next_rate, window_passes
 from pipeline.analysis.samples import Sample
@@ -47,7 +44,7 @@ class Walk(Protocol):
         """The next point to measure, or None: the group is done."""
         ...
 
-    def judge(self, measured: Measured, out_dir: Path) -> dict[str, float]:
+    def judge(self, measured: Measured) -> dict[str, float]:
         """Metrics this profile adds to a measured point's run (the capacity probe's call)."""
         ...
 
@@ -90,7 +87,7 @@ class _PlannedWalk:
     def next_point(self, history: Sequence[Measured]) -> Point | None:
         return self.points[len(history)] if len(history) < len(self.points) else None
 
-    def judge(self, measured: Measured, out_dir: Path) -> dict[str, float]:
+    def judge(self, measured: Measured) -> dict[str, float]:
         return {}
 
     def left(self, history: Sequence[Measured]) -> tuple[Point, ...]:
@@ -118,16 +115,14 @@ class _BracketingWalk:
         self.settings = search_settings(seed.job)
         self.calls: list[tuple[float, bool]] = []  # (rate, met the SLO) per probe
 
-    def judge(self, measured: Measured, out_dir: Path) -> dict[str, float]:
+    def judge(self, measured: Measured) -> dict[str, float]:
         point, outcome = measured.point, measured.outcome
         if outcome.error is not None:
             return {}
-        sample = outcome.sample
-        if sample is None:  # an outcome that did not carry its window: the point's requests.csv
-            sample = Sample.from_requests(
-                pd.read_csv(out_dir / point.label / "requests.csv"), outcome.metrics["duration"]
-            )
-        passed = window_passes(sample, self.target)
+        # A measured point's outcome carries its window (pipeline.run.point.measure_point), and
+        # this walk is never given an earlier attempt's outcomes (keeps_earlier is False).
+        assert outcome.sample is not None
+        passed = window_passes(outcome.sample, self.target)
         self.calls.append((point.job.load.request_rate, passed))
         print(
             f"[{point.label}] capacity probe {len(self.calls)}: {self.target.describe()} "
