@@ -9,6 +9,8 @@
 #   MLFLOW_TRACKING_URI  the shared tracking server, default http://127.0.0.1:5000
 #   SPECSWEEP_MODEL      the model the nights measure (model.id), default: the embedded toy model
 #   SPECSWEEP_EXPERIMENT the MLflow experiment on a shared server (tracking.experiment), default: nightly
+#   SPECSWEEP_REFERENCE  a reference build to measure tonight beside the candidate (gate.reference,
+#                        which makes the gate paired), e.g. "['engine.python=/opt/vllm-previous/bin/python']"
 #   SPECSWEEP_ARGS       extra overrides, e.g. "+ray.resources_per_group.GPU=1"
 # Exit code: the sweep's own (0 pass, 1 regression, 3 insufficient data or a failed
 # point, 4 infrastructure), read from the job's driver_exit_code.
@@ -31,6 +33,7 @@ else
   named=()
   [ -z "${SPECSWEEP_MODEL:-}" ] || named+=("model.id=$SPECSWEEP_MODEL")
   [ -z "${SPECSWEEP_EXPERIMENT:-}" ] || named+=("tracking.experiment=$SPECSWEEP_EXPERIMENT")
+  [ -z "${SPECSWEEP_REFERENCE:-}" ] || named+=("gate.reference=$SPECSWEEP_REFERENCE")
   # shellcheck disable=SC2086  # SPECSWEEP_ARGS is a list of overrides
   "$ray" job submit --address "$dashboard" --submission-id "$id" --working-dir "$project" -- \
     python -m pipeline.sweep +sweep=nightly "tracking.uri=$tracking" "${named[@]}" ${SPECSWEEP_ARGS:-} || true

@@ -21,8 +21,17 @@ from pipeline.validate import validate
 GROUP_FILE_KEY = "group_file"
 
 
+def paired_if_set(reference: Any) -> str:
+    """``${paired_if_set:${gate.reference}}``: the gate's mode a config derives from its reference
+    build, paired where one is named and the history mode where none is (sweeps/nightly.yaml)."""
+    return "paired" if reference else "history"
+
+
 def register_schema() -> None:
     from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    OmegaConf.register_new_resolver("paired_if_set", paired_if_set, replace=True)
 
     root = dataclasses.make_dataclass(
         "SpecsweepRoot", [(GROUP_FILE_KEY, str | None, field(default=None))], bases=(mutable_twin(JobConfig),)

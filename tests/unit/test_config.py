@@ -201,6 +201,19 @@ def test_the_nightly_measures_the_operators_model_in_its_own_experiment(monkeypa
     assert theirs.model.id == "meta-llama/Llama-3.1-70B-Instruct" and theirs.tracking.experiment == "team-a-nightly"
 
 
+def test_the_nightly_is_paired_where_a_reference_build_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SPECSWEEP_REFERENCE", raising=False)
+    alone = _compose(["+sweep=nightly"])
+    assert alone.gate.mode == "history" and alone.gate.reference == [] and alone.gate.enabled
+    monkeypatch.setenv("SPECSWEEP_REFERENCE", "['engine.python=/opt/vllm-previous/bin/python']")
+    beside = _compose(["+sweep=nightly"])
+    assert beside.gate.mode == "paired" and beside.gate.reference == ["engine.python=/opt/vllm-previous/bin/python"]
+    # What deploy/submit-nightly.sh passes the head's driver, which does not see this environment.
+    monkeypatch.delenv("SPECSWEEP_REFERENCE")
+    submitted = _compose(["+sweep=nightly", "gate.reference=['engine.python=/opt/vllm-previous/bin/python']"])
+    assert submitted.gate.mode == "paired"
+
+
 def test_declared_rules_say_the_key_the_rule_and_the_fix() -> None:
     from pipeline.config import Valid
     from pipeline.validate import declared

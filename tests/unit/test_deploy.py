@@ -83,7 +83,7 @@ def test_submit_script_exits_4_when_the_dashboard_does_not_answer() -> None:
     assert "http://127.0.0.1:9 does not answer" in done.stderr
 
 
-def test_submit_script_passes_the_operators_model_and_experiment_as_overrides(tmp_path: Path) -> None:
+def test_submit_script_passes_the_operators_model_experiment_and_reference_as_overrides(tmp_path: Path) -> None:
     """The job's driver runs on the head, which does not see the submitter's environment."""
     import os
 
@@ -99,11 +99,13 @@ def test_submit_script_passes_the_operators_model_and_experiment_as_overrides(tm
         "RAY_DASHBOARD": "http://127.0.0.1:9",
         "SPECSWEEP_MODEL": "meta-llama/Llama-3.1-70B-Instruct",
         "SPECSWEEP_EXPERIMENT": "team-a",
+        "SPECSWEEP_REFERENCE": "['engine.python=/opt/vllm-previous/bin/python']",
     }
     done = subprocess.run([str(DEPLOY / "submit-nightly.sh")], capture_output=True, text=True, timeout=180, env=env)
     assert done.returncode == 4  # the fake dashboard never answers for the job's exit code
     args = seen.read_text().splitlines()
     assert "model.id=meta-llama/Llama-3.1-70B-Instruct" in args and "tracking.experiment=team-a" in args
+    assert "gate.reference=['engine.python=/opt/vllm-previous/bin/python']" in args  # the nightly is then paired
     assert args[args.index("--") + 1 :][:4] == ["python", "-m", "pipeline.sweep", "+sweep=nightly"]
 
 
