@@ -506,3 +506,20 @@ class SweepSettings:
             if len(values) > 1 and name != "output_dir":
                 raise ConfigError(f"{name} is a setting of the whole sweep and cannot be swept (got {sorted(values)})")
         return SweepSettings(**{name: getattr(jobs[0], name) for name in names})
+
+    @staticmethod
+    def slo_of(jobs: Sequence[JobConfig]) -> SloConfig:
+        """The sweep's one SLO. The SLO is a point setting (its thresholds are in the point
+        hash), yet the parent run records one, the report judges every capacity curve by it
+        and a capacity search walks one seed per server: a sweep whose jobs differ in it is
+        refused rather than recorded under the first job's."""
+        if not jobs:
+            raise ConfigError("the sweep has no point to measure")
+        for f in dataclasses.fields(SloConfig):
+            values = sorted({repr(getattr(job.slo, f.name)) for job in jobs})
+            if len(values) > 1:
+                raise ConfigError(
+                    f"slo.{f.name} differs between the sweep's jobs (got {', '.join(values)}); a sweep has one "
+                    f"SLO, which its parent run records and its report judges by: run one sweep per SLO"
+                )
+        return jobs[0].slo

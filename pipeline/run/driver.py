@@ -20,7 +20,7 @@ from typing import Any
 
 from pipeline import startup
 from pipeline.analysis.search_report import PREDICTIONS_CSV
-from pipeline.config import ConfigError, JobConfig, RayConfig, SweepSettings
+from pipeline.config import ConfigError, JobConfig, RayConfig, SloConfig, SweepSettings
 from pipeline.engines.models import ModelError
 from pipeline.engines.registry import engine_of
 from pipeline.engines.vllm import EngineNotInstalled
@@ -138,8 +138,9 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
 class Sweep:
     """One sweep's state between its stages: what was planned, resolved, opened and measured."""
 
-    jobs: Sequence[JobConfig]
+    # The jobs are not kept: what the sweep is set to is read once, below; what each point measures is in the plan.
     settings: SweepSettings  # the sweep-wide settings, read once (SweepSettings.of)
+    slo: SloConfig  # the sweep's one SLO (SweepSettings.slo_of), recorded on the parent run
     project_root: Path
     kind: SearchKind
     plan: SweepPlan
@@ -152,11 +153,6 @@ class Sweep:
     by_hash: dict[str, PointOutcome] = dataclasses.field(default_factory=dict)  # every point's outcome, once recorded
 
     @property
-    def first(self) -> JobConfig:
-        """A job of the sweep, for what names the sweep beside its settings: its model and SLO."""
-        return self.jobs[0]
-
-    @property
     def on_gpu(self) -> bool:
         return any(t.on_gpu for t in self.targets.values())
 
@@ -166,6 +162,7 @@ class Sweep:
         model build of half a minute. The embedded models are built once all answer."""
         plan_sweep(jobs)  # an empty grid is refused, with its own message, before anything reads it
         settings = SweepSettings.of(jobs)
+        slo = SweepSettings.slo_of(jobs)
         kind = kind_of(settings)
         plan = kind.planned(jobs, settings)
         for workload in {repr(j.workload): j.workload for j in jobs}.values():
@@ -173,7 +170,7 @@ class Sweep:
                 load_items(workload, 1, 0, None)
         plan_only = settings.dry_run
         targets = {g.index: resolve_target(g.server_job, build=False, plan_only=plan_only) for g in plan.groups}
-        return Sweep(jobs, settings, project_root, kind, plan, targets)
+        return Sweep(settings, slo, project_root, kind, plan, targets)
 
     def show(self) -> None:
         shown = self.kind.shown(self.plan)
@@ -293,7 +290,7 @@ class Sweep:
         )
 
     def _open_parent(self, identity: tuple[str, str]) -> None:
-        settings, first = self.settings, self.first
+        settings = self.settings
         name = f"{settings.sweep_name} {time.strftime('%Y-%m-%d %H:%M:%S')}"  # one parent run per invocation
         tags = {"role": "sweep", "sweep_name": settings.sweep_name, "fingerprint": identity[0]}
         self.parent = self.tracker.start_run(name, tags | {"engine.versions": identity[1]})
@@ -302,7 +299,7 @@ class Sweep:
         self.tracker.log_params(
             self.parent,
             {f"stats.{k}": v for k, v in dataclasses.asdict(settings.stats).items()}
-            | {"search": settings.search, **{f"slo.{k}": str(v) for k, v in dataclasses.asdict(first.slo).items()}}
+            | {"search": settings.search, **{f"slo.{k}": str(v) for k, v in dataclasses.asdict(self.slo).items()}}
             | {f"gate.{k}": str(v) for k, v in dataclasses.asdict(settings.gate).items()},
         )
 
@@ -377,7 +374,8 @@ class Sweep:
         from pipeline.record import table
 
         settings, out_dir = self.settings, self.out_dir
-        table.render(frame, f"sweep {settings.sweep_name!r}: {len(end.plan.points)} points on {self.first.model.id}")
+        models = ", ".join(sorted({p.job.model.id for p in end.plan.points}))
+        table.render(frame, f"sweep {settings.sweep_name!r}: {len(end.plan.points)} points on {models}")
         print(f"summary: {out_dir / 'summary.csv'}; MLflow parent run {self.parent}")
         synced = sync_journals(out_dir)
         if synced is None:

@@ -13,11 +13,13 @@ import pytest
 
 from pipeline.config import (
     ROLE,
+    ConfigError,
     JobConfig,
     LoadConfig,
     PointSettings,
     Role,
     ServerSettings,
+    SloConfig,
     SweepSettings,
 )
 
@@ -61,6 +63,14 @@ def test_a_jobs_server_and_point_settings_are_its_own_values() -> None:
     assert job.point_settings.load.request_rate == 4.0 and job.server_settings.seed == 7
     with pytest.raises(dataclasses.FrozenInstanceError):
         job.server_settings.seed = 1  # type: ignore[misc]
+
+
+def test_a_sweep_has_one_slo() -> None:
+    tight = dataclasses.replace(JobConfig(), slo=SloConfig(tpot_ms=50))
+    assert SweepSettings.slo_of([tight, dataclasses.replace(tight, load=LoadConfig(request_rate=8.0))]) == tight.slo
+    loose = dataclasses.replace(JobConfig(), slo=SloConfig(tpot_ms=100))
+    with pytest.raises(ConfigError, match=r"slo\.tpot_ms differs between the sweep's jobs \(got 100, 50\)"):
+        SweepSettings.slo_of([tight, loose])
 
 
 # ---- No sweep-wide setting read off a job ---------------------------------------------------
