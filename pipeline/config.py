@@ -433,6 +433,43 @@ class JobConfig:
         """The same point without speculation: what this job is compared against."""
         return dataclasses.replace(self, spec=SpecConfig(method="none", k=0))
 
+    @property
+    def server_settings(self) -> ServerSettings:
+        """What starts this job's server (its ``Role.SERVER`` and ``SERVER_ONLY`` settings)."""
+        return ServerSettings(self.engine, self.model, self.spec, self.seed, self.replica, self.build)
+
+    @property
+    def point_settings(self) -> PointSettings:
+        """What this job's window measures on its server (its ``Role.POINT`` and ``DECISION`` settings)."""
+        return PointSettings(self.load, self.workload, self.slo, self.repeat)
+
+
+# A job is three things: the server it needs, the window it measures there, and the sweep it
+# belongs to (SweepSettings). The two records below are those parts of one job, read off it;
+# tests/unit/test_settings_split.py keeps their fields equal to the roles the schema declares.
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What starts a server: jobs whose servers differ here cannot share one."""
+
+    engine: EngineConfig
+    model: ModelConfig
+    spec: SpecConfig
+    seed: int
+    replica: int
+    build: str
+
+
+@dataclass(frozen=True)
+class PointSettings:
+    """What one window measures on a server, and how it is judged."""
+
+    load: LoadConfig
+    workload: WorkloadConfig
+    slo: SloConfig
+    repeat: int
+
 
 @dataclass(frozen=True)
 class SweepSettings:
@@ -469,3 +506,20 @@ class SweepSettings:
             if len(values) > 1 and name != "output_dir":
                 raise ConfigError(f"{name} is a setting of the whole sweep and cannot be swept (got {sorted(values)})")
         return SweepSettings(**{name: getattr(jobs[0], name) for name in names})
+
+    @staticmethod
+    def slo_of(jobs: Sequence[JobConfig]) -> SloConfig:
+        """The sweep's one SLO. The SLO is a point setting (its thresholds are in the point
+        hash), yet the parent run records one, the report judges every capacity curve by it
+        and a capacity search walks one seed per server: a sweep whose jobs differ in it is
+        refused rather than recorded under the first job's."""
+        if not jobs:
+            raise ConfigError("the sweep has no point to measure")
+        for f in dataclasses.fields(SloConfig):
+            values = sorted({repr(getattr(job.slo, f.name)) for job in jobs})
+            if len(values) > 1:
+                raise ConfigError(
+                    f"slo.{f.name} differs between the sweep's jobs (got {', '.join(values)}); a sweep has one "
+                    f"SLO, which its parent run records and its report judges by: run one sweep per SLO"
+                )
+        return jobs[0].slo

@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from pipeline.config import VALID, ConfigError, EngineConfig, JobConfig, Valid, stats_problem
+from pipeline.config import VALID, ConfigError, EngineConfig, JobConfig, SweepSettings, Valid, stats_problem
 from pipeline.engines.registry import ENGINES
 from pipeline.redact import SECRET_FLAGS, flag_name, is_secret_name
 
@@ -250,4 +250,4 @@ def _validate_search(job: JobConfig) -> None:
     cap = job.capacity
     if not 0 < cap.min_rate <= cap.start_rate:
         raise ConfigError(f"capacity.min_rate={cap.min_rate} must lie in (0, capacity.start_rate={cap.start_rate}]")
-    SEARCHES[job.search].check(job)
+    SEARCHES[job.search].check(job, SweepSettings.of([job]))

@@ -74,11 +74,11 @@ def write(
     label: str,
     summary: Mapping[str, float],
     records: Sequence[RequestRecord],
+    detailed: bool,
     prompt_lens: Mapping[int, int | None] | None = None,
 ) -> None:
-    data = result(
-        setup_of(job, label, len(records)), summary, records, job.tracking.vllm_result == "detailed", prompt_lens
-    )
+    """``detailed``: the sweep's tracking.vllm_result is "detailed" (per-request arrays too)."""
+    data = result(setup_of(job, label, len(records)), summary, records, detailed, prompt_lens)
     path.write_text(json.dumps(data, allow_nan=False))
 
 

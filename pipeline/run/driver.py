@@ -20,7 +20,7 @@ from typing import Any
 
 from pipeline import startup
 from pipeline.analysis.search_report import PREDICTIONS_CSV
-from pipeline.config import ConfigError, JobConfig, SweepSettings
+from pipeline.config import ConfigError, JobConfig, RayConfig, SloConfig, SweepSettings
 from pipeline.engines.models import ModelError
 from pipeline.engines.registry import engine_of
 from pipeline.engines.vllm import EngineNotInstalled
@@ -79,7 +79,7 @@ def local_preflight(tasks: Sequence[GroupTask]) -> None:
     cluster.check_local(needs, on_cpu, gpus, os.cpu_count() or 1)
 
 
-def _server_line(target: Target, job: JobConfig) -> ServerLine:
+def _server_line(target: Target, job: JobConfig, ray_config: RayConfig) -> ServerLine:
     spec = server_spec(target, job, Path("server.log"), port=0)
     args = list(redact_args(spec.command))
     if "--port" in args:  # an external server has an address, not a command with a port
@@ -88,7 +88,7 @@ def _server_line(target: Target, job: JobConfig) -> ServerLine:
     version = spec.engine_version + engine.version_note(target)
     label = engine.label
     inherited = {name: "<from the environment>" for name in spec.env_from}
-    ray = cluster.request_text(cluster.group_request(job.ray, target.engine_gpus(job)))
+    ray = cluster.request_text(cluster.group_request(ray_config, target.engine_gpus(job)))
     return ServerLine(label, version, tuple(args), redact_mapping(spec.env) | inherited, ray)
 
 
@@ -105,8 +105,16 @@ def run_guarded(jobs: Sequence[JobConfig], executor: Executor, project_root: Pat
     except OSError as exc:
         if not diskfull.is_disk_full(exc):
             raise
-        print(f"error: {diskfull.message(exc, Path(jobs[0].output_dir) if jobs else None)}", file=sys.stderr)
+        print(f"error: {diskfull.message(exc, _output_dir(jobs))}", file=sys.stderr)
         return ExitCode.INFRA
+
+
+def _output_dir(jobs: Sequence[JobConfig]) -> Path | None:
+    """The sweep's folder, for a message; None where the jobs make no sweep to name one."""
+    try:
+        return Path(SweepSettings.of(jobs).output_dir)
+    except ConfigError:
+        return None
 
 
 def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path) -> int:
@@ -130,8 +138,9 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
 class Sweep:
     """One sweep's state between its stages: what was planned, resolved, opened and measured."""
 
-    jobs: Sequence[JobConfig]
+    # The jobs are not kept: what the sweep is set to is read once, below; what each point measures is in the plan.
     settings: SweepSettings  # the sweep-wide settings, read once (SweepSettings.of)
+    slo: SloConfig  # the sweep's one SLO (SweepSettings.slo_of), recorded on the parent run
     project_root: Path
     kind: SearchKind
     plan: SweepPlan
@@ -144,11 +153,6 @@ class Sweep:
     by_hash: dict[str, PointOutcome] = dataclasses.field(default_factory=dict)  # every point's outcome, once recorded
 
     @property
-    def first(self) -> JobConfig:
-        """A job of the sweep, for what names the sweep beside its settings: its model and SLO."""
-        return self.jobs[0]
-
-    @property
     def on_gpu(self) -> bool:
         return any(t.on_gpu for t in self.targets.values())
 
@@ -158,18 +162,19 @@ class Sweep:
         model build of half a minute. The embedded models are built once all answer."""
         plan_sweep(jobs)  # an empty grid is refused, with its own message, before anything reads it
         settings = SweepSettings.of(jobs)
+        slo = SweepSettings.slo_of(jobs)
         kind = kind_of(settings)
-        plan = kind.planned(jobs)
+        plan = kind.planned(jobs, settings)
         for workload in {repr(j.workload): j.workload for j in jobs}.values():
             if workload.name != "random":  # a missing or malformed file is refused here, not in a worker
                 load_items(workload, 1, 0, None)
         plan_only = settings.dry_run
         targets = {g.index: resolve_target(g.server_job, build=False, plan_only=plan_only) for g in plan.groups}
-        return Sweep(jobs, settings, project_root, kind, plan, targets)
+        return Sweep(settings, slo, project_root, kind, plan, targets)
 
     def show(self) -> None:
         shown = self.kind.shown(self.plan)
-        lines = [_server_line(self.targets[g.index], g.server_job) for g in shown.groups]
+        lines = [_server_line(self.targets[g.index], g.server_job, self.settings.ray) for g in shown.groups]
         print(describe(shown, lines, self.on_gpu))
         print(self.kind.note(self.settings))
         if more := self.kind.describe(shown):
@@ -230,6 +235,7 @@ class Sweep:
                 self.tracker.experiment_id,
                 self.parent,
                 self.targets[g.index].engine_gpus(g.server_job),
+                self.settings,
                 profile=self.kind.profile,
                 progress=self.channel,
             )
@@ -284,7 +290,7 @@ class Sweep:
         )
 
     def _open_parent(self, identity: tuple[str, str]) -> None:
-        settings, first = self.settings, self.first
+        settings = self.settings
         name = f"{settings.sweep_name} {time.strftime('%Y-%m-%d %H:%M:%S')}"  # one parent run per invocation
         tags = {"role": "sweep", "sweep_name": settings.sweep_name, "fingerprint": identity[0]}
         self.parent = self.tracker.start_run(name, tags | {"engine.versions": identity[1]})
@@ -293,7 +299,7 @@ class Sweep:
         self.tracker.log_params(
             self.parent,
             {f"stats.{k}": v for k, v in dataclasses.asdict(settings.stats).items()}
-            | {"search": settings.search, **{f"slo.{k}": str(v) for k, v in dataclasses.asdict(first.slo).items()}}
+            | {"search": settings.search, **{f"slo.{k}": str(v) for k, v in dataclasses.asdict(self.slo).items()}}
             | {f"gate.{k}": str(v) for k, v in dataclasses.asdict(settings.gate).items()},
         )
 
@@ -368,7 +374,8 @@ class Sweep:
         from pipeline.record import table
 
         settings, out_dir = self.settings, self.out_dir
-        table.render(frame, f"sweep {settings.sweep_name!r}: {len(end.plan.points)} points on {self.first.model.id}")
+        models = ", ".join(sorted({p.job.model.id for p in end.plan.points}))
+        table.render(frame, f"sweep {settings.sweep_name!r}: {len(end.plan.points)} points on {models}")
         print(f"summary: {out_dir / 'summary.csv'}; MLflow parent run {self.parent}")
         synced = sync_journals(out_dir)
         if synced is None:
@@ -382,7 +389,7 @@ class Sweep:
         code: int = ExitCode.OK
         if settings.gate.enabled:
             confirm_task = functools.partial(
-                _confirm_task, self.store, self.tracker.experiment_id, parent, self.targets
+                _confirm_task, self.store, self.tracker.experiment_id, parent, self.targets, settings
             )
             code = gate_sweep(
                 settings, self.store.tracking_uri, parent, end.plan, self.by_hash, executor, confirm_task, out_dir
@@ -396,8 +403,9 @@ def _confirm_task(
     experiment_id: str,
     parent: str,
     targets: dict[int, Target],
+    settings: SweepSettings,
     group: ServerGroup,
     confirms: dict[str, str],
 ) -> GroupTask:
     gpus = targets[group.index].engine_gpus(group.server_job)
-    return GroupTask(group, store, experiment_id, parent, gpus, confirms)
+    return GroupTask(group, store, experiment_id, parent, gpus, settings, confirms)

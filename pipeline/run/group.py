@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import startup
-from pipeline.config import JobConfig
+from pipeline.config import JobConfig, LosslessConfig
 from pipeline.engines.base import Server, ServerError, ServerSpec
 from pipeline.engines.engine import Target
 from pipeline.engines.models import load_tokenizer
@@ -41,7 +41,7 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
     point; the server never outlives this call."""
     group = task.group
     # On a node of a cluster this is the worker's first call; a local Ray's inherit it anyway.
-    startup.configure(group.server_job.verbose)
+    startup.configure(task.settings.verbose)
     out_dir = out_dir / group.label
     tracker = JournaledTracker(Tracker(task.store, task.experiment_id), out_dir / JOURNAL_NAME)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -113,7 +113,8 @@ class GroupRun:
                 self._ready(server)
                 self._measure(server)
                 started = time.monotonic()
-                self.lossless = lossless_probe(server.base_url, self.group.server_job, self.tokenizer)
+                lossless = self.task.settings.lossless
+                self.lossless = lossless_probe(server.base_url, self.group.server_job, lossless, self.tokenizer)
                 self.probe_s = time.monotonic() - started
         except ServerError as exc:
             self._fail_rest(redact_text(str(exc), self.secrets))
@@ -165,7 +166,15 @@ class GroupRun:
     def _measure_one(self, point: Point, first: bool) -> PointOutcome:
         assert self.server is not None
         outcome = measure_point(
-            point, self.server, self.tokenizer, self.tracker, self.run_ids, self.out_dir, first, self.reporter
+            point,
+            self.server,
+            self.tokenizer,
+            self.tracker,
+            self.run_ids,
+            self.out_dir,
+            first,
+            self.reporter,
+            self.task.settings.tracking.vllm_result,
         )
         self.results[point.hash] = outcome
         self.reporter.emit("point_done", point.label, failed=outcome.error is not None)
@@ -176,7 +185,7 @@ class GroupRun:
         """What the profile asks for, in turn. A server that dies or hangs during a window fails
         that point, with its log tail; it is then restarted for the rest (engine.restart_on_crash),
         or the rest fail."""
-        walk = self.task.profile.start(self.group)
+        walk = self.task.profile.start(self.group, self.task.settings)
         history: list[Measured] = []
         fresh = True
         while (point := walk.next_point(history)) is not None:
@@ -266,14 +275,14 @@ def _server_fault(server: Server, outcome: PointOutcome) -> str | None:
     return None
 
 
-def lossless_probe(base_url: str, job: JobConfig, tokenizer: Any) -> tuple[ProbeOutput, ...]:
+def lossless_probe(base_url: str, job: JobConfig, lossless: LosslessConfig, tokenizer: Any) -> tuple[ProbeOutput, ...]:
     """Greedy answers to the first prompts of the workload (the same for every server of a
     sweep with this workload and seed), sent one at a time so that batch shape cannot
-    change the numerics."""
-    if job.lossless.prompts <= 0:
+    change the numerics. ``lossless``: the sweep's, not ``job``'s copy."""
+    if lossless.prompts <= 0:
         return ()
-    prompts = point_requests(replace(job, repeat=0), tokenizer).requests[: job.lossless.prompts]
-    prompts = tuple(replace(r.alone(), max_tokens=min(r.max_tokens, job.lossless.max_tokens)) for r in prompts)
+    prompts = point_requests(replace(job, repeat=0), tokenizer).requests[: lossless.prompts]
+    prompts = tuple(replace(r.alone(), max_tokens=min(r.max_tokens, lossless.max_tokens)) for r in prompts)
     opts = ClientOptions(
         base_url=base_url,
         model=job.model.id,

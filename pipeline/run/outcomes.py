@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Protocol
 
 from pipeline.analysis.samples import Sample
+from pipeline.config import SweepSettings
 from pipeline.record.tracking import Store
 from pipeline.run.plan import Point, ServerGroup
 from pipeline.run.search.profiles import LoadProfile, Planned
@@ -23,6 +24,9 @@ class GroupTask:
     experiment_id: str
     parent_run_id: str
     gpus: int  # what the group's server needs, for the launcher's resource request
+    # The sweep-wide settings, as the driver read them once: a worker reads these, never a
+    # job's copy (lossless.*, tracking.vllm_result, capacity.*, verbose, gate.*).
+    settings: SweepSettings
     # A regression gate's re-measurement: point hash -> the run it confirms (tagged on its run).
     confirms: dict[str, str] = field(default_factory=dict)
     # What the worker measures on this server: the planned points, or (search=capacity) the

@@ -13,7 +13,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from pipeline.config import ConfigError, JobConfig
+from pipeline.config import ConfigError, JobConfig, SweepSettings
 from pipeline.engines.registry import engine_of
 from pipeline.identity import point_hash, server_key
 from pipeline.load import traces
@@ -66,6 +66,8 @@ class ServerGroup:
     index: int
     role: str
     points: tuple[Point, ...]
+    # A server of its own for each repeat (repeats.restart): the label then names the repeat.
+    per_repeat: bool = False
 
     @property
     def server_job(self) -> JobConfig:
@@ -74,7 +76,7 @@ class ServerGroup:
     @property
     def label(self) -> str:
         job = self.server_job
-        restarted = f"-rep{job.repeat}" if job.repeats.restart and job.repeat else ""
+        restarted = f"-rep{job.repeat}" if self.per_repeat and job.repeat else ""
         return f"{self.index:02d}-{_server_name(self.role, job)}{restarted}"
 
 
@@ -97,21 +99,23 @@ class SweepPlan:
         return SweepPlan(tuple(groups))
 
 
-def plan_sweep(jobs: Sequence[JobConfig]) -> SweepPlan:
-    """Group the jobs' points by server; the baseline servers come first."""
+def plan_sweep(jobs: Sequence[JobConfig], settings: SweepSettings | None = None) -> SweepPlan:
+    """Group the jobs' points by server; the baseline servers come first. ``settings``: the
+    sweep's (its repeats and aa), as the driver read them once; by default read from ``jobs``."""
     if not jobs:
         raise ConfigError(
             "the sweep expands to no jobs: a sweep value list is empty; give at least one value, "
             "e.g. spec.k=3,5 load.request_rate=1,2"
         )
+    settings = SweepSettings.of(jobs) if settings is None else settings
     points: dict[str, Point] = {}
-    jobs = [dataclasses.replace(job, repeat=r) for job in jobs for r in range(job.repeats.count)]
+    jobs = [dataclasses.replace(job, repeat=r) for job in jobs for r in range(settings.repeats.count)]
     for job in jobs:
         base = job.baseline()
         base_hash = point_hash(base)
         points.setdefault(base_hash, Point("baseline", base, base_hash))
         # An A/A twin stands where a speculative point would: compared with the baseline.
-        other = dataclasses.replace(base, replica=1) if job.aa else job if job.spec.method != "none" else None
+        other = dataclasses.replace(base, replica=1) if settings.aa else job if job.spec.method != "none" else None
         if other is not None:
             h = point_hash(other)
             points.setdefault(h, Point("speculative", other, h, base_hash))
@@ -120,8 +124,9 @@ def plan_sweep(jobs: Sequence[JobConfig]) -> SweepPlan:
     ordered = sorted(points.values(), key=lambda p: p.role != "baseline")  # stable: grid order within a role
     for point in ordered:
         by_server.setdefault(server_key(point.job), []).append(point)
+    restart = settings.repeats.restart
     groups = tuple(
-        ServerGroup(i, pts[0].role, tuple(sorted(pts, key=lambda p: (p.job.load.request_rate, p.job.repeat))))
+        ServerGroup(i, pts[0].role, tuple(sorted(pts, key=lambda p: (p.job.load.request_rate, p.job.repeat))), restart)
         for i, pts in enumerate(by_server.values(), start=1)
     )
     return SweepPlan(groups)

@@ -73,7 +73,9 @@ def measure_point(
     out_dir: Path,
     first: bool,
     reporter: events.Reporter,
+    vllm_result_mode: str,
 ) -> PointOutcome:
+    """``vllm_result_mode``: the sweep's tracking.vllm_result (off, summary or detailed)."""
     run_id = run_ids[point.hash]
     sends = point_requests(point.job, tokenizer)
     try:
@@ -99,9 +101,8 @@ def measure_point(
     metrics |= server_readings(server)
     # On disk first: whatever happens to MLflow, the measurement is in the sweep's outputs.
     try:
-        point_dir = _write_point(
-            point, measurement, metrics, {r.index: r.prompt_tokens for r in sends.requests}, out_dir
-        )
+        prompts = {r.index: r.prompt_tokens for r in sends.requests}
+        point_dir = _write_point(point, measurement, metrics, prompts, out_dir, vllm_result_mode)
     except OSError as exc:
         if not diskfull.is_disk_full(exc):
             raise
@@ -127,16 +128,22 @@ def server_readings(server: Server) -> dict[str, float]:
 
 
 def _write_point(
-    point: Point, measurement: Measurement, metrics: dict[str, float], prompts: dict[int, int | None], out_dir: Path
+    point: Point,
+    measurement: Measurement,
+    metrics: dict[str, float],
+    prompts: dict[int, int | None],
+    out_dir: Path,
+    vllm_result_mode: str,
 ) -> Path:
     """The point's folder in the sweep's outputs: requests.csv, summary.json, config.json and,
     where tracking.vllm_result asks, the vllm bench serve result file."""
     point_dir = write_requests(out_dir / point.label, measurement.window).parent
     (point_dir / "summary.json").write_text(json.dumps(metrics, indent=2, default=str))
     (point_dir / "config.json").write_text(json.dumps(flatten_params(point.job), indent=2))
-    if point.job.tracking.vllm_result != "off":
+    if vllm_result_mode != "off":
+        records, detailed = measurement.window.records, vllm_result_mode == "detailed"
         vllm_result.write(
-            point_dir / vllm_result.FILE_NAME, point.job, point.label, metrics, measurement.window.records, prompts
+            point_dir / vllm_result.FILE_NAME, point.job, point.label, metrics, records, detailed, prompts
         )
     return point_dir
 

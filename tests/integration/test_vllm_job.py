@@ -17,7 +17,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from pipeline.compose import resolve_trace_rate
-from pipeline.config import EngineConfig, JobConfig, LoadConfig, SpecConfig, WorkloadConfig
+from pipeline.config import EngineConfig, JobConfig, LoadConfig, SpecConfig, SweepSettings, WorkloadConfig
 from pipeline.engines.models import ensure_embedded
 from pipeline.record.tracking import Tracker, resolve_store
 from pipeline.record.tracking import prepare as prepare_store
@@ -109,7 +109,9 @@ def test_model_as_its_own_draft_accepts_nearly_everything_on_a_replayed_trace(
     store = resolve_store(job.tracking, tmp_path)
     tracker = Tracker(store, prepare_store(store, job.sweep_name))
     parent = tracker.start_run("self-draft", {"role": "sweep"})
-    outcome = run_group(GroupTask(speculative, store, tracker.experiment_id, parent, gpus=0), tmp_path / "out")
+    outcome = run_group(
+        GroupTask(speculative, store, tracker.experiment_id, parent, 0, SweepSettings.of([job])), tmp_path / "out"
+    )
     assert outcome.started and len(outcome.points) == 1
     point = outcome.points[0]
     assert point.error is None

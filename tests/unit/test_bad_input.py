@@ -261,6 +261,7 @@ CASES: list[tuple[str, bool, list[str], str]] = [
     ("empty-grid", True, ["load.request_rate=range(4,1)"], "expands to no jobs"),
     ("one-bad-point", True, ["spec.k=3,0"], "spec.k=0 is not valid"),
     ("swept-sweep-setting", True, ["sweep_name=a,b"], "sweep_name is a setting of the whole sweep"),
+    ("swept-slo", True, ["slo.tpot_ms=50,100"], "a sweep has one SLO, which its parent run records"),
     ("search-unknown", True, ["search=bisect"], "search='bisect' is not valid"),
     ("predict-one-k", True, ["search=predict"], "search=predict needs at least 2 values of spec.k per method"),
     ("predict-method", True, ["search=predict", "spec=eagle3", "spec.k=2,3"], "validated for spec.method in ngram"),

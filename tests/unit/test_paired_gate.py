@@ -16,7 +16,7 @@ from scipy import stats as scipy_stats
 from pipeline.analysis import change_points, paired
 from pipeline.analysis.paired import NightWindow
 from pipeline.analysis.samples import Sample
-from pipeline.config import ConfigError, GateConfig, JobConfig, LoadConfig, SpecConfig
+from pipeline.config import ConfigError, GateConfig, JobConfig, LoadConfig, SpecConfig, SweepSettings
 from pipeline.finish.judge import recorded_config
 from pipeline.run.outcomes import GroupOutcome
 from pipeline.run.search import kinds, paired_night
@@ -88,7 +88,7 @@ def _job(**gate: object) -> JobConfig:
 
 
 def test_the_paired_plan_interleaves_both_builds_abba_on_fresh_servers() -> None:
-    plan = paired_night.paired_plan([_job(pairs=4)])
+    plan = paired_night.paired_plan([_job(pairs=4)], SweepSettings.of([_job(pairs=4)]))
     builds = [(g.server_job.build, g.server_job.repeat, g.role) for g in plan.groups]
     for role in ("baseline", "speculative"):
         mine = [(b, r) for b, r, ro in builds if ro == role]
@@ -197,7 +197,7 @@ def test_a_paired_nights_settings_come_back_from_its_parent_run() -> None:
 
 def test_spec_settings_stay_the_candidates_when_only_the_engine_changes() -> None:
     job = dataclasses.replace(_job(), spec=SpecConfig(method="ngram", k=5))
-    assert paired_night.reference_job(job).spec == job.spec
+    assert paired_night.reference_job(job, SweepSettings.of([job])).spec == job.spec
 
 
 def test_the_dry_run_prints_the_abba_order_naming_each_server_as_reference_or_candidate(
@@ -330,7 +330,7 @@ def test_a_candidate_that_fails_requests_is_slower_by_them_and_fails_the_night()
 
 
 def test_a_paired_night_hands_its_servers_out_one_at_a_time_in_abba_order() -> None:
-    plan = paired_night.paired_plan([_job(pairs=2)])
+    plan = paired_night.paired_plan([_job(pairs=2)], SweepSettings.of([_job(pairs=2)]))
     search = kinds.PAIRED.start(plan, Context({}))
     handed, outcomes = [], []
     while (part := search.next_plan(outcomes)) is not None:

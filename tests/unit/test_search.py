@@ -247,7 +247,7 @@ def test_probe_loop_brackets_then_bisects_to_the_resolution(tmp_path: Path) -> N
         capacity=CapacityConfig(start_rate=1.0, resolution=0.1, max_probes=10),
     )
     seed = Point("baseline", job, point_hash(job))
-    walk = Bracketing().start(ServerGroup(1, "baseline", (seed,)))
+    walk = Bracketing().start(ServerGroup(1, "baseline", (seed,)), SweepSettings.of([job]))
     measured: list[Measured] = []
     logged: list[dict[str, float]] = []
     while (point := walk.next_point(measured)) is not None:
@@ -272,8 +272,8 @@ def test_probe_loop_brackets_then_bisects_to_the_resolution(tmp_path: Path) -> N
 def test_a_rate_grid_is_refused_and_the_points_a_group_ran_replace_its_seed() -> None:
     jobs = [dataclasses.replace(JobConfig(), search="capacity", load=LoadConfig(request_rate=r)) for r in (1, 2)]
     with pytest.raises(ConfigError, match="searches the request rate itself"):
-        capacity_points.seed_jobs(jobs)
-    plan = plan_sweep(capacity_points.seed_jobs(jobs[:1]))
+        capacity_points.seed_jobs(jobs, SweepSettings.of(jobs))
+    plan = plan_sweep(capacity_points.seed_jobs(jobs[:1], SweepSettings.of(jobs[:1])))
     probed = tuple(capacity_points.at_rate(plan.groups[0].points[0], r) for r in (1.0, 2.0))
     outcome = GroupOutcome(plan.groups[0].index, (), ran=probed)
     search = Capacity(plan, Context({}))

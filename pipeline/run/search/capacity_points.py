@@ -15,13 +15,12 @@ import dataclasses
 from collections.abc import Sequence
 
 from pipeline.analysis.capacity import SearchSettings
-from pipeline.config import ConfigError, JobConfig
+from pipeline.config import CapacityConfig, ConfigError, JobConfig, SweepSettings
 from pipeline.identity import point_hash
 from pipeline.run.plan import Point
 
 
-def search_settings(job: JobConfig) -> SearchSettings:
-    c = job.capacity
+def search_settings(c: CapacityConfig) -> SearchSettings:
     return SearchSettings(c.start_rate, c.min_rate, c.resolution, c.max_probes)
 
 
@@ -37,7 +36,7 @@ def rounded(rate: float) -> float:
     return float(f"{rate:.3g}")
 
 
-def seed_jobs(jobs: Sequence[JobConfig]) -> list[JobConfig]:
+def seed_jobs(jobs: Sequence[JobConfig], settings: SweepSettings) -> list[JobConfig]:
     """Each configuration's first probe: the grid's jobs at capacity.start_rate. The search
     picks every later rate itself, so a grid over the rate is refused."""
     rates = sorted({job.load.request_rate for job in jobs})
@@ -46,4 +45,5 @@ def seed_jobs(jobs: Sequence[JobConfig]) -> list[JobConfig]:
             f"search=capacity searches the request rate itself; drop load.request_rate from the grid (got "
             f"{', '.join(f'{r:g}' for r in rates)}) and set capacity.start_rate for the first probe"
         )
-    return [dataclasses.replace(j, load=dataclasses.replace(j.load, request_rate=j.capacity.start_rate)) for j in jobs]
+    start = settings.capacity.start_rate
+    return [dataclasses.replace(j, load=dataclasses.replace(j.load, request_rate=start)) for j in jobs]

@@ -18,8 +18,8 @@ class _PredictPlans:
     """search=predict's plan and its first phase."""
 
     @staticmethod
-    def planned(jobs: Sequence[JobConfig]) -> SweepPlan:
-        plan = plan_sweep(jobs)
+    def planned(jobs: Sequence[JobConfig], settings: SweepSettings) -> SweepPlan:
+        plan = plan_sweep(jobs, settings)
         predict_phases.check_plan(plan)
         return plan
 
@@ -28,7 +28,7 @@ class _PredictPlans:
         return predict_phases.first_phase(plan)
 
 
-def _no_check(job: JobConfig) -> None:
+def _no_check(job: JobConfig, settings: SweepSettings) -> None:
     """The grid measures any job that passes the sweep's own checks."""
 
 
@@ -40,7 +40,7 @@ def _no_note(settings: SweepSettings) -> str:
 class SearchKind:
     """What a search is to everything outside run/search: asked, never compared by name."""
 
-    planned: Callable[[Sequence[JobConfig]], SweepPlan]  # the whole plan, refusals first
+    planned: Callable[[Sequence[JobConfig], SweepSettings], SweepPlan]  # the whole plan, refusals first
     shown: Callable[[SweepPlan], SweepPlan]  # what a dry run shows and the estimate covers
     start: Callable[[SweepPlan, Context], Search]
     resumes: bool
@@ -49,9 +49,9 @@ class SearchKind:
     # back from MLflow (it did not run in this sweep).
     reads_windows: bool = False
     describe: Callable[[SweepPlan], str] = lambda plan: ""  # more for the dry run to say of its plan
-    # One job's settings, refused before anything starts (pipeline.validate calls it); what
-    # needs the whole grid is refused by ``planned``.
-    check: Callable[[JobConfig], None] = _no_check
+    # One job's settings, with the sweep's as that job carries them, refused before anything
+    # starts (pipeline.validate calls it); what needs the whole grid is refused by ``planned``.
+    check: Callable[[JobConfig, SweepSettings], None] = _no_check
     # What it does beyond the plan printed for it, said by the dry run and the sweep's start ("" for nothing).
     note: Callable[[SweepSettings], str] = _no_note
     # gate.mode=paired may measure its plan on both builds: the grid's, on fresh servers.

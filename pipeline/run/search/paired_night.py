@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from pipeline.config import ConfigError, JobConfig, RepeatsConfig
+from pipeline.config import ConfigError, JobConfig, RepeatsConfig, SweepSettings
 from pipeline.identity import point_key, server_key
 from pipeline.run.plan import ServerGroup, SweepPlan, plan_sweep
 from pipeline.schema import apply_overrides
@@ -21,14 +21,20 @@ from pipeline.schema import apply_overrides
 REFERENCE, CANDIDATE = "reference", "candidate"
 
 
-def reference_job(job: JobConfig) -> JobConfig:
+def reference_job(job: JobConfig, settings: SweepSettings) -> JobConfig:
     """The job as gate.reference's build runs it: the sweep's settings with its overrides."""
-    return dataclasses.replace(apply_overrides(job, job.gate.reference), build=REFERENCE)
+    return dataclasses.replace(apply_overrides(job, settings.gate.reference), build=REFERENCE)
 
 
-def _fresh(job: JobConfig) -> JobConfig:
+def _fresh(settings: SweepSettings) -> SweepSettings:
     """Each pair on servers of its own: one repeat per pair, each on a fresh server."""
-    return dataclasses.replace(job, repeats=RepeatsConfig(count=job.gate.pairs, restart=True))
+    return dataclasses.replace(settings, repeats=RepeatsConfig(count=settings.gate.pairs, restart=True))
+
+
+def _repeated(job: JobConfig, fresh: SweepSettings) -> JobConfig:
+    # The job carries the night's repeats too: a server's key reads them from the job
+    # (pipeline.identity.server_key), and each pair must be a server of its own.
+    return dataclasses.replace(job, repeats=fresh.repeats)
 
 
 def _keyed(group: ServerGroup, twins: ServerGroup) -> ServerGroup:
@@ -40,14 +46,15 @@ def _keyed(group: ServerGroup, twins: ServerGroup) -> ServerGroup:
     return dataclasses.replace(group, points=points)
 
 
-def paired_plan(jobs: Sequence[JobConfig]) -> SweepPlan:
+def paired_plan(jobs: Sequence[JobConfig], settings: SweepSettings) -> SweepPlan:
     """Both builds' servers for every configuration, pair by pair, in ABBA order."""
-    candidates = plan_sweep([_fresh(dataclasses.replace(j, build=CANDIDATE)) for j in jobs])
-    references = plan_sweep([_fresh(reference_job(j)) for j in jobs])
+    fresh = _fresh(settings)
+    candidates = plan_sweep([_repeated(dataclasses.replace(j, build=CANDIDATE), fresh) for j in jobs], fresh)
+    references = plan_sweep([_repeated(reference_job(j, settings), fresh) for j in jobs], fresh)
     shape = [[(p.role, p.job.load.request_rate, p.job.repeat) for p in g.points] for g in candidates.groups]
     if shape != [[(p.role, p.job.load.request_rate, p.job.repeat) for p in g.points] for g in references.groups]:
         raise ConfigError(
-            f"gate.reference={list(jobs[0].gate.reference)} changes which servers the grid needs; a reference "
+            f"gate.reference={list(settings.gate.reference)} changes which servers the grid needs; a reference "
             f"build may change how a server runs, not which servers there are"
         )
     first_seen: dict[str, int] = {}

@@ -10,7 +10,7 @@ from pipeline.identity import setting_key
 from pipeline.run.plan import Point, SweepPlan
 
 
-def check_job(job: JobConfig) -> None:
+def check_job(job: JobConfig, settings: SweepSettings) -> None:
     """What one job of search=predict must be: what the k-curve model was validated on."""
     from pipeline.analysis.kcurve import VALIDATED_METHODS
 
@@ -29,7 +29,7 @@ def check_job(job: JobConfig) -> None:
             f"search=predict is validated for greedy decoding only; workload.temperature="
             f"{job.workload.temperature} needs search=grid or workload.temperature=0"
         )
-    if job.aa:
+    if settings.aa:
         raise ConfigError("search=predict compares speculative k values; aa=true needs search=grid")
 
 

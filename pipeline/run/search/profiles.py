@@ -18,6 +18,7 @@ from typing import Protocol
 
 from pipeline.analysis.capacity import next_rate, window_passes
 from pipeline.analysis.samples import Sample
+from pipeline.config import SweepSettings
 from pipeline.load.slo import SloTarget
 from pipeline.run.plan import Point, ServerGroup
 from pipeline.run.search.capacity_points import at_rate, rounded, search_settings
@@ -64,7 +65,7 @@ class LoadProfile(Protocol):
     # Whether the walk picks its points as it goes (then the group reports the points it ran).
     chooses_points: bool
 
-    def start(self, group: ServerGroup) -> Walk: ...
+    def start(self, group: ServerGroup, settings: SweepSettings) -> Walk: ...
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ class Planned:
     opens_planned = True
     chooses_points = False
 
-    def start(self, group: ServerGroup) -> Walk:
+    def start(self, group: ServerGroup, settings: SweepSettings) -> Walk:
         return _PlannedWalk(group.points)
 
 
@@ -104,15 +105,15 @@ class Bracketing:
     opens_planned = True  # the seed; each later probe is given its run as it is reached
     chooses_points = True
 
-    def start(self, group: ServerGroup) -> Walk:
-        return _BracketingWalk(group.points[0])
+    def start(self, group: ServerGroup, settings: SweepSettings) -> Walk:
+        return _BracketingWalk(group.points[0], settings)
 
 
 class _BracketingWalk:
-    def __init__(self, seed: Point) -> None:
+    def __init__(self, seed: Point, settings: SweepSettings) -> None:
         self.seed = seed
         self.target = SloTarget.from_config(seed.job.slo)
-        self.settings = search_settings(seed.job)
+        self.settings = search_settings(settings.capacity)
         self.calls: list[tuple[float, bool]] = []  # (rate, met the SLO) per probe
 
     def judge(self, measured: Measured) -> dict[str, float]:

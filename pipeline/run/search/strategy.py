@@ -66,8 +66,8 @@ class Grid:
         self.asked = False
 
     @staticmethod
-    def planned(jobs: Sequence[JobConfig]) -> SweepPlan:
-        return plan_sweep(jobs)
+    def planned(jobs: Sequence[JobConfig], settings: SweepSettings) -> SweepPlan:
+        return plan_sweep(jobs, settings)
 
     @staticmethod
     def shown(plan: SweepPlan) -> SweepPlan:
@@ -110,12 +110,12 @@ class Capacity(Grid):
     resumes = False
 
     @staticmethod
-    def planned(jobs: Sequence[JobConfig]) -> SweepPlan:
-        plan_sweep(jobs)  # the grid's own refusals first
-        return plan_sweep(capacity_points.seed_jobs(jobs))
+    def planned(jobs: Sequence[JobConfig], settings: SweepSettings) -> SweepPlan:
+        plan_sweep(jobs, settings)  # the grid's own refusals first
+        return plan_sweep(capacity_points.seed_jobs(jobs, settings), settings)
 
     @staticmethod
-    def check(job: JobConfig) -> None:
+    def check(job: JobConfig, settings: SweepSettings) -> None:
         """What one job of search=capacity must be: an SLO to search under, one server each."""
         slo = job.slo
         if slo.ttft_ms is None and slo.tpot_ms is None and slo.e2el_ms is None:
@@ -123,9 +123,9 @@ class Capacity(Grid):
                 "search=capacity needs an SLO to search under; set at least one of slo.ttft_ms, slo.tpot_ms, "
                 "slo.e2el_ms, e.g. slo.tpot_ms=50"
             )
-        if job.repeats.count > 1 or job.aa:
+        if settings.repeats.count > 1 or settings.aa:
             raise ConfigError("search=capacity measures each server once; drop repeats.count and aa")
-        if job.gate.enabled:
+        if settings.gate.enabled:
             raise ConfigError("search=capacity probes adaptive rates that no reference shares; set gate.enabled=false")
 
     @staticmethod
