@@ -23,7 +23,7 @@ from typing import Protocol
 import httpx
 
 from pipeline.config import EngineConfig
-from pipeline.engines.process import free_port, log_tail, port_taken, signal_group, wait_group_gone
+from pipeline.engines.process import free_port, log_tail, port_taken, signal_group, signals_deferred, wait_group_gone
 from pipeline.engines.watchdog import live_members
 from pipeline.redact import shell_line
 
@@ -197,8 +197,10 @@ class EngineServer:
         # the server binds it. That start is retried on a new port; no other start failure is.
         for attempt in range(PORT_RETRIES + 1):
             offset = self.spec.log_path.stat().st_size if self.spec.log_path.is_file() else 0
-            self.start()
             try:
+                # Inside the try: a Ctrl-C or SIGTERM that lands while the server is being
+                # started stops what was started, instead of leaving it to the watchdog's grace.
+                self.start()
                 self.wait_ready()
                 return self
             except ServerError:
@@ -228,14 +230,17 @@ class EngineServer:
         self.spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.spec.log_path.open("ab")
         try:
-            self._proc = subprocess.Popen(
-                self._watched(list(self.spec.command)),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env={**os.environ, **self.spec.env, **inherited(self.spec.env_from)},
-                start_new_session=True,  # its own process group, so stop() reaches every child
-            )
+            # Ctrl-C and SIGTERM wait until the child is recorded: one that interrupted Popen
+            # after the fork would leave a server this object does not know to stop.
+            with signals_deferred():
+                self._proc = subprocess.Popen(
+                    self._watched(list(self.spec.command)),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env={**os.environ, **self.spec.env, **inherited(self.spec.env_from)},
+                    start_new_session=True,  # its own process group, so stop() reaches every child
+                )
         except FileNotFoundError as exc:
             raise ServerError(f"cannot start {self.spec.engine}: {exc}; check engine.python") from exc
         finally:

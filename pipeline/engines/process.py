@@ -6,8 +6,11 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from pipeline.engines.watchdog import live_members
@@ -57,3 +60,26 @@ def signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
     except ProcessLookupError:
         pass
+
+
+@contextmanager
+def signals_deferred() -> Iterator[None]:
+    """SIGINT and SIGTERM that arrive inside the block are delivered when it ends, to the
+    handlers there were before. Not a signal mask: a child started inside would inherit the
+    mask through exec, and a server that blocks SIGTERM cannot be stopped. Only the main thread
+    receives signals in Python, so elsewhere nothing is deferred."""
+    wanted = (signal.SIGINT, signal.SIGTERM)
+    before = {s: signal.getsignal(s) for s in wanted}
+    if threading.current_thread() is not threading.main_thread() or None in before.values():
+        yield
+        return
+    caught: list[int] = []
+    for s in wanted:
+        signal.signal(s, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+        for signum in caught:
+            signal.raise_signal(signum)

@@ -84,6 +84,33 @@ def test_ctrl_c_inside_the_block_still_stops_the_group(tmp_path: Path) -> None:
     assert _wait_gone(leader) and _wait_gone(int(child_file.read_text()))
 
 
+def test_ctrl_c_while_the_server_is_being_started_stops_what_was_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C that lands inside Popen, after the fork: the server that was started is stopped
+    by this object, not left for the watchdog's grace period (seen on a loaded machine)."""
+    import signal
+    import subprocess
+
+    from pipeline.engines import base
+
+    started: list[subprocess.Popen[bytes]] = []
+    real_popen = subprocess.Popen
+
+    def interrupted_popen(*args: object, **kwargs: object) -> subprocess.Popen[bytes]:
+        started.append(real_popen(*args, **kwargs))  # type: ignore[call-overload]
+        os.kill(os.getpid(), signal.SIGINT)  # the child runs; Popen has not returned yet
+        return started[-1]
+
+    monkeypatch.setattr(base.subprocess, "Popen", interrupted_popen)
+    child_file = tmp_path / "child.pid"
+    with pytest.raises(KeyboardInterrupt):
+        with EngineServer(_spec(tmp_path, ["5", str(child_file)]), poll_s=0.05):
+            pytest.fail("the block must not be entered")
+    assert started and _wait_gone(started[0].pid, 15)
+    assert _wait_gone(int(child_file.read_text()), 15) if child_file.exists() else True
+
+
 def test_process_dying_at_start_fails_fast_with_log_tail(tmp_path: Path) -> None:
     spec = _spec(tmp_path, [])
     spec = ServerSpec(
