@@ -11,6 +11,7 @@ import codecs
 import importlib
 import importlib.util
 import inspect
+import io
 import random
 import textwrap
 from collections.abc import Callable, Sequence
@@ -78,13 +79,27 @@ def _stdlib_functions() -> tuple[str, ...]:
             text = inspect.getsource(module)
         except (OSError, TypeError):  # a frozen or C build of the module
             continue
+        lines = io.StringIO(text, newline="").readlines()  # \n, \r\n and \r only, as ast splits
         for node in ast.walk(ast.parse(text)):
             if isinstance(node, ast.FunctionDef):
-                # padded=True keeps a method's first-line indent, so dedent sees it whole.
-                src = textwrap.dedent(ast.get_source_segment(text, node, padded=True) or "")
+                src = textwrap.dedent(_segment(lines, node))
                 if 200 <= len(src) <= 1200:
                     sources.append(src)
     return _nonempty("code_edit", "standard-library source", sources)
+
+
+def _segment(lines: list[str], node: ast.stmt) -> str:
+    """``ast.get_source_segment(text, node, padded=True)`` over lines split once: the library
+    splits the whole module again for every node, which made this workload cost ~2.5 s to
+    build in every process that draws it. The first line keeps its indent as spaces, so
+    dedent sees a method whole. Same bytes (tests/unit/test_workloads.py compares them)."""
+    first, last = node.lineno - 1, (node.end_lineno or node.lineno) - 1
+    head = lines[first].encode()
+    if first == last:
+        return head[node.col_offset : node.end_col_offset].decode()
+    padding = "".join(c if c in "\f\t" else " " for c in head[: node.col_offset].decode())
+    tail = lines[last].encode()[: node.end_col_offset].decode()
+    return padding + head[node.col_offset :].decode() + "".join(lines[first + 1 : last]) + tail
 
 
 @cache

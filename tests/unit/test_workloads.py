@@ -136,3 +136,24 @@ def test_file_workloads_need_a_path_that_exists(tmp_path: Path) -> None:
 def test_random_without_tokenizer_is_refused() -> None:
     with pytest.raises(ConfigError, match="needs the model's tokenizer"):
         build_requests(WorkloadConfig(name="random"), 1, seed=0)
+
+
+def test_the_code_edit_functions_are_the_libraries_own_segments() -> None:
+    """bundled._segment gives ast.get_source_segment(padded=True)'s bytes, line endings and
+    form feeds included, so the code_edit prompts are what they were before it."""
+    import ast
+    import inspect
+    import io
+    import textwrap
+
+    from pipeline.load import bundled
+
+    text = (
+        inspect.getsource(textwrap)
+        + "\n\x0c\nclass A:\r\n    def f(self):\r\n        return 1\r\ndef g(x): return 2\rdef h(y):\n\treturn 3\n"
+    )
+    lines = io.StringIO(text, newline="").readlines()
+    nodes = [n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.FunctionDef)]
+    assert len(nodes) > 10
+    for node in nodes:
+        assert bundled._segment(lines, node) == ast.get_source_segment(text, node, padded=True)
