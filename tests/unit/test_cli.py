@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.in_process import sweep_in_process
+
 
 def _sweep(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -57,10 +59,20 @@ def _multirun(tmp_path: Path, *overrides: str, timeout: float = 180) -> subproce
     )
 
 
-def test_multirun_dry_run_plans_one_server_per_k_and_one_baseline(tmp_path: Path) -> None:
-    proc = _multirun(tmp_path, "spec.k=3,5,7", "load.request_rate=1,2", "dry_run=true")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = proc.stdout
+def _dry_run(tmp_path: Path, capsys: pytest.CaptureFixture[str], *overrides: str) -> tuple[int, str, str]:
+    """A sweep's plan as its dry run prints it, in this process (composed and driven as the
+    entry point does, tests/in_process.py): the plan's logic, without an interpreter's start.
+    The command line's own contract (Hydra, the sweeper, exit codes) is the subprocess tests'."""
+    code = sweep_in_process(True, tmp_path, list(overrides))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_multirun_dry_run_plans_one_server_per_k_and_one_baseline(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = _dry_run(tmp_path, capsys, "spec.k=3,5,7", "load.request_rate=1,2", "dry_run=true")
+    assert code == 0, err[-2000:]
     assert "4 server start(s), 8 measured point(s)" in out
     assert out.count("server ") >= 4 and "server 4/4 speculative (ngram k=7)" in out
     assert "point baseline-r1" in out and "point ngram-k7-r2" in out and '"num_speculative_tokens":7' in out
@@ -99,17 +111,19 @@ def test_multirun_dead_ray_address_fails_within_its_deadline(tmp_path: Path) -> 
     assert not (tmp_path / "multi" / "groups").exists()
 
 
-def test_dry_run_across_engines_prints_both_engines_commands(tmp_path: Path) -> None:
-    proc = _multirun(
+def test_dry_run_across_engines_prints_both_engines_commands(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = _dry_run(
         tmp_path,
+        capsys,
         "engine=vllm,sglang",
         "spec=eagle3,ngram",
         "spec.k=3,5",
         "model.id=meta-llama/Llama-3.1-8B-Instruct",
         "dry_run=true",
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = proc.stdout
+    assert code == 0, err[-3000:]
     assert "10 server start(s)" in out  # a baseline per engine, 4 speculative servers per engine
     assert "-m sglang.launch_server" in out and "--speculative-algorithm EAGLE3" in out
     assert "--speculative-algorithm NGRAM --speculative-num-steps 5 --speculative-eagle-topk 1" in out
@@ -117,25 +131,29 @@ def test_dry_run_across_engines_prints_both_engines_commands(tmp_path: Path) -> 
     assert '"method":"eagle3"' in out and "not installed here: flags as recorded for SGLang 0.5.23" in out
 
 
-def test_a_gpu_sweeps_dry_run_works_from_a_machine_without_a_gpu(tmp_path: Path) -> None:
+def test_a_gpu_sweeps_dry_run_works_from_a_machine_without_a_gpu(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """As a user plans their cluster's sweep from a laptop: the GPU commands and Ray requests."""
-    proc = _multirun(
+    code, out, err = _dry_run(
         tmp_path,
+        capsys,
         "engine.device=gpu",
         "engine.tensor_parallel_size=2",
         "spec.k=3",
         "+ray.resources_per_group.gpu_node=1",
         "dry_run=true",
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = proc.stdout
+    assert code == 0, err[-3000:]
     assert "--tensor-parallel-size 2" in out and "--enforce-eager" not in out  # compiled, as on GPUs
     assert out.count("Ray request (the default launcher): 0 CPU, 2 GPU, gpu_node=1") == 2
-    real = _multirun(tmp_path, "engine.device=gpu", "spec.k=3", "sweep_name=real")  # not a dry run: refused here
-    assert real.returncode == 2 and "nvidia-smi finds no GPU here" in real.stderr
+    real = _dry_run(tmp_path, capsys, "engine.device=gpu", "spec.k=3", "sweep_name=real")  # not a dry run: refused
+    assert real[0] == 2 and "nvidia-smi finds no GPU here" in real[2]
 
 
-def test_your_own_method_group_sweeps_beside_ngram_as_docs_methods_says(tmp_path: Path) -> None:
+def test_your_own_method_group_sweeps_beside_ngram_as_docs_methods_says(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     own = tmp_path / "my_conf" / "spec"
     own.mkdir(parents=True)
     (own / "eagle3_70b.yaml").write_text("method: eagle3\nk: 3\ndraft_model: yuhuili/EAGLE3-LLaMA3.3-Instruct-70B\n")
@@ -149,5 +167,5 @@ def test_your_own_method_group_sweeps_beside_ngram_as_docs_methods_says(tmp_path
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "3 server start(s)" in proc.stdout and '"model":"yuhuili/EAGLE3-LLaMA3.3-Instruct-70B"' in proc.stdout
-    wrong = _multirun(tmp_path, "spec=ngram,eagle3", "spec.draft_model=/heads/x", "dry_run=true")
-    assert wrong.returncode == 2 and "put the draft in that method's own group" in wrong.stderr
+    wrong = _dry_run(tmp_path, capsys, "spec=ngram,eagle3", "spec.draft_model=/heads/x", "dry_run=true")
+    assert wrong[0] == 2 and "put the draft in that method's own group" in wrong[2]
