@@ -69,8 +69,6 @@ class SpecsweepSweeper(BasicSweeper):
         super().__init__(max_batch_size=None, params=params)
 
     def sweep(self, arguments: list[str]) -> Any:
-        from pipeline.run.driver import run_guarded
-
         assert self.config is not None and self.launcher is not None and self.hydra_context is not None
         startup.begin(verbose=None)  # how loud: once the driver has read the sweep's config
         loader = self.hydra_context.config_loader
@@ -102,6 +100,8 @@ class SpecsweepSweeper(BasicSweeper):
                 raise
             print(f"error: {diskfull.message(exc, sweep_dir)}", file=sys.stderr)
             sys.exit(ExitCode.INFRA)
+        from pipeline.run.driver import run_guarded  # a refused command line never imports it (~2 s)
+
         code = run_guarded(jobs, HydraLaunch(self.launcher, sweep_dir), Path.cwd())
         if code:
             sys.exit(code)

@@ -494,3 +494,10 @@ def test_predict_notes_drafts_shorter_than_k() -> None:
     ((setting, points),) = predict_phases.curves(plan).items()
     notes = predictor.curve(setting, points, outcomes, None, cap=1).notes
     assert any("averaged 3.20 tokens of 4" in note for note in notes)
+
+
+def test_each_kind_says_what_its_strategy_says_of_resuming() -> None:
+    from pipeline.run.search.kinds import SEARCHES
+    from pipeline.run.search.predicting import PredictSearch
+
+    assert SEARCHES["predict"].resumes == PredictSearch.resumes

@@ -13,14 +13,19 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from pipeline.analysis.capacity import SearchSettings
 from pipeline.config import CapacityConfig, ConfigError, JobConfig, SweepSettings
 from pipeline.identity import point_hash
 from pipeline.run.plan import Point
 
+if TYPE_CHECKING:
+    from pipeline.analysis.capacity import SearchSettings
+
 
 def search_settings(c: CapacityConfig) -> SearchSettings:
+    from pipeline.analysis.capacity import SearchSettings  # scipy: only where capacity runs
+
     return SearchSettings(c.start_rate, c.min_rate, c.resolution, c.max_probes)
 
 

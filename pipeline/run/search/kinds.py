@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pipeline.config import JobConfig, SweepSettings
 from pipeline.run.plan import SweepPlan, plan_sweep
 from pipeline.run.search import paired_night, predict_phases
-from pipeline.run.search.predicting import PredictSearch
 from pipeline.run.search.profiles import Bracketing, LoadProfile, Planned
 from pipeline.run.search.strategy import Capacity, Context, Grid, InOrder, Search
 
@@ -26,6 +25,14 @@ class _PredictPlans:
     @staticmethod
     def shown(plan: SweepPlan) -> SweepPlan:
         return predict_phases.first_phase(plan)
+
+
+def _start_predict(plan: SweepPlan, context: Context) -> Search:
+    # Imported when a predict search starts: it reads MLflow and fits curves (mlflow, scipy:
+    # ~2 s), which no refusal, dry run or other search needs.
+    from pipeline.run.search.predicting import PredictSearch
+
+    return PredictSearch(plan, context)
 
 
 def _no_check(job: JobConfig, settings: SweepSettings) -> None:
@@ -63,8 +70,8 @@ SEARCHES = {
     "predict": SearchKind(
         _PredictPlans.planned,
         _PredictPlans.shown,
-        PredictSearch,
-        PredictSearch.resumes,
+        _start_predict,
+        True,  # PredictSearch.resumes (tests/unit/test_search.py keeps the two equal)
         Planned(),
         True,
         check=predict_phases.check_job,

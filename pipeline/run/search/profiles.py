@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from pipeline.analysis.capacity import next_rate, window_passes
 from pipeline.analysis.samples import Sample
 from pipeline.config import SweepSettings
 from pipeline.load.slo import SloTarget
@@ -123,6 +122,8 @@ class _BracketingWalk:
         # A measured point's outcome carries its window (pipeline.run.point.measure_point), and
         # this walk is never given an earlier attempt's outcomes (keeps_earlier is False).
         assert outcome.sample is not None
+        from pipeline.analysis.capacity import window_passes  # scipy: only where capacity runs
+
         passed = window_passes(outcome.sample, self.target)
         self.calls.append((point.job.load.request_rate, passed))
         print(
@@ -136,6 +137,8 @@ class _BracketingWalk:
             return self.seed
         if history[-1].outcome.error is not None:
             return None  # a probe that failed to measure (an error, not an SLO miss) ends the search
+        from pipeline.analysis.capacity import next_rate
+
         rate = next_rate(self.calls, self.settings)
         if rate is None or not math.isfinite(rate):
             return None
