@@ -22,3 +22,21 @@ def test_our_method_names_exist_in_installed_vllm() -> None:
         return out
 
     assert set(JSON_METHODS.values()) <= flatten(speculative.SpeculativeMethod)
+
+
+def test_an_extra_arg_the_installed_vllm_lacks_is_refused_by_its_own_parser() -> None:
+    # The bad-input table (tests/unit/test_bad_input.py) runs this refusal on a few recorded flags;
+    # here the installed vLLM's own parser is asked, as every sweep asks it.
+    import pytest
+
+    from pipeline.config import ConfigError, EngineConfig
+    from pipeline.engines.vllm import check_serve_args, detect_install, serve_flags
+
+    install = detect_install()
+    flags, why = serve_flags(install)
+    assert flags is not None and {"--max-num-seqs", "--max-model-len", "--speculative-config"} <= flags, why
+    with pytest.raises(
+        ConfigError, match="passes --max-num-seq, which the installed vLLM .* did you mean --max-num-seqs"
+    ):
+        check_serve_args(EngineConfig(extra_args=["--max-num-seq", "8"]), install)
+    check_serve_args(EngineConfig(extra_args=["--max-num-seqs", "8"]), install)  # a real flag passes

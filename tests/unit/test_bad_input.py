@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.engines import vllm
 from pipeline.exitcode import ExitCode
 from tests.in_process import sweep_in_process
 
@@ -282,6 +283,12 @@ CASES: list[tuple[str, bool, list[str], str]] = [
 ]
 
 
+# Flags of vLLM 0.32's `vllm serve`, as its parser lists them (a few of 200).
+VLLM_FLAGS = frozenset(
+    {"--max-num-seqs", "--max-model-len", "--seed", "--enforce-eager", "--port", "--host", "--dtype", "--block-size"}
+)
+
+
 # What only the real entry point shows: Hydra refusing the command line (single run and sweep),
 # the single-run Ray check, and the exit code and "error:" line of a refusal from the conversion
 # and from a sweep's point, with a secret on the command line written nowhere.
@@ -356,6 +363,9 @@ def test_bad_input_is_refused_before_any_server_starts_naming_the_fix(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    # vLLM's own parser costs an import of all of vLLM (~10 s): here, a few of its real flags;
+    # tests/integration/test_vllm_import.py asks the installed vLLM's parser itself.
+    monkeypatch.setattr(vllm, "serve_flags", lambda install: (VLLM_FLAGS, ""))
     folder, args = _prepare(case, tmp_path)
     monkeypatch.chdir(folder)  # relative paths in a case are the user's working directory's
     code = sweep_in_process(case[1], folder, args)
