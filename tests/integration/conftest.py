@@ -15,7 +15,18 @@ SERVER_PATTERN = procs.SERVER_PATTERN
 # Every test server: float32 (greedy outputs then match exactly; bf16 may differ by numerics) and
 # a 1 GiB KV cache (~23k float32 tokens, far more than any test window holds), which vLLM
 # allocates and profiles in about half the time of the default 2 GiB (4.3 s against 9 s here).
-TEST_SERVER = ["engine.dtype=float32", "engine.cpu_kvcache_gib=1"]
+#
+# VLLM_ENABLE_V1_MULTIPROCESSING=0 runs the model in the engine core's own process instead of a
+# worker process of its own: two processes (API server, engine core) instead of three, each of
+# which imports all of vLLM (~9 s here). A start took 30-32 s and takes 22-24 s (measured with
+# the test servers' settings, two starts each). The tests of a server's process group still see a
+# group (the API server and its engine core); benchmarks/ measure vLLM as users run it, without it.
+FAST_START = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+TEST_SERVER = [
+    "engine.dtype=float32",
+    "engine.cpu_kvcache_gib=1",
+    *(f"+engine.env.{k}={v}" for k, v in FAST_START.items()),
+]
 
 
 @pytest.fixture(scope="package", autouse=True)

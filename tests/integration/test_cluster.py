@@ -8,7 +8,8 @@ differs from the next), at one rate and on the baseline server alone (the gate j
 point alike; a speculative point through Ray Jobs and the tracking server is the node-lost
 test's, and the gate's speculative metrics are the unit tests'), each judged by the gate: the first has no history (exit 3),
 the second is unchanged (passes), the third runs with its engines paused 80 % of the time (a
-real slowdown: the gate fails it, naming a point). The node-lost test spreads its two server
+real slowdown: the gate flags a point, measures it again on a fresh server, and fails the night,
+naming it). The node-lost test spreads its two server
 groups over both nodes.
 """
 
@@ -42,11 +43,8 @@ SMALL = [
     *TEST_SERVER,
     "lossless.prompts=0",
     "stats.resamples=500",
-    # Not the nightly's confirmation: with two past nights the history's spread has one or two
-    # degrees of freedom, and a re-measured point regresses "on the same metric" again only by
-    # luck (seen: a 10x slower TPOT judged inconclusive at df 1). The gate's power is its own
-    # issue; a confirmation end to end needs a gate that can see it first.
-    "gate.confirm=false",
+    # The nightly's own gate.confirm=true: a point flagged on the slow night is measured again on
+    # a fresh server, which the night's slowdown slows too, before the night fails.
 ]
 SPREAD = [f"+ray.resources_per_group.{cluster.SLOT}=1"]
 
@@ -166,6 +164,12 @@ def test_unchanged_night_passes_and_a_slow_night_fails_naming_the_point(
     )
     assert any(c.data.tags.get("gate.verdict") == "regressed" for c in children)
     assert any("gate.median_tpot_ms.ratio" in c.data.metrics for c in children)
+    # Confirmed, not only seen: the flagged point was re-measured on a fresh server, and regressed again.
+    assert "re-measuring them on fresh servers to confirm" in slow.proc.stdout, slow.log
+    again = [c for c in children if "gate.confirmation_of" in c.data.tags]
+    assert again and all(c.info.status == "FINISHED" for c in again), [(c.info.run_name, c.data.tags) for c in again]
+    flagged = {c.data.tags["gate.confirmation_of"] for c in again}
+    assert {c.data.tags.get("gate.verdict") for c in children if c.info.run_id in flagged} == {"regressed"}
 
 
 def _small(num_requests: int) -> list[str]:

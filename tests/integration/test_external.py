@@ -1,17 +1,21 @@
-"""engine=external on real vLLM: two servers this test starts itself, measured by a sweep that
-starts and stops nothing. The scripted cases (no /metrics, counters shared with other traffic)
-are tests/unit/test_external.py.
+"""engine=external on real vLLM: two servers this module starts itself (a baseline and ngram
+k=3), measured by sweeps that start and stop nothing: a window of the bundled prompts, and a
+replayed trace with a conversation. The scripted cases (no /metrics, counters shared with other
+traffic) are tests/unit/test_external.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 
@@ -20,6 +24,7 @@ from pipeline.engines.acceptance import V1_DRAFTS, parse_scrape
 from pipeline.engines.base import EngineServer
 from pipeline.run.job import resolve_target, server_spec
 from tests import procs
+from tests.integration.conftest import FAST_START, run_sweep
 
 pytestmark = pytest.mark.integration
 
@@ -28,49 +33,62 @@ def _drafts(url: str) -> float:
     return parse_scrape(httpx.get(url + "/metrics", timeout=30, trust_env=False).text).get(V1_DRAFTS) or 0.0
 
 
-def test_two_running_servers_are_measured_on_the_same_requests_and_left_running(
-    tmp_path: Path, no_leftover_servers: None
-) -> None:
-    base_job = JobConfig(engine=EngineConfig(dtype="float32", cpu_kvcache_gib=1), spec=SpecConfig(method="none"))
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EngineServer, EngineServer]]:
+    """A baseline and an ngram k=3 server, started here as the sweep would start them, for every
+    sweep of this module; stopped once it is done."""
+    logs = tmp_path_factory.mktemp("external-servers")
+    base_job = JobConfig(
+        engine=EngineConfig(dtype="float32", cpu_kvcache_gib=1, env=FAST_START), spec=SpecConfig(method="none")
+    )
     spec_job = dataclasses.replace(
         base_job, spec=SpecConfig(method="ngram", k=3, options={"prompt_lookup_max": 4, "prompt_lookup_min": 2})
     )
     target = resolve_target(base_job)
     with (
-        EngineServer(server_spec(target, base_job, tmp_path / "base.log")) as base,
-        EngineServer(server_spec(target, spec_job, tmp_path / "spec.log")) as spec,
+        EngineServer(server_spec(target, base_job, logs / "base.log")) as base,
+        EngineServer(server_spec(target, spec_job, logs / "spec.log")) as spec,
     ):
-        drafts_before = _drafts(spec.base_url)
-        args = [
-            sys.executable,
-            "-m",
-            "pipeline.sweep",
-            f"hydra.run.dir={tmp_path}/out",
-            "sweep_name=ext",
-            "engine=external",
-            f"engine.url={spec.base_url}",
-            f"engine.baseline_url={base.base_url}/v1",
-            "spec=ngram",
-            "spec.k=3",
-            "load.num_requests=6",
-            "load.request_rate=4",
-            "load.warmup_requests=1",
-            "workload.max_tokens=48",
-            "lossless.prompts=2",
-        ]
-        sweep = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        started: list[str] = []  # any vLLM process under the sweep, sampled while it runs
-        deadline = time.monotonic() + 600
-        while sweep.poll() is None and time.monotonic() < deadline:
-            started += [" ".join(procs.cmdline(p)) for p in procs.matching([sweep.pid], procs.SERVER_PATTERN)]
-            time.sleep(0.5)
-        output = sweep.communicate(timeout=60)[0]
-        assert sweep.returncode == 0, output[-4000:]
-        assert not started, f"the sweep started a server: {started[:2]}"
-        # Nothing was stopped: both servers still serve, and the speculative one drafted for
-        # the window, its warm-up and the losslessness probe.
-        assert base.healthy() and spec.healthy() and base.alive() and spec.alive()
-        drafts_during = _drafts(spec.base_url) - drafts_before
+        yield base, spec
+
+
+def _external(base: EngineServer, spec: EngineServer) -> list[str]:
+    return ["engine=external", f"engine.url={spec.base_url}", f"engine.baseline_url={base.base_url}/v1"]
+
+
+def test_two_running_servers_are_measured_on_the_same_requests_and_left_running(
+    tmp_path: Path, no_leftover_servers: None, servers: tuple[EngineServer, EngineServer]
+) -> None:
+    base, spec = servers
+    drafts_before = _drafts(spec.base_url)
+    args = [
+        sys.executable,
+        "-m",
+        "pipeline.sweep",
+        f"hydra.run.dir={tmp_path}/out",
+        "sweep_name=ext",
+        *_external(base, spec),
+        "spec=ngram",
+        "spec.k=3",
+        "load.num_requests=6",
+        "load.request_rate=4",
+        "load.warmup_requests=1",
+        "workload.max_tokens=48",
+        "lossless.prompts=2",
+    ]
+    sweep = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    started: list[str] = []  # any vLLM process under the sweep, sampled while it runs
+    deadline = time.monotonic() + 600
+    while sweep.poll() is None and time.monotonic() < deadline:
+        started += [" ".join(procs.cmdline(p)) for p in procs.matching([sweep.pid], procs.SERVER_PATTERN)]
+        time.sleep(0.5)
+    output = sweep.communicate(timeout=60)[0]
+    assert sweep.returncode == 0, output[-4000:]
+    assert not started, f"the sweep started a server: {started[:2]}"
+    # Nothing was stopped: both servers still serve, and the speculative one drafted for
+    # the window, its warm-up and the losslessness probe.
+    assert base.healthy() and spec.healthy() and base.alive() and spec.alive()
+    drafts_during = _drafts(spec.base_url) - drafts_before
     assert "already running" in output
     client = MlflowClient(f"sqlite:///{tmp_path}/mlruns/mlflow.db")
     experiment = client.get_experiment_by_name("ext")
@@ -94,3 +112,80 @@ def test_two_running_servers_are_measured_on_the_same_requests_and_left_running(
     # The comparison and the report name the condition.
     report = next((tmp_path / "out").rglob("report.md")).read_text()
     assert "external servers" in report and "as it is" in report
+
+
+def _runs(project: Path, experiment: str) -> list:
+    client = MlflowClient(f"sqlite:///{project}/mlruns/mlflow.db")
+    found = client.get_experiment_by_name(experiment)
+    assert found is not None
+    return client.search_runs([found.experiment_id])
+
+
+def test_a_trace_sweep_with_a_conversation_gets_its_verdicts_per_request_type_and_turn(
+    tmp_path: Path, no_leftover_servers: None, servers: tuple[EngineServer, EngineServer]
+) -> None:
+    """The real entry point on a trace of two kinds of text and one 3-turn conversation, on this
+    module's baseline and ngram k=3 servers: the per-request acceptance, the losslessness probe (its 7th prompt a later turn, sent alone), the
+    report's 'By request type' and 'By conversation turn', and their metrics on the run."""
+    code = "Add type hints to this function: def f{i}(a, b): return a * b + {i}"
+    chat = "In one sentence, what is your favourite thing about the number {i}?"
+    lines = [
+        {
+            "timestamp": 0.4 * i,
+            "prompt": (code if i % 2 else chat).format(i=i),
+            "category": "code_edit" if i % 2 else "chat",
+        }
+        for i in range(10)
+    ]
+    lines += [
+        {
+            "timestamp": 1.0,
+            "conversation_id": "c",
+            "prompt": "Write a function that doubles a number.",
+            "category": "code_edit",
+        },
+        {
+            "timestamp": 2.0,
+            "conversation_id": "c",
+            "prompt": "Now add a docstring to it.",
+            "delay_s": 0.2,
+            "category": "code_edit",
+        },
+        {
+            "timestamp": 3.0,
+            "conversation_id": "c",
+            "prompt": "Now rename it to twice.",
+            "delay_s": 0.2,
+            "category": "code_edit",
+        },
+    ]
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps(line) + "\n" for line in sorted(lines, key=lambda x: x["timestamp"])))
+    proc = run_sweep(
+        tmp_path,
+        "sweep_name=traced",
+        "workload=trace",
+        f"workload.path={trace}",
+        "workload.max_tokens=48",
+        "load.warmup_requests=1",
+        "lossless.prompts=7",
+        *_external(*servers),
+        "spec=ngram",
+        "spec.k=3",
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = next((tmp_path / "out").rglob("report.md")).read_text()
+    by_type = report.split("## By request type", 1)[1].split("\n## ", 1)[0]
+    assert "chat " in by_type and "code_edit " in by_type
+    by_turn = report.split("## By conversation turn", 1)[1].split("\n## ", 1)[0]
+    assert "first turn " in by_turn and "later turns " in by_turn and ", 2 requests)" in by_turn  # turns 2, 3
+    assert "conversations: 1 replayed turn by turn" in report
+    (spec,) = [r for r in _runs(tmp_path, "traced") if r.data.tags.get("role") == "speculative"]
+    assert spec.data.tags["acceptance.source"] == "vllm-v1-counters"
+    keys = set(spec.data.metrics)
+    assert {"category.code_edit.acceptance_length", "category.chat.acceptance_length"} <= keys
+    # The later turns are 2 requests: too few for a ratio, not for their median TTFT.
+    assert {"turn.first_turn.speedup_median_tpot", "turn.later_turns.median_ttft_ms"} <= keys
+    assert spec.data.metrics["trace_conversations"] == 1
+    rows = pd.read_csv(next(p for p in (tmp_path / "out").rglob("requests.csv") if "ngram" in str(p)))
+    assert sorted(rows.loc[rows["conversation_id"] == "c", "turn"]) == [1, 2, 3] and rows["error"].isna().all()

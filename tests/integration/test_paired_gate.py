@@ -1,13 +1,16 @@
-"""gate.mode=paired on the real engine: an A/A night passes, and a candidate slowed about 2x
-(its own servers paused for half the time, the reference's left alone) fails with exit 1 and
-names the point. The smallest grid that exercises the path: one server configuration (the
-baseline), three pairs of fresh servers per night.
+"""gate.mode=paired on the real engine: an A/A night passes, and a candidate slowed about 4x
+(its own servers paused for three quarters of the time, the reference's left alone) fails with
+exit 1 and names the point. The smallest grid that exercises the path: one server configuration
+(the baseline), two pairs of fresh servers on the A/A night and three on the slowed one.
 
-Why 2x and not the 1.15x the gate is built for: three pairs detect 1.15x about half the time
-(a 2-core CI machine's pair spread is 6-10 %), so a test asserting it would fail half its runs.
-How often nights catch 1.15x is what ``benchmarks/gate_power.py --real`` measures. The test's
-floor is 5 % (the default is 1 %) so that its A/A night's false-alarm chance is about 1 %, not
-the gate's 2-4 %: a test that fails at random is not one a contributor can trust."""
+Why 4x and not the 1.15x the gate is built for: a few pairs detect 1.15x only some of the time
+(a 2-core machine's pair spread is 6-10 %), so a test asserting it would fail some of its runs;
+how often real nights catch 1.15x is what ``benchmarks/gate_power.py --real`` measures. The pause
+itself varies from pair to pair (a server is paused once it answers /health), and at 2x a spread
+of 0.2 in the pairs' log ratios is caught 93 % of the time at three pairs; at 4x, all but never
+missed. The test's floor is 10 % (the default is 1 %), so that its A/A night fails by chance in
+at most 0.5 % of runs at a 10 % pair spread (two pairs, one degree of freedom; simulated): a test
+that fails at random is not one a contributor can trust."""
 
 from __future__ import annotations
 
@@ -18,16 +21,17 @@ from pathlib import Path
 import pytest
 
 from tests.cluster import candidate_server, paired_night_args, stutter
-from tests.integration.conftest import read_until
+from tests.integration.conftest import FAST_START, read_until
 
 pytestmark = pytest.mark.integration
 
-NIGHT = [*paired_night_args(pairs=3), "gate.decision_floor=0.05"]
+FLOOR = ["gate.decision_floor=0.10", *(f"+engine.env.{k}={v}" for k, v in FAST_START.items())]
 
 
-def _night(project: Path, name: str, slow_candidate: bool) -> tuple[int, str]:
+def _night(project: Path, name: str, slow_candidate: bool, pairs: int) -> tuple[int, str]:
+    night = [*paired_night_args(pairs=pairs), *FLOOR]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.sweep", f"hydra.run.dir={project}/{name}", f"sweep_name={name}", *NIGHT],
+        [sys.executable, "-m", "pipeline.sweep", f"hydra.run.dir={project}/{name}", f"sweep_name={name}", *night],
         cwd=project,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -37,7 +41,7 @@ def _night(project: Path, name: str, slow_candidate: bool) -> tuple[int, str]:
 
     try:
         if slow_candidate:
-            with stutter(lambda: [proc.pid], paused=0.5, only=candidate_server):
+            with stutter(lambda: [proc.pid], paused=0.75, only=candidate_server):
                 read_until(proc, None, seen, timeout_s=1500)
         else:
             read_until(proc, None, seen, timeout_s=1500)
@@ -50,11 +54,11 @@ def _night(project: Path, name: str, slow_candidate: bool) -> tuple[int, str]:
 def test_an_aa_paired_night_passes_and_a_slowed_candidate_fails_naming_the_point(
     tmp_path: Path, no_leftover_servers: None
 ) -> None:
-    code, out = _night(tmp_path, "aa-night", slow_candidate=False)
+    code, out = _night(tmp_path, "aa-night", slow_candidate=False, pairs=2)
     assert code == 0, out[-3000:]
-    assert "Regression gate (paired): ✅ pass" in out and "3 pair(s) over 1 point(s)" in out
-    assert "Power: this night's design (3 pairs" in out
-    code, out = _night(tmp_path, "slowed-night", slow_candidate=True)
+    assert "Regression gate (paired): ✅ pass" in out and "2 pair(s) over 1 point(s)" in out
+    assert "Power: this night's design (2 pairs" in out
+    code, out = _night(tmp_path, "slowed-night", slow_candidate=True, pairs=3)
     assert code == 1, out[-3000:]
     assert "Regression gate (paired): ❌ regression" in out
     assert "Gated and regressed: median_tpot_ms; slowest point(s): baseline-r2" in out

@@ -24,7 +24,7 @@ from pipeline.record.tracking import prepare as prepare_store
 from pipeline.run.group import run_group
 from pipeline.run.outcomes import GroupTask
 from pipeline.run.plan import plan_sweep
-from tests.integration.conftest import TEST_SERVER, run_sweep, sigterm_once_serving
+from tests.integration.conftest import FAST_START, TEST_SERVER, run_sweep, sigterm_once_serving
 
 pytestmark = pytest.mark.integration
 
@@ -97,7 +97,7 @@ def test_model_as_its_own_draft_accepts_nearly_everything_on_a_replayed_trace(
     job = resolve_trace_rate(
         dataclasses.replace(
             JobConfig(),
-            engine=EngineConfig(dtype="float32", cpu_kvcache_gib=1),  # as TEST_SERVER
+            engine=EngineConfig(dtype="float32", cpu_kvcache_gib=1, env=FAST_START),  # as TEST_SERVER
             spec=SpecConfig(method="draft", k=3, draft_model="self"),
             load=LoadConfig(request_rate=None, warmup_requests=1),
             workload=WorkloadConfig(name="trace", path=str(trace), time_scale=0.5, max_tokens=48),
@@ -199,70 +199,3 @@ def test_a_signal_mid_job_stops_every_server_process(
     assert experiment is not None
     runs = client.search_runs([experiment.experiment_id])
     assert runs and {r.info.status for r in runs} == {"KILLED"}, [(r.info.run_name, r.info.status) for r in runs]
-
-
-def test_a_trace_sweep_with_a_conversation_gets_its_verdicts_per_request_type_and_turn(
-    tmp_path: Path, no_leftover_servers: None
-) -> None:
-    """The real entry point on a trace of two kinds of text and one 3-turn conversation: the
-    baseline and ngram k=3 servers, the losslessness probe (its 7th prompt a later turn, sent alone), the
-    report's 'By request type' and 'By conversation turn', and their metrics on the run."""
-    code = "Add type hints to this function: def f{i}(a, b): return a * b + {i}"
-    chat = "In one sentence, what is your favourite thing about the number {i}?"
-    lines = [
-        {
-            "timestamp": 0.4 * i,
-            "prompt": (code if i % 2 else chat).format(i=i),
-            "category": "code_edit" if i % 2 else "chat",
-        }
-        for i in range(10)
-    ]
-    lines += [
-        {
-            "timestamp": 1.0,
-            "conversation_id": "c",
-            "prompt": "Write a function that doubles a number.",
-            "category": "code_edit",
-        },
-        {
-            "timestamp": 2.0,
-            "conversation_id": "c",
-            "prompt": "Now add a docstring to it.",
-            "delay_s": 0.2,
-            "category": "code_edit",
-        },
-        {
-            "timestamp": 3.0,
-            "conversation_id": "c",
-            "prompt": "Now rename it to twice.",
-            "delay_s": 0.2,
-            "category": "code_edit",
-        },
-    ]
-    trace = tmp_path / "trace.jsonl"
-    trace.write_text("".join(json.dumps(line) + "\n" for line in sorted(lines, key=lambda x: x["timestamp"])))
-    proc = run_sweep(
-        tmp_path,
-        "sweep_name=traced",
-        "workload=trace",
-        f"workload.path={trace}",
-        "workload.max_tokens=48",
-        "load.warmup_requests=1",
-        "lossless.prompts=7",
-        *TEST_SERVER,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    report = next((tmp_path / "out").rglob("report.md")).read_text()
-    by_type = report.split("## By request type", 1)[1].split("\n## ", 1)[0]
-    assert "chat " in by_type and "code_edit " in by_type
-    by_turn = report.split("## By conversation turn", 1)[1].split("\n## ", 1)[0]
-    assert "first turn " in by_turn and "later turns " in by_turn and ", 2 requests)" in by_turn  # turns 2, 3
-    assert "conversations: 1 replayed turn by turn" in report
-    (spec,) = [r for r in _runs(tmp_path, "traced") if r.data.tags.get("role") == "speculative"]
-    keys = set(spec.data.metrics)
-    assert {"category.code_edit.acceptance_length", "category.chat.acceptance_length"} <= keys
-    # The later turns are 2 requests: too few for a ratio, not for their median TTFT.
-    assert {"turn.first_turn.speedup_median_tpot", "turn.later_turns.median_ttft_ms"} <= keys
-    assert spec.data.metrics["trace_conversations"] == 1
-    rows = pd.read_csv(next(p for p in (tmp_path / "out").rglob("requests.csv") if "ngram" in str(p)))
-    assert sorted(rows.loc[rows["conversation_id"] == "c", "turn"]) == [1, 2, 3] and rows["error"].isna().all()
