@@ -1,7 +1,8 @@
 """engine=external on real vLLM: two servers this module starts itself (a baseline and ngram
-k=3), measured by sweeps that start and stop nothing: a window of the bundled prompts, and a
-replayed trace with a conversation. The scripted cases (no /metrics, counters shared with other
-traffic) are tests/unit/test_external.py.
+k=3), measured by sweeps that start and stop nothing: a window of the bundled prompts, a replayed
+trace with a conversation, and a sweep whose tracking server goes away mid-sweep (a fault of the
+store, not of the engine, so the engine's start is not what it needs). The scripted cases (no
+/metrics, counters shared with other traffic) are tests/unit/test_external.py.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pipeline.engines.acceptance import V1_DRAFTS, parse_scrape
 from pipeline.engines.base import EngineServer
 from pipeline.run.job import resolve_target, server_spec
 from tests import procs
-from tests.integration.conftest import FAST_START, run_sweep
+from tests.integration.conftest import FAST_START, read_until, rest_of_output, run_sweep, vllm_server_pids
 
 pytestmark = pytest.mark.integration
 
@@ -189,3 +190,83 @@ def test_a_trace_sweep_with_a_conversation_gets_its_verdicts_per_request_type_an
     assert spec.data.metrics["trace_conversations"] == 1
     rows = pd.read_csv(next(p for p in (tmp_path / "out").rglob("requests.csv") if "ngram" in str(p)))
     assert sorted(rows.loc[rows["conversation_id"] == "c", "turn"]) == [1, 2, 3] and rows["error"].isna().all()
+
+
+def test_a_tracking_server_gone_mid_sweep_loses_no_measurement(
+    tmp_path: Path, servers: tuple[EngineServer, EngineServer]
+) -> None:
+    """A fault of the tracking server, not of the engine: measured on this module's two servers
+    (the baseline's point is recorded, then the tracking server goes away before the speculative
+    one is), the journal keeps what MLflow missed, and `pipeline.sync` replays it once."""
+    from tests.cluster import free_port, mlflow_server
+
+    before = vllm_server_pids()
+    root, port = tmp_path / "mlflow", free_port()
+    first = mlflow_server(root, port)
+    server = first.__enter__()
+    args = [
+        "-m",
+        f"hydra.sweep.dir={tmp_path}/multi",
+        "hydra/launcher=basic",
+        *_external(*servers),
+        "spec=ngram",
+        "spec.k=3",
+        f"tracking.uri={server.uri}",
+        "sweep_name=outage",
+        "load.num_requests=8",
+        "load.request_rate=2",
+        "load.warmup_requests=1",
+        "workload.max_tokens=32",
+        "lossless.prompts=0",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.sweep", *args],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    seen: list[str] = []
+    try:  # the baseline is measured and recorded; then the server goes away
+        read_until(proc, "ngram-k3] server ready", seen)
+    finally:
+        first.__exit__(None, None, None)
+    out = "".join(seen) + rest_of_output(proc)
+    assert proc.returncode == 4, out[-3000:]  # infrastructure: the measurements are kept, MLflow lacks some
+    assert "python -m pipeline.sync" in out and not vllm_server_pids() - before
+    assert list((tmp_path / "multi").rglob("external-ngram-k3-r2/requests.csv"))  # on disk whatever MLflow did
+
+    with mlflow_server(root, port) as again:
+        sync = [sys.executable, "-m", "pipeline.sync", str(tmp_path / "multi")]
+        done = subprocess.run(sync, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        client = MlflowClient(again.uri)
+        experiment = client.get_experiment_by_name("outage")
+        assert experiment is not None
+        runs = client.search_runs([experiment.experiment_id])
+        children = {r.info.run_name: r for r in runs if r.data.tags.get("role") != "sweep"}
+        assert sorted(children) == ["external-baseline-r2", "external-ngram-k3-r2"]  # each point once
+        for run in children.values():
+            assert run.info.status == "FINISHED" and run.data.metrics["completed"] == 8
+            assert "requests.csv" in {a.path for a in client.list_artifacts(run.info.run_id)}
+        assert children["external-ngram-k3-r2"].data.metrics["speedup_median_tpot"] > 0  # the driver's own writes too
+        (parent,) = [r for r in runs if r.data.tags.get("role") == "sweep"]
+        assert parent.info.status == "FINISHED"
+        again_sync = subprocess.run(sync, capture_output=True, text=True, timeout=300)
+        assert again_sync.returncode == 0 and len(client.search_runs([experiment.experiment_id])) == len(runs)
+        report = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pipeline.report",
+                parent.info.run_id,
+                "--tracking-uri",
+                again.uri,
+                "--out",
+                str(tmp_path / "report"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert report.returncode == 0, report.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""The two searches on real vLLM servers, through the default Ray launcher and a real MLflow store.
+"""The two searches on real vLLM servers, through Hydra's basic launcher and a real MLflow store.
 
 - search=predict over k = 1, 2, 3 at one rate: the baseline and k=3 are measured, k=1 and 2
   predicted, the predicted best confirmed on a fresh server (predict.check_model: even where k=3
@@ -20,7 +20,16 @@ from tests.integration.conftest import TEST_SERVER, vllm_server_pids
 
 pytestmark = pytest.mark.integration
 
-SMALL = ["load.num_requests=10", "load.warmup_requests=1", "workload.max_tokens=32", *TEST_SERVER, "lossless.prompts=0"]
+# The basic launcher: a search decides what to measure whatever runs its groups, and a local Ray
+# (the default launcher's, about 15 s to start here) is test_sweep.py's to test.
+SMALL = [
+    "load.num_requests=10",
+    "load.warmup_requests=1",
+    "workload.max_tokens=32",
+    *TEST_SERVER,
+    "lossless.prompts=0",
+    "hydra/launcher=basic",
+]
 
 
 def multirun(project: Path, *overrides: str, timeout: float = 1200) -> subprocess.CompletedProcess[str]:
