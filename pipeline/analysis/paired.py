@@ -171,8 +171,13 @@ class PairedTest:
         return f"{self.change * 100:+.1f} % [{self.low * 100:+.1f}, {self.high * 100:+.1f}]"
 
 
-def one_sided_t(metric: str, log_ratios: Sequence[float], floor: float, alpha: float) -> PairedTest:
-    """H0: the candidate is at most ``floor`` worse; H1: worse by more. m - 1 degrees of freedom."""
+def one_sided_t(
+    metric: str, log_ratios: Sequence[float], floor: float, alpha: float, interval_alpha: float | None = None
+) -> PairedTest:
+    """H0: the candidate is at most ``floor`` worse; H1: worse by more. m - 1 degrees of freedom.
+    The interval is at ``interval_alpha`` (default ``alpha``): a test one of a Holm family of k
+    shows its interval at alpha / k, so that its bound passes the floor exactly where Holm's
+    first step would reject it (the p-value does not depend on it)."""
     values = np.asarray([v for v in log_ratios if math.isfinite(v)], dtype=float)
     m = len(values)
     if m == 0:
@@ -190,7 +195,7 @@ def one_sided_t(metric: str, log_ratios: Sequence[float], floor: float, alpha: f
     se = sd / math.sqrt(m)
     t = scipy_stats.t(m - 1)
     p = float(t.sf((mean - margin) / se))
-    half = float(t.ppf(1 - alpha)) * se
+    half = float(t.ppf(1 - (alpha if interval_alpha is None else interval_alpha))) * se
     return PairedTest(
         metric,
         m,
@@ -368,9 +373,21 @@ def judge_night(
     if failures.p is not None:
         family.append(failures)
     family += [tests[m] for m in gated if m != primary]
-    decided = [replace(t, gated=True) for t in holm(family)]
-    secondary = tuple(holm([tests[m] for m in SECONDARY if m != primary]))
-    per_point = [(label, one_sided_t(primary, values, floor, alpha)) for label, values in by_metric[primary].items()]
+
+    def at_holm_level(test: PairedTest, size: int) -> PairedTest:
+        # A family's intervals at alpha / its size: what Holm's first step tests against.
+        if test.metric not in by_metric:  # the failed requests: a share, no interval
+            return test
+        return one_sided_t(test.metric, endpoint(by_metric[test.metric]), floor, alpha, alpha / max(size, 1))
+
+    decided = [replace(t, gated=True) for t in holm([at_holm_level(t, len(family)) for t in family])]
+    reported = [tests[m] for m in SECONDARY if m != primary]
+    secondary = tuple(holm([at_holm_level(t, len(reported)) for t in reported]))
+    level = alpha / max(len(by_metric[primary]), 1)
+    per_point = [
+        (label, one_sided_t(primary, values, floor, alpha, interval_alpha=level))
+        for label, values in by_metric[primary].items()
+    ]
     adjusted = holm([t for _, t in per_point])
     head = decided[0]
     # The primary clears Holm's first step at alpha / (the gated family's size) where nothing else

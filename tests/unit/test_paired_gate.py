@@ -386,3 +386,18 @@ def test_the_history_spread_is_measured_on_the_reference_side_of_a_step(tmp_path
     # The spread comes from the same nights as the reference: the step is not in it.
     assert ref.spread_from[key] == ref.runs[key]
     assert ref.shown is not None and len(ref.shown[key]) == 5 and ref.shown[key][0].parent_id == "p9"
+
+
+def test_a_gated_endpoints_interval_passes_the_floor_where_holm_rejects_it() -> None:
+    # The family here is the primary and acceptance length (held level): the primary's interval
+    # is shown at alpha / 2, so its lower bound clears the 1 % floor exactly where Holm's first
+    # step fails the night, and a night that passes never shows an interval wholly past the floor.
+    seen = set()
+    for seed in range(12):
+        for slowdown in (0.0, 0.04, 0.08, 0.12, 0.2):
+            night = paired.judge_night(_night(slowdown, seed=seed), 4, "median_tpot_ms", [], 0.05, 0.01, 0.15)
+            head = night.primary
+            assert head.low is not None and len(night.gated) == 2
+            assert (head.low > 0.01) == head.regressed, (seed, slowdown, head)
+            seen.add(head.regressed)
+    assert seen == {True, False}  # both sides were tried
