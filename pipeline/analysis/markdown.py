@@ -343,6 +343,12 @@ def _aa_headline(data: ReportData, counts: dict[str, int]) -> str:
 
 
 def markdown(data: ReportData) -> str:
+    return "\n".join([*answer_lines(data), "", *detail_lines(data)]) + "\n"
+
+
+def answer_lines(data: ReportData) -> list[str]:
+    """The summary's first part, the answer: headline, method, conditions, what to look for, the
+    searches' own sections and where speculation stops paying (the HTML page draws these itself)."""
     lead = [f"**{data.lead}**", ""] if data.lead else []
     lines = [f"# {data.title}", "", *lead, f"**{headline(data)}**", "", method_statement(data), ""]
     lines += [f"- {c}" for c in data.conditions] + ["", "## What to look for", ""]
@@ -350,7 +356,15 @@ def markdown(data: ReportData) -> str:
     lines += ["| " + " | ".join(row) + " |" for row in look_table(data)]
     lines += ["", *data.sections, "## Where speculation stops paying", ""]
     lines += [f"- {c.engine} {c.method} k={c.k}: {c.text}" for c in data.crossings] or ["- not computed: no pairs"]
-    lines += ["", "## Predicted against measured speedup (Leviathan et al.)", ""]
+    return lines
+
+
+def detail_lines(data: ReportData) -> list[str]:
+    """The summary's second part, from its first heading on: the model, advice, k schedule,
+    losslessness and what was not computed. The HTML page shows these as the Markdown has them,
+    so both renderers take this list rather than cutting the text at a heading a search's own
+    section can share ("## Predicted k curve")."""
+    lines = ["## Predicted against measured speedup (Leviathan et al.)", ""]
     for fit in data.fits:
         lines.append(f"- {fit.engine} {fit.method} at {fit.rate:g} req/s: α={fit.alpha:.3f}, c={fit.c:.3f}")
         lines += [
@@ -370,7 +384,7 @@ def markdown(data: ReportData) -> str:
     ] or ["- not measured"]
     lines += [f"- {name}: output-length KS statistic {stat:.3f}, p={p:.3f}" for name, stat, p in data.length_tests]
     lines += ["", "## Not computed", ""] + ([f"- {n}" for n in data.not_computed] or ["- everything was computed"])
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _divergences(q: object) -> str:

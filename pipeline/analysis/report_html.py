@@ -5,7 +5,14 @@ from __future__ import annotations
 import base64
 import html
 
-from pipeline.analysis.markdown import ReportData, headline, look_rows, markdown, method_statement, run_names
+from pipeline.analysis.markdown import (
+    ReportData,
+    detail_lines,
+    headline,
+    look_rows,
+    method_statement,
+    run_names,
+)
 
 CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:24px;max-width:1200px;color:#222}
 table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}
@@ -69,7 +76,7 @@ def page(data: ReportData, figures: dict[str, bytes], interactive: str = "") -> 
             f'src="data:image/png;base64,{base64.b64encode(png).decode()}">'
         )
     # The rest (model, advice, k schedule, losslessness, gaps) as the Markdown summary has it.
-    rest = "## Predicted" + markdown(data).split("## Predicted", 1)[1]
+    rest = "\n".join(detail_lines(data)) + "\n"
     parts.append(f"<h2>Model, advice, k schedule, losslessness</h2><pre>{html.escape(rest)}</pre>")
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(data.title)}</title>"

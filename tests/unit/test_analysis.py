@@ -223,6 +223,28 @@ def test_report_from_a_sweep_with_a_crossover_has_an_interval_on_every_ratio() -
     assert html.index("What to look for") < html.index("figure") and "data:image/png;base64," in html
 
 
+def test_a_predict_report_shows_each_section_once_in_the_html() -> None:
+    """search=predict's own section is headed "## Predicted k curve": the page's Markdown part
+    starts at the model's heading, not at the first heading that begins alike."""
+    frame, samples = _sweep({(3, 1.0): 2.0, (3, 4.0): 1.4})
+    predictions = pd.DataFrame(
+        [{"curve": "vllm ngram", "k": 3, "request_rate": 1.0, "chosen": True, "confirmed": False, "predicted": True}]
+    )
+    data = analyse("t", frame, [], [], samples, OPTS, predictions=predictions)
+    html = page(data, {})
+    for heading in (
+        "Predicted k curve",
+        "Where speculation stops paying",
+        "Predicted against measured speedup",
+        "Advice",
+        "k schedule",
+        "Losslessness",
+        "Not computed",
+    ):
+        assert html.count(f"## {heading}") + html.count(f"<h2>{heading}") == 1, heading
+    assert markdown(data).count("## Predicted k curve") == 1
+
+
 def test_points_that_differ_in_workload_are_never_pooled() -> None:
     a, sa = _sweep({(3, 1.0): 2.0}, workload="code_edit")
     b, sb = _sweep({(3, 1.0): 1.0}, workload="chat", seed=1)
