@@ -403,37 +403,3 @@ def judge_night(
         head.pairs,
         len(by_metric[primary]),
     )
-
-
-def night_markdown(result: PairedResult, title: str, reference: str, label_floor: float) -> str:
-    """The night's summary, fit for a CI comment: the verdict, the primary, what else moved, power."""
-    head = {"fail": "❌ regression", "pass": "✅ pass", "insufficient": "⚠️ insufficient data"}[result.overall]
-    primary = result.primary
-    lines = [
-        f"### Regression gate (paired): {head}",
-        "",
-        f"{title}; reference: {reference}; {result.pairs} pair(s) over {result.points} point(s).",
-        "",
-        f"Primary endpoint, {primary.metric} (geometric mean over points, > 0: the candidate is slower): "
-        f"{primary.text()}, one-sided p {_p(primary.p_adjusted)} (Holm over the gated endpoints; floor "
-        f"{primary.floor:.0%}, alpha {primary.alpha_used:g}).",
-    ]
-    if result.overall == "fail":
-        failed = [t.metric for t in result.gated if t.regressed]
-        lines.append(
-            f"Gated and regressed: {', '.join(failed)}; slowest point(s): {', '.join(result.slower_points())}."
-        )
-    lines += ["", "| endpoint | change [interval] | p (Holm) | gated | verdict |", "|---|---|---|---|---|"]
-    for t in (*result.gated, *(s for s in result.secondary if s.metric not in {g.metric for g in result.gated})):
-        big = abs(t.change) >= label_floor if math.isfinite(t.change) else False
-        verdict = "regressed" if t.regressed else ("past the 5 % label" if big else "within")
-        lines.append(f"| {t.metric} | {t.text()} | {_p(t.p_adjusted)} | {'yes' if t.gated else 'no'} | {verdict} |")
-    lines += ["", "Per point, the primary metric (Holm across points):", ""]
-    lines += [f"- {label}: {t.text()}, p {_p(t.p_adjusted)}" for label, t in result.per_point]
-    if result.power is not None:
-        lines += ["", "Power: " + result.power.text()]
-    return "\n".join(lines) + "\n"
-
-
-def _p(p: float | None) -> str:
-    return "—" if p is None else f"{p:.3g}"

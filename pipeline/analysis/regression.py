@@ -242,48 +242,6 @@ def confirm(first: GateResult, second: GateResult, remeasured: Mapping[str, str]
     return replace(first, findings=tuple(findings), points=points)
 
 
-def _pct(ratio: Ratio) -> str:
-    if ratio.estimate is None:
-        return "—"
-    text = f"{(ratio.estimate - 1) * 100:+.1f} %"
-    if ratio.resolved:
-        assert ratio.low is not None and ratio.high is not None
-        text += f" [{(ratio.low - 1) * 100:+.1f}, {(ratio.high - 1) * 100:+.1f}]"
-    return text
-
-
-def gate_markdown(result: GateResult, title: str, reference: str) -> str:
-    """A short summary fit for a CI comment: the verdict, then what moved."""
-    head = {"fail": "❌ regression", "pass": "✅ pass", "insufficient": "⚠️ insufficient data"}[result.overall]
-    lines = [f"### Regression gate: {head}", "", f"{title}; reference: {reference}.", ""]
-    counts = {v: list(result.points.values()).count(v) for v in SEVERITY}
-    lines.append(", ".join(f"{n} {v}" for v, n in counts.items() if n) + f" (of {len(result.points)} points).")
-    spreads = [f"{m} {math.expm1(s) * 100:.1f} % (df {df})" for m, (s, df) in result.spread.items() if df]
-    lines.append(
-        "Spread between runs: " + ", ".join(spreads) + "."
-        if spreads
-        else "The spread between runs is not measured yet (fewer than two past runs per point)."
-    )
-    moved = [f for f in result.findings if f.verdict in (REGRESSED, SUSPECT, IMPROVED)]
-    if moved:
-        lines += [
-            "",
-            "| point | metric | verdict | change (> 0 better) [interval] | floor | reference → now |",
-            "|---|---|---|---|---|---|",
-        ]
-        for f in sorted(moved, key=lambda f: SEVERITY.index(f.verdict)):
-            lines.append(
-                f"| {f.label} | {f.metric} | **{f.verdict}** | {_pct(f.ratio)} | ±{f.floor:.0%} | "
-                f"{f.reference:.4g} → {f.current:.4g} |" + (f" {f.note}" if f.note else "")
-            )
-    missing = [result.labels[r] for r, v in result.points.items() if v == INSUFFICIENT]
-    if missing:
-        lines += ["", "No reference for: " + ", ".join(missing) + "."]
-    lines.append("")
-    lines.append("Change is oriented so that > 0 is better (lower latency, higher throughput and acceptance).")
-    return "\n".join(lines) + "\n"
-
-
 # ---- Did the nightly's own decision change? -------------------------------------------------
 
 DECIDED = ("helps", "hurts")  # the verdicts a user acts on; a flip is a change to or from one
@@ -312,18 +270,3 @@ def decision_flips(current: Mapping[str, tuple[str, str, str]], reference: Mappi
         if before != now and (before in DECIDED or now in DECIDED):
             flips.append(Flip(label, run_id, before, now, run))
     return flips
-
-
-def flips_markdown(flips: Sequence[Flip], compared: int) -> str:
-    """The summary's lines on the nightly's own decision: every point whose verdict changed."""
-    if not compared:
-        return "Speculation's verdicts: no speculative point has a verdict in a reference run to compare with.\n"
-    if not flips:
-        return f"Speculation's verdicts: unchanged since the reference on all {compared} speculative point(s).\n"
-    lines = [
-        f"**Speculation's verdict changed** on {len(flips)} of {compared} speculative point(s) (median TPOT "
-        "against the baseline, as the report decides it):",
-        "",
-    ]
-    lines += [f"- {f.label}: {f.before} → **{f.after}** (reference: sweep run {f.reference})" for f in flips]
-    return "\n".join(lines) + "\n"

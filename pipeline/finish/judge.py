@@ -19,7 +19,8 @@ from types import MappingProxyType
 from typing import Any
 
 from pipeline import identity
-from pipeline.analysis.paired import NightWindow, PairedResult, judge_night, night_markdown
+from pipeline.analysis.gate_summary import flips_markdown, gate_markdown, night_markdown
+from pipeline.analysis.paired import NightWindow, PairedResult, judge_night
 from pipeline.analysis.regression import (
     GATED,
     Flip,
@@ -27,8 +28,6 @@ from pipeline.analysis.regression import (
     GatedRun,
     GateResult,
     decision_flips,
-    flips_markdown,
-    gate_markdown,
     judge_against_history,
 )
 from pipeline.analysis.samples import StatsOptions

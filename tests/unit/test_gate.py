@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 from pipeline.analysis import between_runs, samples
+from pipeline.analysis.gate_summary import flips_markdown, gate_markdown
 from pipeline.analysis.regression import (
     IMPROVED,
     INSUFFICIENT,
@@ -23,7 +24,6 @@ from pipeline.analysis.regression import (
     Floors,
     GatedRun,
     confirm,
-    gate_markdown,
     judge_against_history,
 )
 from pipeline.analysis.samples import Sample, StatsOptions
@@ -316,7 +316,7 @@ def test_gate_on_an_unreachable_tracking_server_exits_4() -> None:
 
 
 def test_decision_flips_are_changes_to_or_from_a_decision() -> None:
-    from pipeline.analysis.regression import decision_flips, flips_markdown
+    from pipeline.analysis.regression import decision_flips
 
     now = {
         "a": ("ngram-k3-r1", "r1", "inconclusive"),

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from pipeline.analysis import change_points, paired
+from pipeline.analysis import change_points, gate_summary, paired
 from pipeline.analysis.paired import NightWindow
 from pipeline.analysis.samples import Sample
 from pipeline.config import ConfigError, GateConfig, JobConfig, LoadConfig, SpecConfig, SweepSettings
@@ -167,7 +167,7 @@ def test_the_night_fails_on_a_fifteen_percent_slowdown_and_names_the_points_and_
     assert slowed.overall == "fail" and slowed.primary.regressed and slowed.pairs == 4 and slowed.points == 2
     assert set(slowed.slower_points()) <= {"baseline-r1", "ngram-k3-r1"} and slowed.slower_points()
     assert slowed.primary.change == pytest.approx(0.15, abs=0.05)
-    text = paired.night_markdown(slowed, "nightly", "the previous build", 0.05)
+    text = gate_summary.night_markdown(slowed, "nightly", "the previous build", 0.05)
     assert "regression" in text and "Power: this night's design (4 pairs" in text
     assert judge(_night(0.0, seed=3)).overall == "pass"
     # Acceptance length is gated on its own: a drop in L fails the night although latency holds.
@@ -313,7 +313,9 @@ def test_a_candidate_that_fails_requests_is_slower_by_them_and_fails_the_night()
     verdict = judge(failing, floor=0.01, detect=0.15)
     failures = next(t for t in verdict.gated if t.metric == paired.FAILURES)
     assert verdict.overall == "fail" and failures.regressed and failures.pairs == 4  # the unit is the pair
-    assert "candidate failed 24, reference 0 of 240 paired prompts" in paired.night_markdown(verdict, "n", "r", 0.05)
+    assert "candidate failed 24, reference 0 of 240 paired prompts" in gate_summary.night_markdown(
+        verdict, "n", "r", 0.05
+    )
     # One server that crashed (every prompt of one candidate window failed) is one bad pair, not
     # 30 independent failures: no evidence of a worse build.
     crashed = [
