@@ -10,6 +10,8 @@ window's acceptance is read from. The implementations are :class:`~pipeline.engi
 
 from __future__ import annotations
 
+import json
+import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +23,30 @@ from pipeline.engines.base import Server, ServerSpec
 from pipeline.engines.hardware import gpu_names, resolve_device
 from pipeline.engines.models import resolve_model
 from pipeline.load.client import RequestRecord
+
+
+class EngineNotInstalled(RuntimeError):
+    """The engine's interpreter is missing, fails, or lacks the engine: no server can start."""
+
+
+def run_probe(python: str, code: str, timeout_s: float = 120.0) -> dict:
+    """Run ``code`` in the engine's interpreter (it prints one JSON line) and parse it: an engine
+    is asked about its install in its own interpreter, never imported into ours."""
+    try:
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=timeout_s, check=True).stdout
+    except FileNotFoundError as exc:
+        raise EngineNotInstalled(f"engine.python={python} does not exist; point it at a Python interpreter") from exc
+    except subprocess.CalledProcessError as exc:
+        raise EngineNotInstalled(f"engine.python={python} failed to run: {exc.stderr.strip()}") from exc
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """An engine's server command and the environment it runs in (each engine's ``build_launch``)."""
+
+    command: list[str]
+    env: dict[str, str]
 
 
 @dataclass(frozen=True)

@@ -24,15 +24,17 @@ from pipeline.config import ConfigError, EngineConfig, JobConfig, SpecConfig
 from pipeline.engines.acceptance import Acceptance, Scrape, WindowAcceptance
 from pipeline.engines.base import EngineServer, Server, ServerSpec
 from pipeline.engines.engine import (
+    EngineNotInstalled,
+    LaunchPlan,
     Target,
     check_extra_args,
     check_own_servers,
     launch_args,
     planned_device,
     resolve_models,
+    run_probe,
 )
 from pipeline.engines.sglang_acceptance import server_info, sglang_acceptance
-from pipeline.engines.vllm import EngineNotInstalled, LaunchPlan, run_probe
 from pipeline.load.client import RequestRecord
 
 NAME = "sglang"

@@ -12,7 +12,6 @@ import functools
 import hashlib
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,12 +24,15 @@ from pipeline.config import ConfigError, EngineConfig, JobConfig, SpecConfig
 from pipeline.engines.acceptance import Acceptance, Scrape, WindowAcceptance
 from pipeline.engines.base import EngineServer, Server, ServerSpec
 from pipeline.engines.engine import (
+    EngineNotInstalled,
+    LaunchPlan,
     Target,
     check_extra_args,
     check_own_servers,
     launch_args,
     planned_device,
     resolve_models,
+    run_probe,
 )
 from pipeline.engines.models import cache_root
 from pipeline.load.client import RequestRecord
@@ -69,21 +71,6 @@ COMMON_ENV = {
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
 }
-
-
-class EngineNotInstalled(RuntimeError):
-    pass
-
-
-def run_probe(python: str, code: str, timeout_s: float = 120.0) -> dict:
-    """Run ``code`` in the engine's interpreter (it prints one JSON line) and parse it."""
-    try:
-        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=timeout_s, check=True).stdout
-    except FileNotFoundError as exc:
-        raise EngineNotInstalled(f"engine.python={python} does not exist; point it at a Python interpreter") from exc
-    except subprocess.CalledProcessError as exc:
-        raise EngineNotInstalled(f"engine.python={python} failed to run: {exc.stderr.strip()}") from exc
-    return json.loads(out.strip().splitlines()[-1])
 
 
 @dataclass(frozen=True)
@@ -171,12 +158,6 @@ def speculative_args(spec: SpecConfig, draft_path: str | None, version: Version)
     elif draft_path is not None:
         args = ["--speculative-model", draft_path, *args]
     return args
-
-
-@dataclass(frozen=True)
-class LaunchPlan:
-    command: list[str]
-    env: dict[str, str]
 
 
 def build_launch(

@@ -21,9 +21,9 @@ from typing import Any
 from pipeline import startup
 from pipeline.analysis.search_report import PREDICTIONS_CSV
 from pipeline.config import ConfigError, JobConfig, RayConfig, SloConfig, SweepSettings
+from pipeline.engines.engine import EngineNotInstalled
 from pipeline.engines.models import ModelError
 from pipeline.engines.registry import engine_of
-from pipeline.engines.vllm import EngineNotInstalled
 from pipeline.exitcode import ExitCode
 from pipeline.identity import in_this_version
 from pipeline.load.workloads import load_items

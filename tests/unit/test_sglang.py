@@ -20,9 +20,9 @@ from pipeline.engines.acceptance import (
     normalized,
     parse_scrape,
 )
+from pipeline.engines.engine import EngineNotInstalled
 from pipeline.engines.registry import ENGINES
 from pipeline.engines.sglang_acceptance import SglangAcceptance, server_info_accept_length, sglang_acceptance
-from pipeline.engines.vllm import EngineNotInstalled
 from pipeline.load.client import ClientOptions
 from pipeline.load.items import Request
 from pipeline.load.loadgen import run_window

@@ -9,6 +9,7 @@ from packaging.version import Version
 
 from pipeline.config import ConfigError, EngineConfig, SpecConfig
 from pipeline.engines import vllm
+from pipeline.engines.engine import EngineNotInstalled
 
 NEW = Version("0.32.0")
 OLD = Version("0.6.3")
@@ -163,7 +164,7 @@ def test_detect_install_reads_metadata_of_the_engine_interpreter() -> None:
 
 
 def test_detect_install_missing_interpreter_is_clear(tmp_path: Path) -> None:
-    with pytest.raises(vllm.EngineNotInstalled, match="does not exist"):
+    with pytest.raises(EngineNotInstalled, match="does not exist"):
         vllm.detect_install(str(tmp_path / "nope" / "python"))
 
 
@@ -172,7 +173,7 @@ def test_detect_install_without_vllm_names_the_fix(tmp_path: Path) -> None:
     wrapper = tmp_path / "python"
     wrapper.write_text(f'#!/bin/sh\nexec {sys.base_prefix}/bin/python3 -I -S "$@"\n')
     wrapper.chmod(0o755)
-    with pytest.raises(vllm.EngineNotInstalled, match="vLLM is not installed"):
+    with pytest.raises(EngineNotInstalled, match="vLLM is not installed"):
         vllm.detect_install(str(wrapper))
 
 
