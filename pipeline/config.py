@@ -324,6 +324,12 @@ class GateConfig:
     detect: float = setting(None, 0.15, valid=Valid(interval="(0, 10)", hint=" (the slowdown the design must see)"))
     acceptance: bool = True  # gate a drop in acceptance length on its own
 
+    @property
+    def paired(self) -> bool:
+        """gate.mode=paired: the reference is a second build measured the same night; every
+        reader of the mode asks this, so the mode's spelling lives here alone."""
+        return self.mode == "paired"
+
 
 @dataclass(frozen=True)
 class PredictConfig:

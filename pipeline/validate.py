@@ -202,7 +202,7 @@ def _validate_paired_gate(job: JobConfig) -> None:
     unknown = [m for m in gate.gated if m not in SECONDARY_METRICS]
     if unknown:
         raise ConfigError(f"gate.gated={unknown} names no secondary metric; choose from {', '.join(SECONDARY_METRICS)}")
-    if gate.mode != "paired":
+    if not gate.paired:
         if gate.reference:
             raise ConfigError("gate.reference is the paired gate's reference build: set gate.mode=paired with it")
         return

@@ -89,7 +89,7 @@ class SpecsweepRayLauncher(Launcher):
             )
         if tasks:
             cluster.check_store(tasks[0].store.tracking_uri, len(cluster.node_gpus()))
-        paired = [t.group.label for t in tasks if t.settings.gate.enabled and t.settings.gate.mode == "paired"]
+        paired = [t.group.label for t in tasks if t.settings.gate.enabled and t.settings.gate.paired]
         cluster.check_one_machine(paired, len(cluster.node_gpus()))
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:

@@ -255,7 +255,7 @@ def judge_sweep(
     again, and a regression stands only if the re-measurement shows it too."""
     from pipeline.analysis.regression import confirm
 
-    if config.mode == "paired":
+    if config.paired:
         return judge_paired(reader, parent_id, config, out_dir)
     floors = Floors(config.floor_median, config.floor_p99, config.floor_acceptance_pp)
     with tempfile.TemporaryDirectory() as tmp:

@@ -96,6 +96,6 @@ PAIRED = SearchKind(
 
 def kind_of(settings: SweepSettings) -> SearchKind:
     """The sweep's search, or the paired night where the gate measures its own reference."""
-    if settings.gate.enabled and settings.gate.mode == "paired":
+    if settings.gate.enabled and settings.gate.paired:
         return PAIRED
     return SEARCHES[settings.search]
