@@ -131,6 +131,59 @@ def test_the_layer_check_finds_an_upward_import() -> None:
     assert _layer("pipeline.analysis.stats") > _layer("pipeline.record.windows")  # record reads into analysis's types
 
 
+BASE = LAYERS[-1]
+# Sub-packages with a narrower rule than their layer's, as each one's docstring states it (the
+# phrase quoted here is checked to be in the docstring): what each may import, its own modules
+# aside. Plumbing and progress serve every part of run, so they may not reach back into it.
+SUBPACKAGE_RULES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "pipeline.run.plumbing": ("may import the base modules only", BASE),
+    "pipeline.run.progress": ("may import the base modules only", BASE),
+    "pipeline.run.search": (
+        "may import run's plan and outcomes, record, analysis and below, never the driver, a group or finish",
+        ("pipeline.run.plan", "pipeline.run.outcomes", *(m for layer in LAYERS[3:] for m in layer)),
+    ),
+}
+
+
+def _within(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def _subpackage_breaches(imports: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(importer, imported) for each import a sub-package's own rule forbids."""
+    return sorted(
+        (name, target)
+        for package, (_, allowed) in SUBPACKAGE_RULES.items()
+        for name, targets in imports.items()
+        if _within(name, (package,))
+        for target in targets
+        if target != "pipeline" and not _within(target, (package, *allowed))
+    )
+
+
+def test_each_sub_package_keeps_its_own_rule() -> None:
+    for package, (phrase, _) in SUBPACKAGE_RULES.items():
+        said = " ".join((ast.get_docstring(_tree(package)) or "").split())  # as read, not as wrapped
+        assert phrase in said, f"{package}'s docstring no longer says: {phrase}"
+    wrong = _subpackage_breaches({name: _imports(path) for name, path in MODULES.items()})
+    assert not wrong, f"imports a sub-package's docstring forbids: {wrong}"
+
+
+def test_the_sub_package_check_finds_a_planted_import() -> None:
+    planted = {
+        "pipeline.run.search.kinds": {"pipeline.run.plan", "pipeline.record.readers", "pipeline.run.driver"},
+        "pipeline.run.search.profiles": {"pipeline.finish.judge", "pipeline.run.search.strategy"},
+        "pipeline.run.progress.screen": {"pipeline.config", "pipeline.run.group"},
+        "pipeline.run.plumbing.entry": {"pipeline.startup", "pipeline.run.plumbing.errors", "pipeline.load.slo"},
+    }
+    assert _subpackage_breaches(planted) == [
+        ("pipeline.run.plumbing.entry", "pipeline.load.slo"),
+        ("pipeline.run.progress.screen", "pipeline.run.group"),
+        ("pipeline.run.search.kinds", "pipeline.run.driver"),
+        ("pipeline.run.search.profiles", "pipeline.finish.judge"),
+    ]
+
+
 def test_analysis_is_pure() -> None:
     """Reading MLflow is the record stage's job; analysis computes on what it is given."""
     for name, path in MODULES.items():
