@@ -15,6 +15,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 SPEC_METHODS = ("none", "ngram", "draft", "eagle", "eagle3", "medusa", "mtp", "suffix")
+# What each method drafts with, which decides spec.draft_model: a second model (a small LM, or a
+# trained EAGLE/Medusa head) that must be given where specsweep starts the server, or something
+# that needs none and takes none (the prompt's n-grams, a suffix tree, the target's own MTP layers).
+NEEDS_DRAFT_MODEL = frozenset({"draft", "eagle", "eagle3", "medusa"})
+REFUSES_DRAFT_MODEL = frozenset({"none", "ngram", "suffix", "mtp"})
 DEVICES = ("auto", "cpu", "gpu")
 ENDPOINTS = ("chat", "completions", "generate")  # generate: SGLang's native streaming endpoint
 DTYPES = ("auto", "bfloat16", "float16", "float32")

@@ -12,7 +12,17 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from pipeline.config import VALID, ConfigError, EngineConfig, JobConfig, SweepSettings, Valid, stats_problem
+from pipeline.config import (
+    NEEDS_DRAFT_MODEL,
+    REFUSES_DRAFT_MODEL,
+    VALID,
+    ConfigError,
+    EngineConfig,
+    JobConfig,
+    SweepSettings,
+    Valid,
+    stats_problem,
+)
 from pipeline.engines.registry import ENGINES
 from pipeline.redact import SECRET_FLAGS, flag_name, is_secret_name
 
@@ -79,7 +89,7 @@ def _validate_method(job: JobConfig) -> None:
     spec, serving = job.spec, ENGINES[job.engine.name]
     if spec.method != "none" and spec.k < 1:
         raise ConfigError(f"spec.k={spec.k} is not valid: speculation drafts at least 1 token per step; use spec.k>=1")
-    if spec.method in ("draft", "eagle", "eagle3", "medusa") and not spec.draft_model and serving.starts_servers:
+    if spec.method in NEEDS_DRAFT_MODEL and not spec.draft_model and serving.starts_servers:
         hint = (
             "embedded:smollm2-135m-l4, self, a folder or a hub id"
             if spec.method == "draft"
@@ -89,7 +99,7 @@ def _validate_method(job: JobConfig) -> None:
             spec.method, "spec.draft_model=/path/to/the/head"
         )
         raise ConfigError(f"spec.method={spec.method} needs spec.draft_model ({hint}); e.g. {example}")
-    if spec.method in ("none", "ngram", "suffix", "mtp") and spec.draft_model:
+    if spec.method in REFUSES_DRAFT_MODEL and spec.draft_model:
         raise ConfigError(
             f"spec.method={spec.method} takes no spec.draft_model; remove it or use spec.method=draft. To sweep "
             f"{spec.method} beside a method with a draft, put the draft in that method's own group "

@@ -9,6 +9,9 @@ from hydra.errors import ConfigCompositionException
 
 from pipeline.compose import register_schema, to_job_config
 from pipeline.config import (
+    NEEDS_DRAFT_MODEL,
+    REFUSES_DRAFT_MODEL,
+    SPEC_METHODS,
     ConfigError,
     GateConfig,
     JobConfig,
@@ -137,6 +140,12 @@ def test_baseline_is_same_point_without_speculation() -> None:
 def test_invalid_configs_name_the_key_and_fix(change: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")):
         validate(dataclasses.replace(JobConfig(), **change))
+
+
+def test_every_method_declares_whether_it_takes_a_draft_model() -> None:
+    """A new method lands in exactly one of the two: validate.py refuses or requires spec.draft_model by them."""
+    assert NEEDS_DRAFT_MODEL | REFUSES_DRAFT_MODEL == set(SPEC_METHODS)
+    assert not NEEDS_DRAFT_MODEL & REFUSES_DRAFT_MODEL
 
 
 def test_inf_rate_is_valid() -> None:
