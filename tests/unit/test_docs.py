@@ -1,5 +1,5 @@
-"""The project documents itself: no pointer outside the repository, and every link and
-module path its pages name exists."""
+"""The project documents itself: no pointer outside the repository, every link and module
+path its pages name exists, and docs/contributing.md's layout names every module."""
 
 from __future__ import annotations
 
@@ -116,3 +116,78 @@ def test_every_make_target_a_page_names_exists() -> None:
             if target not in targets:
                 missing.append(f"{page.name}: make {target}")
     assert not missing, sorted(missing)
+
+
+CONTRIBUTING = REPO / "docs" / "contributing.md"
+# A line of the layout block that opens an entry: a folder (``pipeline/``, ``  run/``,
+# ``    search/``) at the start, indented by its depth; the lines under it go on at column 13.
+ENTRY = re.compile(r"^( {0,4})([\w.-]+(?:/[\w.-]+)*/)(?:\s|$)")
+
+
+def _layout_entries(text: str) -> dict[str, str]:
+    """The layout block's entries: each folder's path (``pipeline/run/search/``) and its text."""
+    block = text.split("```", 2)[1]
+    entries: dict[str, str] = {}
+    parents: dict[int, str] = {}  # indent -> the folder open at that depth
+    current = ""
+    for line in block.splitlines():
+        found = ENTRY.match(line)
+        if found:
+            indent, folder = len(found.group(1)), found.group(2)
+            current = parents.get(indent - 2, "") + folder if indent else folder
+            parents[indent] = current
+            entries[current] = ""
+        if current:
+            entries[current] += line + "\n"
+    return entries
+
+
+def _unnamed_modules(entries: dict[str, str], modules: list[str]) -> list[str]:
+    """Each module (a path from the repository root) its folder's entry does not name."""
+    missing = []
+    for module in modules:
+        folder, name = module.rsplit("/", 1)
+        said = entries.get(folder + "/", "")
+        if not re.search(rf"(?<![\w.]){re.escape(name)}\b", said):
+            missing.append(module)
+    return missing
+
+
+def test_contributing_names_every_module_in_its_folders_entry() -> None:
+    modules = sorted(
+        str(path.relative_to(REPO))
+        for root in ("pipeline", "benchmarks")
+        for path in (REPO / root).rglob("*.py")
+        if path.name != "__init__.py"
+    )
+    missing = _unnamed_modules(_layout_entries(CONTRIBUTING.read_text()), modules)
+    assert not missing, f"docs/contributing.md's layout does not name these in their folder's entry: {missing}"
+
+
+def test_the_module_check_reads_each_folder_on_its_own() -> None:
+    layout = (
+        "```\n"
+        "pipeline/    sweep.py (the command)\n"
+        "             config.py\n"
+        "  run/       plan.py  driver.py\n"
+        "    search/  kinds.py\n"
+        "  load/      client.py\n"
+        "benchmarks/  capacity.py\n"
+        "```\n"
+    )
+    entries = _layout_entries(layout)
+    assert set(entries) == {"pipeline/", "pipeline/run/", "pipeline/run/search/", "pipeline/load/", "benchmarks/"}
+    modules = [
+        "pipeline/config.py",
+        "pipeline/run/plan.py",
+        "pipeline/run/search/kinds.py",
+        "pipeline/run/search/plan.py",  # named, but in run/'s entry, not search/'s
+        "pipeline/analysis/capacity.py",  # named, but in benchmarks/'s entry
+        "pipeline/load/client.py",
+        "pipeline/load/sse.py",
+    ]
+    assert _unnamed_modules(entries, modules) == [
+        "pipeline/run/search/plan.py",
+        "pipeline/analysis/capacity.py",
+        "pipeline/load/sse.py",
+    ]
