@@ -87,7 +87,6 @@ def against_history(
     df: float,
     opts: StatsOptions,
     higher_is_better: bool,
-    rng: np.random.Generator | None = None,
 ) -> Ratio:
     """One new run's value against the median of past runs of the same point (> 1: better).
 
@@ -110,7 +109,7 @@ def against_history(
         )
     scale = spread * math.sqrt(1 + math.pi / (2 * len(past)))
     # The t quantiles themselves, not resamples of t: the interval (and the p-value the decision
-    # reads off it) carries no resampling noise. ``rng`` is no longer drawn from.
+    # reads off it) carries no resampling noise.
     half = float(scipy_stats.t(df).ppf(1 - opts.alpha / 2)) * scale
     return Ratio(
         metric,

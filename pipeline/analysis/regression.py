@@ -148,14 +148,13 @@ def judge_against_history(
             if not past or not math.isfinite(value) or not finite:
                 continue
             reference = float(np.median(finite))
-            rng = np.random.default_rng([opts.seed, 17, i, j])
             s, df = per_point[metric.column][i]
             if df >= 1:
-                ratio = between_runs.against_history(
-                    metric.column, value, finite, s, df, opts, metric.higher_is_better, rng
-                )
+                ratio = between_runs.against_history(metric.column, value, finite, s, df, opts, metric.higher_is_better)
                 measured = True
             else:
+                # Only the bootstrap of one past run resamples: seeded per point and metric.
+                rng = np.random.default_rng([opts.seed, 17, i, j])
                 ratio, measured = _one_past_run(metric, point, past[0], value, reference, opts, aa, rng)
             ratios.append(ratio)
             slots.append((point, metric, reference, value, measured))

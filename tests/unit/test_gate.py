@@ -78,14 +78,13 @@ def test_pooled_spread_known_answer() -> None:
 
 
 def test_against_history_is_a_prediction_interval() -> None:
-    rng = np.random.default_rng(0)
-    ratio = between_runs.against_history("median_tpot_ms", 220.0, [200.0] * 5, 0.05, 20, OPTS, False, rng)
+    ratio = between_runs.against_history("median_tpot_ms", 220.0, [200.0] * 5, 0.05, 20, OPTS, False)
     assert ratio.estimate == pytest.approx(200 / 220)
     assert ratio.low < ratio.estimate < ratio.high
     # Half-width ~ t(20) * 0.05 * sqrt(1 + pi / 10) on the log scale.
     half = (math.log(ratio.high) - math.log(ratio.low)) / 2
     assert half == pytest.approx(2.086 * 0.05 * math.sqrt(1 + math.pi / 10), rel=1e-3)  # t's own quantile
-    unmeasured = between_runs.against_history("median_tpot_ms", 220.0, [200.0], math.nan, 0, OPTS, False, rng)
+    unmeasured = between_runs.against_history("median_tpot_ms", 220.0, [200.0], math.nan, 0, OPTS, False)
     assert not unmeasured.resolved and "not measured" in unmeasured.note
 
 
