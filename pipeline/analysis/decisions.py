@@ -123,7 +123,9 @@ def decide(
     return out
 
 
-POWER = 0.80  # what a sample-size hint aims for: "would likely resolve it"
+# What a sample-size hint aims for ("would likely resolve it"), and the confidence of the spread
+# bound it is sized from; the paired gate states its design at a power of its own (paired.DESIGN_POWER).
+HINT_POWER = 0.80
 MAX_REQUESTS = 20_000  # a hint beyond these is "not resolvable at practical sizes"
 MAX_REPEATS = 30
 
@@ -148,7 +150,7 @@ def to_resolve(ratio: Ratio, floor: float, level: float | None = None) -> str:
     server = _planning_sd(noise.server_sd, noise.server_df)
     if noise.within_sd is None or noise.restarted or noise.runs >= 2:
         return _repeats_hint(noise, margin, level, server)
-    need = margin / (float(scipy_stats.norm.ppf(1 - level / 2)) + float(scipy_stats.norm.ppf(POWER)))
+    need = margin / (float(scipy_stats.norm.ppf(1 - level / 2)) + float(scipy_stats.norm.ppf(HINT_POWER)))
     # The window's own spread as the verdict sees it: the interval's half-width on the floor's
     # side (a bootstrap of a median is skewed at small n), less the server spread added to it;
     # never below the replicates' sd.
@@ -182,7 +184,7 @@ def _planning_sd(sd: float | None, df: float) -> float:
         return 0.0
     if not df or df < 1:
         return sd
-    return sd * math.sqrt(df / float(scipy_stats.chi2.ppf(1 - POWER, df)))
+    return sd * math.sqrt(df / float(scipy_stats.chi2.ppf(1 - HINT_POWER, df)))
 
 
 def _repeats_hint(noise: Noise, margin: float, level: float, server: float, restart: bool = False) -> str:
@@ -199,7 +201,7 @@ def _repeats_hint(noise: Noise, margin: float, level: float, server: float, rest
             return "repeats.count >= 3 with repeats.restart=true measures its spread"
         per_run = math.sqrt((noise.within_sd or 0.0) ** 2 + server**2)
     for runs in range(2, MAX_REPEATS + 1):
-        quantiles = float(scipy_stats.t.ppf(1 - level / 2, runs - 1)) + float(scipy_stats.t.ppf(POWER, runs - 1))
+        quantiles = float(scipy_stats.t.ppf(1 - level / 2, runs - 1)) + float(scipy_stats.t.ppf(HINT_POWER, runs - 1))
         if quantiles * per_run / math.sqrt(runs) <= margin:
             runs = max(runs, noise.runs + 1)
             if noise.restarted and not restart:

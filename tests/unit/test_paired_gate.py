@@ -47,10 +47,10 @@ def test_the_power_statement_is_where_power_crosses_eighty_percent() -> None:
     sd = 0.062
     statement = paired.power_statement(sd, pairs=4, alpha=0.05, floor=0.01, target=0.15)
     assert statement.detectable is not None
-    assert paired.power_of(statement.detectable, sd, 4, 0.05, 0.01) == pytest.approx(paired.POWER, abs=1e-3)
+    assert paired.power_of(statement.detectable, sd, 4, 0.05, 0.01) == pytest.approx(paired.DESIGN_POWER, abs=1e-3)
     needed = paired.power_statement(sd, pairs=2, alpha=0.05, floor=0.01, target=0.15).pairs_for_target
-    assert needed is not None and paired.power_of(0.15, sd, needed, 0.05, 0.01) >= paired.POWER
-    assert paired.power_of(0.15, sd, needed - 1, 0.05, 0.01) < paired.POWER or needed == 2
+    assert needed is not None and paired.power_of(0.15, sd, needed, 0.05, 0.01) >= paired.DESIGN_POWER
+    assert paired.power_of(0.15, sd, needed - 1, 0.05, 0.01) < paired.DESIGN_POWER or needed == 2
     # A Monte Carlo of the same test agrees with statsmodels' power.
     rng = np.random.default_rng(1)
     hits = [
