@@ -80,7 +80,7 @@ def analyse(
     gaps += [f"model: {s}" for s in skipped]
     schedules = _k_schedules(frame, samples, comparisons, gaps)
     # Host RSS cannot see device memory: the KV capacity decides where vLLM reports it.
-    kv = _kv_capacity(frame)
+    kv = _kv_capacity_against_baseline(frame)
     advice = advisor.advise(comparisons, crossings, _memory_ratios(frame) if not kv else {}, kv)
     if not probes:
         gaps.append("losslessness: no probe outputs in this sweep run (lossless.prompts=0, or all points resumed)")
@@ -194,7 +194,7 @@ def _window_levels(frame: pd.DataFrame, samples: Mapping[str, Sample], opts: Sta
     return pd.DataFrame(rows)
 
 
-def _kv_capacity(frame: pd.DataFrame) -> dict[str, advisor.KvCapacity]:
+def _kv_capacity_against_baseline(frame: pd.DataFrame) -> dict[str, advisor.KvCapacity]:
     """Each speculative configuration's KV cache against the baseline's, from vLLM's own
     vllm:cache_config_info (a draft model's layers take their share of the same memory)."""
     if "kv_cache_size_tokens" not in frame:

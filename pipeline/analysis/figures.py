@@ -142,7 +142,7 @@ def _finite_not_bool(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _bounds(low: object, high: object) -> tuple[float, float] | None:
+def _finite_interval(low: object, high: object) -> tuple[float, float] | None:
     return (float(low), float(high)) if _finite_not_bool(low) and _finite_not_bool(high) else None  # type: ignore[arg-type]
 
 
@@ -202,7 +202,7 @@ def throughput_vs_tpot(
         for rate, at in curve.groupby("request_rate", sort=True):
             row = at.iloc[0]
             x, y = float(at[tpot].median()), float(at["output_throughput"].median())
-            bounds = _bounds(row.get(f"{tpot}_low"), row.get(f"{tpot}_high")) if use_levels else None
+            bounds = _finite_interval(row.get(f"{tpot}_low"), row.get(f"{tpot}_high")) if use_levels else None
             value = interval_text(x, *(bounds or (None, None)), ".1f", " ms") if use_levels else f"{x:.1f} ms"
             runs = str(row.get("run_ids", "")) if use_levels else _runs(at)
             points.append(
@@ -237,7 +237,7 @@ def _speedup_point(row: pd.Series, x: float, verdict: str) -> Mark:
         value,
         f"median-TPOT speedup {text}: {verdict}",
         str(row.get("run_ids", "") or ""),
-        y_err=_bounds(row.get("speedup_median_tpot_low"), row.get("speedup_median_tpot_high")),
+        y_err=_finite_interval(row.get("speedup_median_tpot_low"), row.get("speedup_median_tpot_high")),
         name=config_label(row),
         rate=float(row["request_rate"]),
     )
@@ -421,7 +421,7 @@ def k_curve(table: pd.DataFrame | None, frame: pd.DataFrame) -> Chart | None:
                     row["measured_tpot_ms"], row["measured_tpot_ms_low"], row["measured_tpot_ms_high"], ".1f", " ms"
                 ),
                 runs.get((str(row.get("setting_key", "")), int(row["k"]), float(rate)), ""),
-                y_err=_bounds(row["measured_tpot_ms_low"], row["measured_tpot_ms_high"]),
+                y_err=_finite_interval(row["measured_tpot_ms_low"], row["measured_tpot_ms_high"]),
                 name=f"{curve} k={int(row['k'])}",
                 rate=float(rate),
             )
@@ -435,7 +435,7 @@ def k_curve(table: pd.DataFrame | None, frame: pd.DataFrame) -> Chart | None:
                     float(row.k) + 0.06,
                     float(row.tpot),
                     "predicted median TPOT " + interval_text(row.tpot, row.tpot_low, row.tpot_high, ".1f", " ms"),
-                    y_err=_bounds(row.tpot_low, row.tpot_high),
+                    y_err=_finite_interval(row.tpot_low, row.tpot_high),
                     name=f"{curve} k={int(row.k)}",
                     rate=float(rate),
                 )
@@ -474,7 +474,7 @@ def trace_timeline(stretches: GroupComparisons | None) -> Chart | None:
                 float(m),
                 float(r.speedup_median_tpot),
                 h,
-                y_err=_bounds(float(r.speedup_median_tpot_low), float(r.speedup_median_tpot_high)),
+                y_err=_finite_interval(float(r.speedup_median_tpot_low), float(r.speedup_median_tpot_high)),
             )
             for m, r, h in zip(middles, group.itertuples(index=False), hovers, strict=True)
         )

@@ -190,7 +190,7 @@ def _observed(inputs: RateInputs) -> tuple[np.ndarray, np.ndarray]:
     return np.array([[w.tpot_s] for w in windows]), np.array([[w.length if w.k else 1.0] for w in windows])
 
 
-def _bounds(values: np.ndarray, opts: StatsOptions) -> tuple[float, float]:
+def _quantile_interval(values: np.ndarray, opts: StatsOptions) -> tuple[float, float]:
     finite = values[np.isfinite(values)]
     if not len(finite):
         return math.nan, math.nan
@@ -235,9 +235,9 @@ def extrapolate(
         rng = np.random.default_rng([opts.seed, 11])
         reps_tpot = reps_tpot * np.exp(sd * rng.standard_t(max(count, 1), size=reps_tpot.shape))
     base_tpot = inputs.base.tpot_s
-    tpot_low, tpot_high = _bounds(reps_tpot, opts)
-    length_low, length_high = _bounds(reps_length, opts)
-    speedup_low, speedup_high = _bounds(rep_tpot[0] / reps_tpot, opts)
+    tpot_low, tpot_high = _quantile_interval(reps_tpot, opts)
+    length_low, length_high = _quantile_interval(reps_length, opts)
+    speedup_low, speedup_high = _quantile_interval(rep_tpot[0] / reps_tpot, opts)
     return Prediction(
         k=k,
         rate=inputs.rate,

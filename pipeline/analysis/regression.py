@@ -175,7 +175,7 @@ def judge_against_history(
         )
         for (p, m, ref, value, measured), d in zip(slots, decided, strict=True)
     )
-    return _collect(current, findings, history, spread)
+    return _gate_result(current, findings, history, spread)
 
 
 def _one_past_run(
@@ -211,7 +211,7 @@ def _verdict(decision: decisions.Decision, measured: bool) -> str:
     return PASS if decision.ratio.resolved else INSUFFICIENT
 
 
-def _collect(
+def _gate_result(
     current: Sequence[GatedRun],
     findings: Sequence[Finding],
     history: Mapping[str, Sequence[GatedRun]],

@@ -55,7 +55,7 @@ class Scrape:
 KV_CAPACITY = ("kv_cache_size_tokens", "kv_cache_max_concurrency")
 
 
-def _kv_capacity(label_sets: Sequence[dict[str, str]]) -> dict[str, float]:
+def _kv_capacity_from_labels(label_sets: Sequence[dict[str, str]]) -> dict[str, float]:
     """An info gauge carries its figures as labels (strings); a missing or "None" one is left out."""
     found: dict[str, list[float]] = {name: [] for name in KV_CAPACITY}
     for labels in label_sets:
@@ -97,7 +97,9 @@ def parse_scrape(text: str) -> Scrape:
                 cache_info.append(sample.labels)
     values = {name: total / counts[name] if name in gauges else total for name, total in totals.items()}
     return Scrape(
-        values=values, per_position={k: dict(v) for k, v in per_position.items()}, kv_capacity=_kv_capacity(cache_info)
+        values=values,
+        per_position={k: dict(v) for k, v in per_position.items()},
+        kv_capacity=_kv_capacity_from_labels(cache_info),
     )
 
 

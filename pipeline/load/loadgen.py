@@ -335,7 +335,7 @@ def _run_workers(
         t0 = clock() + 0.05
         for _ in procs:
             go.put(t0)
-        records, reason = _collect(procs, out, on_done, stop, t0)
+        records, reason = _gather_records(procs, out, on_done, stop, t0)
         duration = clock() - t0
         if reason is not None:  # the workers are stopped below; what they had not finished is marked
             seen = {r.index for r in records}
@@ -354,7 +354,7 @@ def _run_workers(
     )
 
 
-def _collect(
+def _gather_records(
     procs: Sequence[mp.process.BaseProcess],
     out: mp.Queue,
     on_done: Callable[[RequestRecord], None],

@@ -248,6 +248,35 @@ def test_no_two_public_functions_or_classes_share_a_name() -> None:
     assert twins and all(twins <= _public_names(m) for m in PER_ENGINE)
 
 
+# The figure renderers draw one specification each way (PNG, Plotly): their private helpers
+# are the same part, as the engines' public twins are.
+RENDERERS = {"pipeline.analysis.plots", "pipeline.analysis.iplots"}
+
+
+def _private_clashes(functions: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Private module-level functions (by module) that share a name with another module's."""
+    owners: dict[str, set[str]] = {}
+    for module, names in functions.items():
+        for function in names:
+            owners.setdefault(function, set()).add(module)
+    return {k: sorted(v) for k, v in owners.items() if len(v) > 1 and not v <= RENDERERS}
+
+
+def test_no_two_private_functions_share_a_name() -> None:
+    """Two ``_collect`` read alike in a traceback and a search: a private helper says what it does."""
+    functions = {
+        name: {
+            n.name
+            for n in ast.parse(path.read_text()).body
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name.startswith("_") and n.name[1] != "_"
+        }
+        for name, path in MODULES.items()
+    }
+    assert not _private_clashes(functions), f"one private name, two things: {_private_clashes(functions)}"
+    planted = {"a.regression": {"_collect"}, "a.loadgen": {"_collect"}, **{m: {"_chart"} for m in RENDERERS}}
+    assert _private_clashes(planted) == {"_collect": ["a.loadgen", "a.regression"]}
+
+
 def _named_like_a_module(functions: dict[str, set[str]], modules: set[str]) -> list[str]:
     """Public functions (by module) that share a name with another module or package: the
     module's own name is its one job (``validate.validate``), another's is a second meaning."""
