@@ -1,6 +1,6 @@
 """One benchmark sweep: ``python -m pipeline.sweep -m`` in a project folder of its own, timed
 from outside, its output kept in ``<project>/<name>.log``. Shared by the benchmarks that
-compare searches (predict_vs_grid.py, capacity.py)."""
+compare searches (predict_vs_grid.py, capacity_search.py)."""
 
 from __future__ import annotations
 

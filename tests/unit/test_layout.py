@@ -11,6 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PIPELINE = ROOT / "pipeline"
 # The sweep's other entry point: Hydra imports the sweeper and the launcher by this namespace.
 PLUGINS = ROOT / "hydra_plugins"
+BENCHMARKS = ROOT / "benchmarks"  # scripts, outside the layers, named apart from the package's modules
 
 # The layers, top first: a module imports modules of its own layer and of the layers below,
 # never above. Every module of the package belongs to one; there is no list of exceptions.
@@ -215,11 +216,14 @@ def test_there_is_no_utils() -> None:
 
 def test_no_two_modules_share_a_name() -> None:
     """``pipeline.analysis.capacity`` and ``pipeline.run.search.capacity`` would read the same in
-    a traceback and an import line: every module and package has a name of its own."""
+    a traceback and an import line: every module, package and benchmark has a name of its own."""
     stems: dict[str, list[str]] = {}
     for name in MODULES:
         if name != "pipeline":
             stems.setdefault(name.rsplit(".", 1)[-1], []).append(name)
+    # The benchmarks run as scripts (``python benchmarks/x.py``), but a traceback names them too.
+    for path in BENCHMARKS.glob("*.py"):
+        stems.setdefault(path.stem, []).append(f"benchmarks.{path.stem}")
     assert not {stem: names for stem, names in stems.items() if len(names) > 1}
 
 

@@ -1,6 +1,6 @@
 """search=capacity for the baseline and ngram k=3, then a check of each boundary found.
 
-    .venv/bin/python benchmarks/capacity.py [--tpot-ms 200] [--duration 10] [--check-duration 30]
+    .venv/bin/python benchmarks/capacity_search.py [--tpot-ms 200] [--duration 10] [--check-duration 30]
         [extra Hydra overrides]
 
 1. Runs ``search=capacity spec.k=3 slo.tpot_ms=<tpot>`` (a p99 TPOT SLO the baseline meets at
