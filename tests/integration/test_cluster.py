@@ -7,7 +7,7 @@ one after another (on 2 cores, two servers at once disturb each other far more t
 differs from the next), at one rate and on the baseline server alone (the gate judges every
 point alike; a speculative point through Ray Jobs and the tracking server is the node-lost
 test's, and the gate's speculative metrics are the unit tests'), each judged by the gate: the first has no history (exit 3),
-the second is unchanged (passes), the third runs with its engines paused 80 % of the time (a
+the second is unchanged (passes), the third runs with its engines paused 90 % of the time (a
 real slowdown: the gate flags a point, measures it again on a fresh server, and fails the night,
 naming it). The node-lost test spreads its two server
 groups over both nodes.
@@ -112,8 +112,10 @@ def nights(setup: tuple[cluster.Cluster, cluster.TrackingServer]) -> Nights:
         cwd=REPO,
     )
     unchanged = night(2)
-    # Engine steps ~5x as long, on every server that becomes ready: far past the spread of 2 nights.
-    with cluster.stutter(ray_cluster.processes, paused=0.8):
+    # Engine steps ~10x as long, on every server that becomes ready. Two nights of history give one
+    # degree of freedom: on CI their spread was 19 %, which puts the one-sided 95 % bound near 4.3x,
+    # and a 5x pause (0.8) was missed there once.
+    with cluster.stutter(ray_cluster.processes, paused=0.9):
         slow = night(3)
     return Nights(first, gate_cli, unchanged, slow)
 

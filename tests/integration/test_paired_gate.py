@@ -1,14 +1,16 @@
-"""gate.mode=paired on the real engine: an A/A night passes, and a candidate slowed about 4x
-(its own servers paused for three quarters of the time, the reference's left alone) fails with
+"""gate.mode=paired on the real engine: an A/A night passes, and a candidate slowed about 6x
+(its own servers paused 85 % of the time, the reference's left alone) fails with
 exit 1 and names the point. The smallest grid that exercises the path: one server configuration
 (the baseline), two pairs of fresh servers on the A/A night and three on the slowed one.
 
-Why 4x and not the 1.15x the gate is built for: a few pairs detect 1.15x only some of the time
+Why 6x and not the 1.15x the gate is built for: a few pairs detect 1.15x only some of the time
 (a 2-core machine's pair spread is 6-10 %), so a test asserting it would fail some of its runs;
 how often real nights catch 1.15x is what ``benchmarks/gate_power.py --real`` measures. The pause
 itself varies from pair to pair (a server is paused once it answers /health), and at 2x a spread
 of 0.2 in the pairs' log ratios is caught 93 % of the time at three pairs; at 4x, all but never
-missed. The test's floor is 10 % (the default is 1 %), so that its A/A night fails by chance in
+missed on this machine. On CI a 2x pause was measured as +62 % with a pair spread of 41 %, and
+missed; the pause is 6.7x nominal so that even that spread leaves the bound far above the floor.
+The test's floor is 10 % (the default is 1 %), so that its A/A night fails by chance in
 at most 0.5 % of runs at a 10 % pair spread (two pairs, one degree of freedom; simulated): a test
 that fails at random is not one a contributor can trust."""
 
@@ -26,7 +28,7 @@ from tests.integration.conftest import FAST_START, read_until
 pytestmark = pytest.mark.integration
 
 # 10 requests a window (the benchmark's nights send 16): the pair's median over five or more paired
-# requests is what the decision needs, and the slowed night's windows are four times as long.
+# requests is what the decision needs, and the slowed night's windows are several times as long.
 FLOOR = [
     "gate.decision_floor=0.10",
     "load.num_requests=10",
@@ -47,7 +49,7 @@ def _night(project: Path, name: str, slow_candidate: bool, pairs: int) -> tuple[
 
     try:
         if slow_candidate:
-            with stutter(lambda: [proc.pid], paused=0.75, only=candidate_server):
+            with stutter(lambda: [proc.pid], paused=0.85, only=candidate_server):
                 read_until(proc, None, seen, timeout_s=1500)
         else:
             read_until(proc, None, seen, timeout_s=1500)
