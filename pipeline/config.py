@@ -316,7 +316,7 @@ class GateConfig:
     # The reference build, as overrides of the sweep's config, e.g. [engine.python=/opt/prev/bin/python].
     reference: list[str] = setting(None, factory=list)
     # 5, not 4: with the pair spread measured between fresh servers here (6.4 % for the median
-    # TPOT; 6.3 % on real A/A nights), 4 pairs detect a 15 % slowdown in 80 % of nights and 5 in 93 %
+    # TPOT; 6.3 % on real A/A nights), 4 pairs detect a 15 % slowdown in 79 % of nights and 5 in 93 %
     # (benchmarks/gate_power.py).
     pairs: int = setting(
         None, 5, valid=Valid(at_least=2, hint=" (reference and candidate server pairs per configuration)")

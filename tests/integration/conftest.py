@@ -118,6 +118,12 @@ def rest_of_output(proc: subprocess.Popen[str], timeout_s: float = 600) -> str:
     return "".join(seen)
 
 
+def _sigint_default() -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def sigterm_once_serving(
     args: list[str], cwd: Path, timeout: float = 180, sig: int | None = None, moment: str = "server ready"
 ) -> subprocess.CompletedProcess[str]:
@@ -131,6 +137,9 @@ def sigterm_once_serving(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # A suite started in the background by a non-interactive shell inherits SIGINT ignored,
+        # and Python keeps an ignored SIGINT ignored: the Ctrl-C case would test nothing.
+        preexec_fn=_sigint_default if sig == signal.SIGINT else None,
     )
     seen: list[str] = []
     read_until(proc, moment, seen)

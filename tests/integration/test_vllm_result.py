@@ -118,7 +118,7 @@ def test_our_result_json_has_the_keys_of_vllm_bench_serve(tmp_path: Path, specul
         assert ours["spec_decode_acceptance_rate"] == pytest.approx(75.0)
         assert theirs["spec_decode_acceptance_rate"] == pytest.approx(75.0)
     path = tmp_path / vllm_result.FILE_NAME
-    vllm_result.write(path, dataclasses.replace(job), "point", metrics, measured.window.records)
+    vllm_result.write(path, dataclasses.replace(job), "point", metrics, measured.window.records, detailed)
     assert json.loads(path.read_text())["completed"] == 4
 
 
