@@ -395,8 +395,8 @@ def test_a_gated_endpoints_interval_passes_the_floor_where_holm_rejects_it() -> 
     # is shown at alpha / 2, so its lower bound clears the 1 % floor exactly where Holm's first
     # step fails the night, and a night that passes never shows an interval wholly past the floor.
     seen = set()
-    for seed in range(12):
-        for slowdown in (0.0, 0.04, 0.08, 0.12, 0.2):
+    for seed in range(3):
+        for slowdown in (0.0, 0.08, 0.12, 0.2):
             night = paired.judge_night(_night(slowdown, seed=seed), 4, "median_tpot_ms", [], 0.05, 0.01, 0.15)
             head = night.primary
             assert head.low is not None and len(night.gated) == 2
