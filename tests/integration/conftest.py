@@ -118,6 +118,21 @@ def rest_of_output(proc: subprocess.Popen[str], timeout_s: float = 600) -> str:
     return "".join(seen)
 
 
+def start_sweep(args: list[str], cwd: Path, ctrl_c: bool = False) -> subprocess.Popen[str]:
+    """``python -m pipeline.sweep`` with its output (stdout and stderr) on one text pipe.
+    ``ctrl_c``: SIGINT at its default in the sweep, for a test that sends it. A suite started in
+    the background by a non-interactive shell inherits SIGINT ignored, and Python keeps an
+    ignored SIGINT ignored: the Ctrl-C case would test nothing."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipeline.sweep", *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=_sigint_default if ctrl_c else None,
+    )
+
+
 def _sigint_default() -> None:
     import signal
 
@@ -131,16 +146,7 @@ def sigterm_once_serving(
     starting"), then send what a scheduler sends (SIGTERM), or ``sig`` (SIGINT: Ctrl-C)."""
     import signal
 
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.sweep", *args],
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        # A suite started in the background by a non-interactive shell inherits SIGINT ignored,
-        # and Python keeps an ignored SIGINT ignored: the Ctrl-C case would test nothing.
-        preexec_fn=_sigint_default if sig == signal.SIGINT else None,
-    )
+    proc = start_sweep(args, cwd, ctrl_c=sig == signal.SIGINT)
     seen: list[str] = []
     read_until(proc, moment, seen)
     assert procs.matching([proc.pid], SERVER_PATTERN), "expected a running server before the signal:\n" + "".join(

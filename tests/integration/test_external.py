@@ -25,7 +25,7 @@ from pipeline.engines.acceptance import V1_DRAFTS, parse_scrape
 from pipeline.engines.base import EngineServer
 from pipeline.run.job import resolve_target, server_spec
 from tests import procs
-from tests.integration.conftest import FAST_START, read_until, rest_of_output, run_sweep, vllm_server_pids
+from tests.integration.conftest import FAST_START, read_until, rest_of_output, run_sweep, start_sweep, vllm_server_pids
 
 pytestmark = pytest.mark.integration
 
@@ -219,13 +219,7 @@ def test_a_tracking_server_gone_mid_sweep_loses_no_measurement(
         "workload.max_tokens=32",
         "lossless.prompts=0",
     ]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.sweep", *args],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = start_sweep(args, tmp_path)
     seen: list[str] = []
     try:  # the baseline is measured and recorded; then the server goes away
         read_until(proc, "ngram-k3] server ready", seen)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,7 +17,14 @@ import pytest
 
 from tests import procs
 from tests.cluster import API_SERVER
-from tests.integration.conftest import SERVER_PATTERN, TEST_SERVER, read_until, rest_of_output, vllm_server_pids
+from tests.integration.conftest import (
+    SERVER_PATTERN,
+    TEST_SERVER,
+    read_until,
+    rest_of_output,
+    start_sweep,
+    vllm_server_pids,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -33,13 +39,7 @@ SMALL = [
 
 
 def _start_until_serving(args: list[str], cwd: Path) -> tuple[subprocess.Popen[str], list[str]]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.sweep", *args],
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = start_sweep(args, cwd)
     seen: list[str] = []
     if read_until(proc, "server ready", seen):
         return proc, seen

@@ -16,14 +16,12 @@ that fails at random is not one a contributor can trust."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.cluster import candidate_server, paired_night_args, stutter
-from tests.integration.conftest import FAST_START, read_until
+from tests.integration.conftest import FAST_START, read_until, start_sweep
 
 pytestmark = pytest.mark.integration
 
@@ -38,13 +36,7 @@ FLOOR = [
 
 def _night(project: Path, name: str, slow_candidate: bool, pairs: int) -> tuple[int, str]:
     night = [*paired_night_args(pairs=pairs), *FLOOR]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.sweep", f"hydra.run.dir={project}/{name}", f"sweep_name={name}", *night],
-        cwd=project,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = start_sweep([f"hydra.run.dir={project}/{name}", f"sweep_name={name}", *night], project)
     seen: list[str] = []
 
     try:
