@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,6 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
     group = replace(group, points=tuple(p for p in group.points if p.hash not in kept))
     try:
         target = resolve_target(group.server_job)
-        tokenizer = load_tokenizer(target.model_path, target.model_revision)
     except Exception as exc:  # noqa: BLE001 - reported per point, like a failed start
         return GroupOutcome.failed(task, f"{type(exc).__name__}: {exc}")
     spec = server_spec(target, group.server_job, out_dir / "server.log")
@@ -61,8 +61,12 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
         if not diskfull.is_disk_full(exc):
             raise
         return GroupOutcome.failed(task, diskfull.message(exc, out_dir))  # before any run or server: nothing to lose
-    run = GroupRun(task, group, tracker, target, spec, tokenizer, out_dir)
-    outcome = run.run()
+    # The tokenizer (an import of transformers and a load: about 5 s on 2 cores) loads while the
+    # server starts, which takes longer, instead of before it: every server start is that much
+    # shorter. The sweep's validation has found the model's folder before any server started.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer") as pool:
+        tokenizer = pool.submit(load_tokenizer, target.model_path, target.model_revision)
+        outcome = GroupRun(task, group, tracker, target, spec, tokenizer, out_dir).run()
     return replace(outcome, points=tuple(kept.values()) + outcome.points)
 
 
@@ -76,11 +80,13 @@ class GroupRun:
         tracker: JournaledTracker,
         target: Target,
         spec: ServerSpec,
-        tokenizer: Any,
+        tokenizer: Future[Any],
         out_dir: Path,
     ) -> None:
         self.task, self.group, self.tracker, self.target = task, group, tracker, target
-        self.spec, self.tokenizer, self.out_dir = spec, tokenizer, out_dir
+        self.spec, self.out_dir = spec, out_dir
+        self._tokenizer = tokenizer
+        self.tokenizer: Any = None  # once the server is ready (see run_group)
         self.reporter = events.reporter_for(task.progress, group.label)
         secrets = secret_values(spec.command, {**os.environ, **spec.env}) + [
             os.environ.get(n, "") for n in spec.env_from
@@ -111,11 +117,13 @@ class GroupRun:
             with engine_of(self.group.server_job).server(self.spec) as server:
                 self.server = server
                 self._ready(server)
-                self._measure(server)
-                started = time.monotonic()
-                lossless = self.task.settings.lossless
-                self.lossless = lossless_probe(server.base_url, self.group.server_job, lossless, self.tokenizer)
-                self.probe_s = time.monotonic() - started
+                self.tokenizer = self._loaded_tokenizer()
+                if self.tokenizer is not None:
+                    self._measure(server)
+                    started = time.monotonic()
+                    lossless = self.task.settings.lossless
+                    self.lossless = lossless_probe(server.base_url, self.group.server_job, lossless, self.tokenizer)
+                    self.probe_s = time.monotonic() - started
         except ServerError as exc:
             self._fail_rest(redact_text(str(exc), self.secrets))
         except OSError as exc:
@@ -149,6 +157,15 @@ class GroupRun:
                 f"[{label}] warning: the server runs at niceness {server.niceness()} and yields the "
                 f"CPU to other processes; on a Ray cluster start its nodes with RAY_worker_niceness=0"
             )
+
+    def _loaded_tokenizer(self) -> Any:
+        """The tokenizer loaded while the server started; where it failed to load, each point
+        fails with why (and the server stops), as where the server failed to start."""
+        try:
+            return self._tokenizer.result()
+        except Exception as exc:  # noqa: BLE001 - reported per point, like a failed start
+            self._fail_rest(redact_text(f"{type(exc).__name__}: {exc}", self.secrets))
+            return None
 
     def _fail_rest(self, message: str) -> None:
         print(f"[{self.group.label}] FAILED: {message}")

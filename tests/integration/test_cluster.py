@@ -244,7 +244,7 @@ def test_a_node_lost_mid_window_has_its_group_run_again_on_another_and_loses_no_
     """Last in this module: the joining node stays lost."""
     ray_cluster, server = setup
     before = vllm_server_pids()
-    name = _start(setup, "nodelost", "spec.k=3", *SPREAD, *_small(num_requests=16))
+    name = _start(setup, "nodelost", "spec.k=3", *SPREAD, *_small(num_requests=8))
     pid, raylet = _serving(ray_cluster, cluster.Ready(), ray_cluster.worker_node_port)
     lost = {pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))}
     raylet.kill()  # the node's Ray is gone at once, as when its machine fails

@@ -1,12 +1,12 @@
 """Faults a real engine can be put through on demand: what a cluster does to a sweep.
 
 SIGKILL cannot be caught, so no ``finally`` stops the server: the watchdog between the job and
-its server (pipeline/engines/watchdog.py) must.
+its server (pipeline/engines/watchdog.py) must. A SIGKILLed Ray worker is test_cluster.py's: a
+SIGKILLed Ray Jobs driver takes its task's worker with it, and the worker's server must go too.
 """
 
 from __future__ import annotations
 
-import re
 import signal
 import subprocess
 import time
@@ -68,25 +68,6 @@ def test_sigkill_of_the_driver_stops_its_server(tmp_path: Path) -> None:
     proc.wait(timeout=30)
     left = _gone_within(serving, 60)
     assert not left, f"server processes outlived a SIGKILLed driver: {sorted(left)}"
-
-
-def test_sigkill_of_the_ray_worker_stops_its_server(tmp_path: Path) -> None:
-    before = vllm_server_pids()
-    proc, seen = _start_until_serving(
-        ["-m", f"hydra.sweep.dir={tmp_path}/multi", "spec=none", "sweep_name=kill9ray", *SMALL], tmp_path
-    )
-    try:
-        pid = next(int(m.group(1)) for line in seen if (m := re.search(r"_job_in_worker pid=(\d+)", line)))
-        (worker,) = [p for p in procs.descendants(proc.pid) if p.pid == pid]  # this sweep's worker, no other
-        serving = _servers(proc)
-        assert serving
-        worker.kill()
-        left = _gone_within(serving, 60)
-        assert not left, f"server processes outlived their SIGKILLed Ray worker: {sorted(left)}"
-    finally:
-        proc.send_signal(signal.SIGTERM)  # Ray retries the lost task; this test is done with it
-        rest_of_output(proc, 180)
-    assert not vllm_server_pids() - before, "a server outlived the sweep"
 
 
 ENGINE_CORE = "VLLM::EngineCore"
@@ -158,7 +139,7 @@ def faulted(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
             "sweep_name=faults",
             "load.request_rate=1,2,3",
             "load.num_requests=16",
-            "load.window_timeout_s=40",
+            "load.window_timeout_s=30",
             *[a for a in SMALL if not a.startswith(("load.request_rate", "load.num_requests"))],
         ]
         proc, seen = _start_until_serving(args, tmp_path)
@@ -200,7 +181,7 @@ def test_an_engine_that_hangs_mid_window_hits_the_window_deadline_and_is_restart
     _, runs = faulted
     hung = runs["baseline-r2"]
     assert hung.info.status == "FAILED" and "stopped answering" in hung.data.tags["server.fault"]
-    assert "the window deadline of 40 s passed" in hung.data.tags["window.stopped"]
+    assert "the window deadline of 30 s passed" in hung.data.tags["window.stopped"]
     last = runs["baseline-r3"]
     assert last.info.status == "FINISHED" and last.data.tags["server.restarts_before"] == "2"
     assert last.data.metrics["completed"] > 0
@@ -219,7 +200,7 @@ def test_a_full_output_disk_is_one_message_and_exit_4_and_keeps_the_numbers_in_m
         "spec=none",
         "sweep_name=full",
         "load.request_rate=1,2",
-        "load.num_requests=16",
+        "load.num_requests=6",
         *[a for a in SMALL if not a.startswith(("load.request_rate", "load.num_requests"))],
     ]
     proc, seen = _start_until_serving(args, tmp_path)
@@ -241,5 +222,5 @@ def test_a_full_output_disk_is_one_message_and_exit_4_and_keeps_the_numbers_in_m
     }
     first, second = points["baseline-r1"], points["baseline-r2"]
     assert first.info.status == "FAILED" and "output disk is full" in first.data.tags["error"]
-    assert first.data.metrics["completed"] == 16  # measured, and kept where there was room
+    assert first.data.metrics["completed"] == 6  # measured, and kept where there was room
     assert second.info.status == "FAILED" and second.data.tags["error"].startswith("not measured: the output disk")

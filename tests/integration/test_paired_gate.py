@@ -1,7 +1,14 @@
-"""gate.mode=paired on the real engine: an A/A night passes, and a candidate slowed about 6x
-(its own servers paused 85 % of the time, the reference's left alone) fails with
-exit 1 and names the point. The smallest grid that exercises the path: one server configuration
-(the baseline), two pairs of fresh servers on the A/A night and three on the slowed one.
+"""gate.mode=paired on the real engine: a candidate slowed about 6x (its own servers paused 85 %
+of the time, the reference's left alone) fails the night with exit 1 and names the point. The
+smallest grid that exercises the path: one server configuration (the baseline) and three pairs of
+fresh servers.
+
+That an unchanged (A/A) night passes is not asserted here: one real A/A night is one draw of a rule
+whose false-alarm rate is what matters, and a test of it would cost four server starts (a fifth of
+this suite's real-engine time went to it). The rule's pass on A/A nights is the unit tests'
+(tests/unit/test_paired_gate.py, simulated nights with a known truth), its false-alarm rate on real
+nights is ``benchmarks/gate_power.py --real``'s, and a real unchanged night passing the gate
+end to end is the cluster's (tests/integration/test_cluster.py, history mode).
 
 Why 6x and not the 1.15x the gate is built for: a few pairs detect 1.15x only some of the time
 (a 2-core machine's pair spread is 6-10 %), so a test asserting it would fail some of its runs;
@@ -10,9 +17,7 @@ itself varies from pair to pair (a server is paused once it answers /health), an
 of 0.2 in the pairs' log ratios is caught 93 % of the time at three pairs; at 4x, all but never
 missed on this machine. On CI a 2x pause was measured as +62 % with a pair spread of 41 %, and
 missed; the pause is 6.7x nominal so that even that spread leaves the bound far above the floor.
-The test's floor is 10 % (the default is 1 %), so that its A/A night fails by chance in
-at most 0.5 % of runs at a 10 % pair spread (two pairs, one degree of freedom; simulated): a test
-that fails at random is not one a contributor can trust."""
+The test's floor is 10 % (the default is 1 %)."""
 
 from __future__ import annotations
 
@@ -51,14 +56,9 @@ def _night(project: Path, name: str, slow_candidate: bool, pairs: int) -> tuple[
             proc.kill()
 
 
-def test_an_aa_paired_night_passes_and_a_slowed_candidate_fails_naming_the_point(
-    tmp_path: Path, no_leftover_servers: None
-) -> None:
-    code, out = _night(tmp_path, "aa-night", slow_candidate=False, pairs=2)
-    assert code == 0, out[-3000:]
-    assert "Regression gate (paired): ✅ pass" in out and "2 pair(s) over 1 point(s)" in out
-    assert "Power: this night's design (2 pairs" in out
+def test_a_slowed_candidate_fails_the_paired_night_naming_the_point(tmp_path: Path, no_leftover_servers: None) -> None:
     code, out = _night(tmp_path, "slowed-night", slow_candidate=True, pairs=3)
     assert code == 1, out[-3000:]
-    assert "Regression gate (paired): ❌ regression" in out
+    assert "Regression gate (paired): ❌ regression" in out and "3 pair(s) over 1 point(s)" in out
+    assert "Power: this night's design (3 pairs" in out
     assert "Gated and regressed: median_tpot_ms; slowest point(s): baseline-r2" in out

@@ -1,8 +1,9 @@
 """A real multirun: Hydra -m through our sweeper, a local Ray, real vLLM servers, MLflow.
 
 One sweep (2 k values x 2 rates) is run once for the module; the tests then check its runs
-(counters, artifacts, lossless outputs: one job end to end), that re-running it resumes (no server starts), that Hydra's basic launcher gives the same
-points in-process, and that the MLflow UI shows the child runs in a real browser.
+(counters, artifacts, lossless outputs: one job end to end), that re-running it resumes (no server
+starts), that Hydra's basic launcher gives the same points in-process (under each prefix-cache
+policy, whose hit rates it checks), and that the MLflow UI shows the child runs in a real browser.
 """
 
 from __future__ import annotations
@@ -200,21 +201,44 @@ def test_rerun_resumes_without_starting_a_server(swept: tuple[Path, subprocess.C
     assert proc.stdout.count("resumed") >= 12
 
 
-def test_basic_launcher_runs_the_same_points_in_process(swept: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+def test_basic_launcher_runs_the_same_points_in_process_and_each_cache_policy_shows_in_the_hit_rate(
+    swept: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    """Hydra's basic launcher, in-process, on the baseline at one rate under each prefix-cache
+    policy: the cold points are the Ray sweep's own (by hash), measured again and recorded alike;
+    cold and warm share a server (off runs without prefix caching), and each window's own counters
+    show the policy: no hits with caching off, more hits warm than cold."""
     project, first = swept
     assert first.returncode == 0
     ray_points = {r.data.tags["point_hash"]: r for r in FIRST_RUNS[project] if r.data.tags.get("role") != "sweep"}
     before = set(r.info.run_id for r in _runs(project))
-    # One server (the baseline at one rate, both repeats): the launcher is what is under test.
-    proc = multirun(project, "hydra/launcher=basic", "force=true", "spec=none", "load.request_rate=2", *SMALL)
+    proc = multirun(
+        project,
+        "hydra/launcher=basic",
+        "force=true",
+        "spec=none",
+        "load.request_rate=2",
+        "engine.prefix_cache=cold,warm,off",
+        *SMALL,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Ray" not in proc.stdout + proc.stderr
+    assert proc.stdout.count("server ready") == 2, proc.stdout[-3000:]  # cold and warm share a server
     new = [r for r in _runs(project) if r.info.run_id not in before and r.data.tags.get("role") != "sweep"]
-    assert sorted(r.info.run_name for r in new) == ["baseline-r2", "baseline-r2-rep1"]
-    for run in new:  # the same points (by hash), measured again, recorded alike
+    by_policy: dict[str, list] = {}
+    for run in new:
+        by_policy.setdefault(run.data.tags["prefix_cache.policy"], []).append(run)
+    assert {p: sorted(r.info.run_name for r in runs) for p, runs in by_policy.items()} == {
+        policy: ["baseline-r2", "baseline-r2-rep1"] for policy in ("cold", "warm", "off")
+    }
+    for run in by_policy["cold"]:  # the same points (by hash), measured again, recorded alike
         twin = ray_points[run.data.tags["point_hash"]]
         assert run.info.status == "FINISHED" and set(run.data.params) == set(twin.data.params)
         assert run.data.metrics["completed"] == twin.data.metrics["completed"]
+    hit_rate = {p: [r.data.metrics["prefix_cache_hit_rate"] for r in runs] for p, runs in by_policy.items()}
+    assert all(r.data.metrics.get("prefix_cache_hits", 0.0) == 0.0 for r in by_policy["off"])
+    assert min(hit_rate["warm"]) > max(hit_rate["cold"]), hit_rate
+    assert min(hit_rate["warm"]) > 0.5  # every prompt was sent once before the window
 
 
 def test_mlflow_ui_shows_the_child_runs_in_a_browser(

@@ -6,6 +6,8 @@ import dataclasses
 import errno
 from pathlib import Path
 
+import pytest
+
 from pipeline.config import EngineConfig, JobConfig, LoadConfig, SweepSettings
 from pipeline.record.tracking import PointRun
 from pipeline.run.group import LOST, GroupRun, _earlier_attempt
@@ -172,3 +174,25 @@ def test_a_group_run_again_after_its_node_died_keeps_what_finished_and_ends_what
     assert mlflow.ended == {"b1": LOST}  # another group's run is not this one's to end
     confirming = dataclasses.replace(task, confirms={a.hash: "a0"})  # a gate's re-measurement measures again
     assert _earlier_attempt(confirming, EarlierRuns(runs)) == {}  # type: ignore[arg-type]
+
+
+def test_a_tokenizer_that_fails_to_load_while_the_server_starts_fails_each_point_and_measures_none(
+    tmp_path: Path,
+) -> None:
+    """The tokenizer loads while the server starts (run_group); where it fails, each point fails
+    with why, as where the server failed to start, and no window runs."""
+    from concurrent.futures import Future
+
+    failed: Future[object] = Future()
+    failed.set_exception(OSError("tokenizer.json is missing"))
+    run = ScriptedGroup(_group(), Tags(), lambda point, first: pytest.fail("measured without a tokenizer"), tmp_path)
+    run.points, run.secrets, run._tokenizer = list(run.group.points), [], failed
+    run.reporter = type("Quiet", (), {"emit": lambda *a, **k: None})()
+
+    assert run._loaded_tokenizer() is None
+    assert len(run.results) == 3
+    assert {o.error for o in run.results.values()} == {"OSError: tokenizer.json is missing"}
+    loaded: Future[object] = Future()
+    loaded.set_result("tokenizer")
+    run._tokenizer = loaded
+    assert run._loaded_tokenizer() == "tokenizer"
