@@ -128,7 +128,9 @@ def stop_cluster(temp_dir: Path, started: Iterable[psutil.Process] = ()) -> None
             proc.send_signal(signal.SIGTERM)
         except psutil.NoSuchProcess:
             pass
-    _, alive = psutil.wait_procs(targets, timeout=15)
+    # Ray's daemons exit within a second or two of SIGTERM; what lingers past 5 s is killed (a
+    # test cluster keeps nothing worth a graceful shutdown).
+    _, alive = psutil.wait_procs(targets, timeout=5)
     for proc in alive:
         try:
             proc.kill()

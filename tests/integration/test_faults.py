@@ -139,7 +139,7 @@ def faulted(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
             "sweep_name=faults",
             "load.request_rate=1,2,3",
             "load.num_requests=16",
-            "load.window_timeout_s=30",
+            "load.window_timeout_s=20",
             *[a for a in SMALL if not a.startswith(("load.request_rate", "load.num_requests"))],
         ]
         proc, seen = _start_until_serving(args, tmp_path)
@@ -181,7 +181,7 @@ def test_an_engine_that_hangs_mid_window_hits_the_window_deadline_and_is_restart
     _, runs = faulted
     hung = runs["baseline-r2"]
     assert hung.info.status == "FAILED" and "stopped answering" in hung.data.tags["server.fault"]
-    assert "the window deadline of 30 s passed" in hung.data.tags["window.stopped"]
+    assert "the window deadline of 20 s passed" in hung.data.tags["window.stopped"]
     last = runs["baseline-r3"]
     assert last.info.status == "FINISHED" and last.data.tags["server.restarts_before"] == "2"
     assert last.data.metrics["completed"] > 0

@@ -30,11 +30,13 @@ from tests.integration.conftest import FAST_START, read_until, start_sweep
 
 pytestmark = pytest.mark.integration
 
-# 10 requests a window (the benchmark's nights send 16): the pair's median over five or more paired
-# requests is what the decision needs, and the slowed night's windows are several times as long.
+# 10 requests of 16 tokens a window (the benchmark's nights send 16 of 32): the pair's median over
+# five or more paired requests is what the decision needs, a median TPOT over 15 steps a request
+# shows a 6x pause as plainly as one over 31, and the slowed night's windows are several times as long.
 FLOOR = [
     "gate.decision_floor=0.10",
     "load.num_requests=10",
+    "workload.max_tokens=16",
     *(f"+engine.env.{k}={v}" for k, v in FAST_START.items()),
 ]
 
