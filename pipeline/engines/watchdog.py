@@ -4,11 +4,14 @@
 
 :class:`~pipeline.engines.base.EngineServer` starts this in a new session instead of the server
 itself; the watchdog is the group's leader, and it starts COMMAND (the server) in its own group.
-When the parent dies, by SIGKILL too, the kernel sends the watchdog SIGTERM
+When the parent dies, by SIGKILL too, the kernel sends the watchdog SIGUSR1
 (``PR_SET_PDEATHSIG``, set on itself here, so that no ``preexec_fn`` runs in a forking parent
-with threads), and a once-a-second check of ``getppid()`` catches the rest (a parent thread that
-exits, a kernel without the call). Either way the watchdog signals the whole group: SIGTERM, then
-SIGKILL after ``--grace`` seconds, and exits. A server that exits by itself ends the watchdog with
+with threads), and a once-a-second check of ``getppid()`` catches the rest (a kernel without the
+call). Linux ties that signal to the parent's *thread* that forked the watchdog, not to the
+process: a server started from a worker thread gets it when the thread ends, with its parent
+alive. So the signal is one of its own (SIGUSR1, which nothing else sends it), and it stops the
+server only where ``getppid()`` shows the parent gone. Either way the watchdog signals the whole
+group: SIGTERM, then SIGKILL after ``--grace`` seconds, and exits. A server that exits by itself ends the watchdog with
 the server's exit code, after whatever the server left in the group is stopped. The server has a
 death signal of its own (SIGTERM when the watchdog dies), for a watchdog that is SIGKILLed itself.
 
@@ -30,10 +33,15 @@ import time
 PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
+# The watchdog's own death signal: not SIGTERM, which stop() sends the whole group, since a
+# parent thread that ends sends it too, and only getppid() tells the two apart.
+PARENT_GONE = signal.SIGUSR1
+
+
+def _die_with_parent(sig: signal.Signals = signal.SIGTERM) -> None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
     except (OSError, AttributeError):  # not Linux: the getppid() check below still holds
         pass
 
@@ -91,15 +99,21 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("no server command after --")
     if os.getpgrp() != os.getpid():
         os.setsid()  # the group it stops must be its own, never its parent's
-    _die_with_parent()
-    if os.getppid() != args.parent:  # the parent died before the death signal was armed
-        return 1
     stopping = False
 
     def on_term(signum: int, frame: object) -> None:
         nonlocal stopping
         stopping = True
 
+    def on_parent_gone(signum: int, frame: object) -> None:
+        nonlocal stopping
+        # Sent too when the parent's thread that started us ends: the parent may live on.
+        stopping = stopping or os.getppid() != args.parent
+
+    signal.signal(PARENT_GONE, on_parent_gone)  # before it is armed: its default would kill us
+    _die_with_parent(PARENT_GONE)
+    if os.getppid() != args.parent:  # the parent died before the death signal was armed
+        return 1
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle, through stop()
     try:

@@ -195,6 +195,30 @@ def test_sigkill_of_the_parent_stops_the_server_and_its_children(tmp_path: Path)
     assert _wait_gone(grandchild, 15) and _wait_gone(watchdog, 15)
 
 
+def test_a_server_started_from_a_thread_outlives_the_thread(tmp_path: Path) -> None:
+    """Linux sends the watchdog's death signal when the thread that forked it ends, with this
+    process alive: the server serves on (two servers started at once from a thread pool were
+    stopped as soon as the pool's threads ended), and its stop still reaches the whole group."""
+    import threading
+
+    child_file = tmp_path / "child.pid"
+    server = EngineServer(_spec(tmp_path, ["0", str(child_file)]), poll_s=0.05)
+    starter = threading.Thread(target=server.__enter__)
+    starter.start()
+    starter.join(timeout=30)
+    assert not starter.is_alive() and server.pid is not None
+    child = int(child_file.read_text())
+    try:
+        # The watchdog checks its parent once a second: past two checks, it has judged the signal.
+        time.sleep(2.5)
+        assert server.alive() and server.healthy(), (tmp_path / "server.log").read_text()[-2000:]
+        assert _alive(child)
+    finally:
+        leader = server.pid
+        server.stop()
+    assert _wait_gone(leader) and _wait_gone(child)
+
+
 def test_a_sigkilled_watchdog_still_stops_its_server(tmp_path: Path) -> None:
     """A Ray worker whose raylet died SIGKILLs its children, the watchdog among them: the
     server's own death signal (SIGTERM) stops it; vLLM then stops its engine core and workers."""
