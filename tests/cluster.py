@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -66,11 +66,34 @@ class Cluster:
     head_slots: float
     worker_slots: float
     worker_node_port: int  # the joining node's raylet (--node-manager-port): what a test kills to lose it
+    # What `ray start` started and left to init (see _ray): stopped with the cluster.
+    started: list[psutil.Process] = field(default_factory=list, compare=False, repr=False)
 
     def processes(self) -> list[psutil.Process]:
         """The cluster's own processes (GCS, raylets, dashboard, workers, ...): every
         process started on it descends from one of them."""
         return _cluster_processes(self.temp_dir)
+
+    def join_worker(self) -> None:
+        """Start the joining node (``ray start --address``) on ``worker_node_port``, and wait
+        until the cluster has two alive nodes. Also what gives a lost node back: its raylet's
+        port is free again once the raylet is gone."""
+        low = free_port() % 5000 + 20000
+        _ray(
+            "start",
+            f"--address={self.gcs}",
+            "--num-cpus=1",
+            f"--resources={json.dumps({SLOT: self.worker_slots} if self.worker_slots else {})}",
+            f"--node-manager-port={self.worker_node_port}",
+            f"--object-manager-port={free_port()}",
+            f"--min-worker-port={low}",
+            f"--max-worker-port={low + 999}",
+            "--disable-usage-stats",
+            "--object-store-memory=200000000",
+            started=self.started,
+        )
+        _wait_nodes(self, 2)
+        procs.tracker().add(*self.processes(), *self.started)  # what the cluster runs counts as this test run's
 
 
 def _ray(*args: str, started: list[psutil.Process], timeout_s: float = 180) -> None:
@@ -146,7 +169,6 @@ def ray_cluster(head_slots: float = 1, worker_slots: float = 1) -> Iterator[Clus
     temp_dir = Path(tempfile.mkdtemp(prefix="ssray", dir="/tmp"))
     port, dash = free_port(), free_port()
     head_res = json.dumps({SLOT: head_slots} if head_slots else {})
-    worker_res = json.dumps({SLOT: worker_slots} if worker_slots else {})
     # `ray start --head` with token auth needs a token and does not make one (ray.init does):
     # on a fresh machine, create ~/.ray/auth_token first. Its output is the token: not shown.
     made = subprocess.run(
@@ -154,7 +176,8 @@ def ray_cluster(head_slots: float = 1, worker_slots: float = 1) -> Iterator[Clus
     )
     if made.returncode:
         raise RuntimeError(f"ray get-auth-token --generate failed (exit {made.returncode})")
-    started: list[psutil.Process] = []
+    cluster = Cluster(f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}", temp_dir, head_slots, worker_slots, free_port())
+    started = cluster.started
     try:
         _ray(
             "start",
@@ -170,25 +193,7 @@ def ray_cluster(head_slots: float = 1, worker_slots: float = 1) -> Iterator[Clus
             "--include-dashboard=true",
             started=started,
         )
-        low, node_port = free_port() % 5000 + 20000, free_port()
-        _ray(
-            "start",
-            f"--address=127.0.0.1:{port}",
-            "--num-cpus=1",
-            f"--resources={worker_res}",
-            f"--node-manager-port={node_port}",
-            f"--object-manager-port={free_port()}",
-            f"--min-worker-port={low}",
-            f"--max-worker-port={low + 999}",
-            "--disable-usage-stats",
-            "--object-store-memory=200000000",
-            started=started,
-        )
-        cluster = Cluster(
-            f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}", temp_dir, head_slots, worker_slots, node_port
-        )
-        _wait_nodes(cluster, 2)
-        procs.tracker().add(*cluster.processes(), *started)  # what the cluster runs counts as this test run's
+        cluster.join_worker()
         yield cluster
     finally:
         stop_cluster(temp_dir, started)
