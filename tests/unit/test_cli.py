@@ -169,3 +169,19 @@ def test_your_own_method_group_sweeps_beside_ngram_as_docs_methods_says(
     assert "3 server start(s)" in proc.stdout and '"model":"yuhuili/EAGLE3-LLaMA3.3-Instruct-70B"' in proc.stdout
     wrong = _dry_run(tmp_path, capsys, "spec=ngram,eagle3", "spec.draft_model=/heads/x", "dry_run=true")
     assert wrong[0] == 2 and "put the draft in that method's own group" in wrong[2]
+
+
+def test_the_hydra_plugins_import_the_driver_only_when_a_sweep_runs() -> None:
+    """Hydra imports every plugin at start-up, a refused command line included: the driver and
+    what only it needs (MLflow, pandas, scipy, plotly, Ray, matplotlib) are imported once the
+    command line is accepted, not by the plugins' modules."""
+    heavy = ["pipeline.run.driver", "mlflow", "pandas", "scipy", "plotly", "ray", "matplotlib"]
+    code = (
+        "import sys, hydra_plugins.specsweep_launcher.sweeper, hydra_plugins.specsweep_launcher.ray_launcher; "
+        f"print([m for m in {heavy!r} if m in sys.modules])"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[2]
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]", proc.stdout
