@@ -179,6 +179,7 @@ def test_a_trace_sweep_with_a_conversation_gets_its_verdicts_per_request_type_an
         "workload.max_tokens=48",
         "load.warmup_requests=1",
         "lossless.prompts=7",
+        "lossless.max_tokens=16",  # the probe's subject here is a later turn sent alone, not its length
         *_external(*servers),
         "spec=ngram",
         "spec.k=3",

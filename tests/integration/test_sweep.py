@@ -219,7 +219,9 @@ def test_basic_launcher_runs_the_same_points_in_process_and_each_cache_policy_sh
         "spec=none",
         "load.request_rate=2",
         "engine.prefix_cache=cold,warm,off",
-        *SMALL,
+        # A baseline alone has no speculative outputs to compare: its probe would only cost time.
+        *[a for a in SMALL if not a.startswith("lossless.")],
+        "lossless.prompts=0",
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Ray" not in proc.stdout + proc.stderr

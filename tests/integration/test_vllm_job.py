@@ -17,7 +17,15 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from pipeline.compose import resolve_trace_rate
-from pipeline.config import EngineConfig, JobConfig, LoadConfig, SpecConfig, SweepSettings, WorkloadConfig
+from pipeline.config import (
+    EngineConfig,
+    JobConfig,
+    LoadConfig,
+    LosslessConfig,
+    SpecConfig,
+    SweepSettings,
+    WorkloadConfig,
+)
 from pipeline.engines.models import ensure_embedded
 from pipeline.record.tracking import Tracker, resolve_store
 from pipeline.record.tracking import prepare as prepare_store
@@ -103,6 +111,9 @@ def test_model_as_its_own_draft_accepts_nearly_everything_on_a_replayed_trace(
             workload=WorkloadConfig(name="trace", path=str(trace), time_scale=0.5, max_tokens=48),
             sweep_name="self-draft",
             output_dir=str(tmp_path / "out"),
+            # No losslessness probe: a draft equal to the target makes every probe token cost two
+            # forward passes, and this test's subject is the acceptance, which the window measures.
+            lossless=LosslessConfig(prompts=0),
         )
     )
     speculative = plan_sweep([job]).groups[1]  # run its server group alone, without the baseline
