@@ -32,6 +32,7 @@ import httpx
 import psutil
 
 from tests import procs
+from tests.tmpdirs import outside_tmpdir
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[1]
@@ -165,8 +166,7 @@ def stop_cluster(temp_dir: Path, started: Iterable[psutil.Process] = ()) -> None
 @contextmanager
 def ray_cluster(head_slots: float = 1, worker_slots: float = 1) -> Iterator[Cluster]:
     """Head and one joining node; each offers ``specsweep_slot`` as given (0: none)."""
-    # A short path: Ray's sockets live under it, and a Unix socket path has ~107 characters.
-    temp_dir = Path(tempfile.mkdtemp(prefix="ssray", dir="/tmp"))
+    temp_dir = outside_tmpdir("ssray")  # a short path: Ray's sockets live under it
     port, dash = free_port(), free_port()
     head_res = json.dumps({SLOT: head_slots} if head_slots else {})
     # `ray start --head` with token auth needs a token and does not make one (ray.init does):

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.tmpdirs import outside_tmpdir
+
 INTEGRATION = Path(__file__).resolve().parent / "integration"
 
 # Set for the session, removed with it. Ray's sockets live under its temp dir and a Unix
@@ -34,7 +36,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get("PYTEST_XDIST_WORKER"):  # the controller made the session's home: inherited
         return
     root = Path(tempfile.mkdtemp(prefix="sst", dir=os.environ.get("TMPDIR") or "/tmp"))
-    ray_tmp = Path(tempfile.mkdtemp(prefix="ssr", dir="/tmp"))
+    ray_tmp = outside_tmpdir("ssr")
     _made.extend([root, ray_tmp])
     home = root / "home"
     values = {
