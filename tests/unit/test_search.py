@@ -387,11 +387,17 @@ def test_model_windows_draw_each_servers_run_level_offset_independently() -> Non
     assert abs(np.corrcoef(base, top)[0, 1]) < 0.2
 
 
-def _fake_executor(plan: SweepPlan, fail_baseline: bool = False, off: float = 1.0):  # type: ignore[no-untyped-def]
+def _fake_executor(  # type: ignore[no-untyped-def]
+    plan: SweepPlan, fail_baseline: bool = False, off: float = 1.0, k_max_drafted: float | None = None
+):
     """Runs a plan's groups against the synthetic engine: every point's window and metrics. A k
-    below k_max (a confirmation) comes out ``off`` times the engine's TPOT: an error of the model."""
+    below k_max (a confirmation) comes out ``off`` times the engine's TPOT: an error of the model.
+    ``k_max_drafted``: the tokens k_max's drafter proposed a step on average (n-gram drafts stop
+    short where the prompt has no longer match), as vLLM's counters give it."""
     outcomes, samples = measured_outcomes(plan, {1, 2, 3, 4})
     for p in plan.points:
+        if k_max_drafted is not None and p.job.spec.k == 4:
+            outcomes[p.hash].metrics["acceptance_k_effective"] = k_max_drafted
         if 0 < p.job.spec.k < 4:
             sample = samples[str(outcomes[p.hash].run_id)]
             scaled = {m: v * off for m, v in sample.values.items()}
@@ -486,14 +492,11 @@ def test_predict_without_a_baseline_predicts_nothing_and_says_why() -> None:
 
 def test_predict_notes_drafts_shorter_than_k() -> None:
     plan = grid((1, 2, 3, 4), (1.0,))
-    outcomes, samples = measured_outcomes(plan, {4})
-    for p in plan.points:
-        if p.hash in outcomes and p.job.spec.k == 4:
-            outcomes[p.hash].metrics["acceptance_k_effective"] = 3.2
-    predictor = predicting.Predictor(plan, OPTS, lambda found: [samples.get(str(o.run_id)) for o in found])
-    ((setting, points),) = predict_phases.curves(plan).items()
-    notes = predictor.curve(setting, points, outcomes, None, cap=1).notes
-    assert any("averaged 3.20 tokens of 4" in note for note in notes)
+    run, samples, calls = _fake_executor(plan, k_max_drafted=3.2)
+    result = predicting.run_predict(plan, run, samples, lambda p, m: f"pred-{p.hash}", OPTS, 1, {})
+    (curve,) = result.results
+    assert any("averaged 3.20 tokens of 4" in note for note in curve.notes), curve.notes
+    assert curve.final  # noted, and predicted all the same
 
 
 def test_each_kind_says_what_its_strategy_says_of_resuming() -> None:
