@@ -198,6 +198,41 @@ def test_a_p99_of_few_requests_has_no_finite_upper_bound() -> None:
     assert 0.25 < np.isinf(small[0]).mean() < 0.5 and not np.isinf(large[0]).any()
 
 
+def test_the_margins_draws_repeat_with_their_seed_and_differ_without_it() -> None:
+    # A sweep's capacity interval is reproducible: the same window and seed draw the same replicates.
+    target = SloTarget(tpot_s=0.02, min_goodput=0.9)
+    sample = lognormal_window(3, 150)
+    first, second, other = (capacity.margins(sample, target, OPTS, np.random.default_rng(seed)) for seed in (7, 7, 8))
+    np.testing.assert_array_equal(first[1], second[1])
+    assert not np.array_equal(first[1], other[1])
+    np.testing.assert_array_equal(first[0], other[0])  # the observed margins draw nothing
+
+
+@pytest.mark.parametrize(
+    ("n", "inf_share"),
+    # A p99's upper draw is +inf where all n requests may lie below it: 0.99^n of the time.
+    [(1, 0.99), (30, 0.99**30)],
+)
+def test_a_window_of_one_or_thirty_requests_says_how_little_it_bounds_a_p99(n: int, inf_share: float) -> None:
+    target = SloTarget(tpot_s=0.1, min_goodput=0.0)
+    opts = StatsOptions(resamples=4000)
+    observed, replicates = capacity.margins(lognormal_window(0, n), target, opts, np.random.default_rng(2))
+    assert replicates.shape == (2, 4000) and observed[0] < 0  # the observed p99 (~10 ms) meets 100 ms
+    assert abs(np.isinf(replicates[0]).mean() - inf_share) < 0.03
+    assert (replicates[0][np.isfinite(replicates[0])] < 0).all()  # bounded draws lie among the values
+
+
+def test_a_window_with_no_successful_request_misses_on_its_goodput_in_every_replicate() -> None:
+    # No TPOT is defined, so no percentile is broken; the goodput share of 0 of 5 is what misses.
+    target = SloTarget(tpot_s=0.1, min_goodput=0.5)
+    empty = window(np.empty(0), ttft=np.empty(0), failed=5)
+    observed, replicates = capacity.margins(empty, target, OPTS, np.random.default_rng(0))
+    assert observed[0] == -math.inf and (replicates[0] == -math.inf).all()
+    assert observed[1] > 0 and (replicates[1] > 0).mean() > 0.9  # 0 of 5: the exact upper bound is 0.52
+    found = boundary([capacity.probe(0.5, empty, target, OPTS, np.random.default_rng(0))], OPTS)
+    assert found.estimate is None and found.text == "cannot meet the SLO at 0.5 req/s"
+
+
 def test_a_window_whose_ttft_rises_through_it_is_overloaded_and_fails() -> None:
     n = 60
     steady = window(np.full(n, 0.01), ttft=np.full(n, 0.1) * np.exp(np.random.default_rng(0).normal(0, 0.1, n)))
@@ -288,6 +323,24 @@ def test_an_open_upper_end_with_a_finite_estimate_prints_at_least_the_highest_pr
     assert found.estimate is not None and 2.0 < found.estimate < 4.0 and found.high == math.inf
     assert found.low is not None and 2.0 < found.low <= found.estimate
     assert found.text == f"{found.estimate:.2f} req/s [{found.low:.2f}, ≥ 4.00]"
+
+
+def test_a_pass_above_the_lowest_miss_does_not_lift_the_boundary_past_that_miss() -> None:
+    # Noise: 4 req/s met the SLO after 2 req/s missed it. The monotone fit pools the two, so the
+    # boundary lies below 2 req/s, where the first miss says it is, and not near 4 or 8.
+    observed = [-1.0, 0.6, -0.2, 1.0]
+    b = 200
+    replicates = np.array(observed)[:, None] + np.random.default_rng(0).normal(0, 0.02, (4, b))
+    found = boundary(
+        [
+            Probe(r, m < 0, np.array([m]), replicates[i][None, :])
+            for i, (r, m) in enumerate(zip([1.0, 2.0, 4.0, 8.0], observed, strict=True))
+        ],
+        OPTS,
+    )
+    # The pooled margin at 2 and 4 req/s is 0.2: the fit crosses zero 5/6 of the way from 1 to 2 on the log scale.
+    assert found.estimate == pytest.approx(2 ** (5 / 6), rel=1e-9)
+    assert found.high is not None and found.high < 2.0
 
 
 def test_goodput_replicates_are_drawn_to_the_exact_binomial_bounds() -> None:
