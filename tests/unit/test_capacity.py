@@ -275,6 +275,11 @@ def probes(rates: list[float], limit: float, n: int = 1000, seed: int = 0, goodp
     ]
 
 
+def margin_probes(rates: list[float], observed: np.ndarray, replicates: np.ndarray) -> list[Probe]:
+    """Probes with given margins, one criterion: observed (1, P), replicates (1, P, B)."""
+    return [Probe(r, bool(observed[0, i] < 0), observed[:, i], replicates[:, i]) for i, r in enumerate(rates)]
+
+
 def test_the_boundary_is_where_the_fitted_margin_crosses_zero_between_the_probes() -> None:
     found = boundary(probes([1.0, 2.0, 4.0, 2.83, 3.36, 3.08], 3.1), OPTS)
     assert found.estimate is not None and 2.8 < found.estimate < 3.4
@@ -313,13 +318,7 @@ def test_an_open_upper_end_with_a_finite_estimate_prints_at_least_the_highest_pr
     observed = np.array([[-1.0, -0.5, 0.5]])
     replicates = np.repeat(observed[:, :, None], b, axis=2) + np.random.default_rng(0).normal(0, 0.05, (1, 3, b))
     replicates[0, 2, : b // 10] = -0.2
-    found = boundary(
-        [
-            Probe(r, m < 0, np.array([m]), replicates[:, i])
-            for i, (r, m) in enumerate(zip([1.0, 2.0, 4.0], observed[0], strict=True))
-        ],
-        OPTS,
-    )
+    found = boundary(margin_probes([1.0, 2.0, 4.0], observed, replicates), OPTS)
     assert found.estimate is not None and 2.0 < found.estimate < 4.0 and found.high == math.inf
     assert found.low is not None and 2.0 < found.low <= found.estimate
     assert found.text == f"{found.estimate:.2f} req/s [{found.low:.2f}, ≥ 4.00]"
@@ -328,16 +327,9 @@ def test_an_open_upper_end_with_a_finite_estimate_prints_at_least_the_highest_pr
 def test_a_pass_above_the_lowest_miss_does_not_lift_the_boundary_past_that_miss() -> None:
     # Noise: 4 req/s met the SLO after 2 req/s missed it. The monotone fit pools the two, so the
     # boundary lies below 2 req/s, where the first miss says it is, and not near 4 or 8.
-    observed = [-1.0, 0.6, -0.2, 1.0]
-    b = 200
-    replicates = np.array(observed)[:, None] + np.random.default_rng(0).normal(0, 0.02, (4, b))
-    found = boundary(
-        [
-            Probe(r, m < 0, np.array([m]), replicates[i][None, :])
-            for i, (r, m) in enumerate(zip([1.0, 2.0, 4.0, 8.0], observed, strict=True))
-        ],
-        OPTS,
-    )
+    observed = np.array([[-1.0, 0.6, -0.2, 1.0]])
+    replicates = observed[:, :, None] + np.random.default_rng(0).normal(0, 0.02, (1, 4, 200))
+    found = boundary(margin_probes([1.0, 2.0, 4.0, 8.0], observed, replicates), OPTS)
     # The pooled margin at 2 and 4 req/s is 0.2: the fit crosses zero 5/6 of the way from 1 to 2 on the log scale.
     assert found.estimate == pytest.approx(2 ** (5 / 6), rel=1e-9)
     assert found.high is not None and found.high < 2.0
