@@ -9,16 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import field
 from typing import Any
 
 from pipeline.config import ConfigError, JobConfig
 from pipeline.schema import from_dict, mutable_twin
 from pipeline.validate import validate
-
-# Set by the sweeper for each job it launches: the server group that job runs. Not part of
-# JobConfig, since it says how a job was launched, not what is measured.
-GROUP_FILE_KEY = "group_file"
 
 
 def paired_if_set(reference: Any) -> str:
@@ -33,10 +28,7 @@ def register_schema() -> None:
 
     OmegaConf.register_new_resolver("paired_if_set", paired_if_set, replace=True)
 
-    root = dataclasses.make_dataclass(
-        "SpecsweepRoot", [(GROUP_FILE_KEY, str | None, field(default=None))], bases=(mutable_twin(JobConfig),)
-    )
-    ConfigStore.instance().store(name="specsweep_schema", node=root)
+    ConfigStore.instance().store(name="specsweep_schema", node=mutable_twin(JobConfig))
 
 
 def to_job_config(cfg: Any) -> JobConfig:
@@ -44,7 +36,7 @@ def to_job_config(cfg: Any) -> JobConfig:
     from omegaconf import OmegaConf
 
     # Hydra's own node is left out: outside a running job some of it is still unset.
-    own = OmegaConf.masked_copy(cfg, [k for k in cfg if k not in ("hydra", GROUP_FILE_KEY)])
+    own = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
     values = OmegaConf.to_container(own, resolve=True, throw_on_missing=True)
     assert isinstance(values, dict)
     job = from_dict(JobConfig, values)

@@ -49,7 +49,11 @@ class Role(StrEnum):
 
 ROLE = "role"  # the metadata keys
 VALID = "valid"
-ADDED = "added"
+# A curve's axis ("k", "rate") or the repeat index: points that differ only in it share a curve
+# (pipeline.identity.setting_key) or are repeats of one point (point_key).
+AXIS = "axis"
+# How a setting enters the server key, where not by its value: f(value, job) (pipeline.identity.server_key).
+SERVER_KEY = "server_key"
 
 
 @dataclass(frozen=True)
@@ -112,17 +116,20 @@ def setting(
     *,
     factory: Any = dataclasses.MISSING,
     valid: Valid | None = None,
-    added: bool = False,
+    axis: str | None = None,
+    server_key: Any = None,
 ) -> Any:
     """A field with its role and its valid values: ``dtype: str = setting(Role.SERVER,
     "bfloat16", valid=Valid(choices=DTYPES))``. A field that holds a section of its own either
     has a role, which every key of the section shares, or none, and then each key of the section
-    declares its own; the keys of a section with a role pass ``None``. ``added=True`` marks an
-    identity setting added after the hash's version 2: at its default it is left out of the
-    hash, so the points measured before it existed keep theirs."""
+    declares its own; the keys of a section with a role pass ``None``. ``axis`` and
+    ``server_key``: see :data:`AXIS` and :data:`SERVER_KEY`. A new identity setting changes no
+    point's hash while at its default (pipeline/identity.py says why), whatever it declares."""
     metadata: dict[str, Any] = {ROLE: role} if role is not None else {}
-    if added:
-        metadata[ADDED] = True
+    if axis is not None:
+        metadata[AXIS] = axis
+    if server_key is not None:
+        metadata[SERVER_KEY] = server_key
     if valid is not None:
         metadata[VALID] = valid
     return field(default=default, default_factory=factory, metadata=metadata)
@@ -144,7 +151,10 @@ class EngineConfig:
     # cold empties the cache before the window; warm empties it, then sends the window's
     # prompts once, unmeasured (what a user sees re-running a benchmark on a warm server);
     # off runs the server without prefix caching.
-    prefix_cache: str = setting(Role.SERVER, "cold", valid=Valid(choices=PREFIX_CACHE_POLICIES))
+    # cold and warm are applied per window on one server; only off changes its command.
+    prefix_cache: str = setting(
+        Role.SERVER, "cold", valid=Valid(choices=PREFIX_CACHE_POLICIES), server_key=lambda value, job: value == "off"
+    )
     startup_timeout_s: float = setting(Role.SERVER_ONLY, 600.0, valid=Valid(positive=True, hint=" of seconds"))
     # A server that dies or hangs during a window fails that point; restart it for the rest.
     restart_on_crash: bool = setting(Role.SERVER_ONLY, True)
@@ -177,7 +187,7 @@ class ModelConfig:
 @dataclass(frozen=True)
 class SpecConfig:
     method: str = setting(Role.SERVER, "ngram", valid=Valid(choices=SPEC_METHODS))
-    k: int = setting(Role.SERVER, 3)  # draft tokens per step (vLLM num_speculative_tokens)
+    k: int = setting(Role.SERVER, 3, axis="k")  # draft tokens per step (vLLM num_speculative_tokens)
     # embedded:NAME, a folder, a hub id, or "self" for the target as its own draft.
     draft_model: str | None = setting(Role.SERVER, None)
     # Extra keys for the engine's speculative config, e.g. prompt_lookup_max for ngram.
@@ -188,7 +198,9 @@ class SpecConfig:
 class LoadConfig:
     # Requests per second; inf sends every request at once. With workload=trace it scales the
     # trace to this mean rate (its shape kept); null replays the trace on its own timestamps.
-    request_rate: float | None = setting(Role.POINT, 1.0, valid=Valid(above=0, hint=" (use inf to send all at once)"))
+    request_rate: float | None = setting(
+        Role.POINT, 1.0, valid=Valid(above=0, hint=" (use inf to send all at once)"), axis="rate"
+    )
     burstiness: float = setting(
         Role.POINT, 1.0, valid=Valid(positive=True, hint=" (1.0 is Poisson)")
     )  # gamma shape of inter-arrival times; 1.0 is Poisson
@@ -414,7 +426,11 @@ class JobConfig:
     )  # print the servers, their exact commands and a time estimate; start nothing
     force: bool = setting(Role.SWEEP, False)  # re-measure points that an earlier run of this sweep finished
     repeats: RepeatsConfig = setting(Role.SWEEP, factory=lambda: RepeatsConfig())
-    repeat: int = setting(Role.POINT, 0)  # set by the sweep for each repeat; not a setting
+    # Set by the sweep for each repeat; not a setting. A repeat has a server of its own only
+    # where repeats.restart asks for one (otherwise the repeats share their server).
+    repeat: int = setting(
+        Role.POINT, 0, axis="repeat", server_key=lambda value, job: value if job.repeats.restart else None
+    )
     stats: StatsConfig = setting(Role.SWEEP, factory=lambda: StatsConfig())
     # A/A: pair each baseline server with a second, identical one compared as if it were
     # speculative (spec.method=none only); the report gives the noise floor of this setup.
@@ -422,7 +438,7 @@ class JobConfig:
     replica: int = setting(Role.SERVER, 0)  # set by the sweep: 1 for the A/A twin server; not a setting
     # Set by the sweep under gate.mode=paired: "reference" for the servers of gate.reference's
     # build, measured the same night beside the candidate's; not a setting.
-    build: str = setting(Role.SERVER, "candidate", valid=Valid(choices=("candidate", "reference")), added=True)
+    build: str = setting(Role.SERVER, "candidate", valid=Valid(choices=("candidate", "reference")))
     # Set by the sweep under gate.mode=paired: the candidate point a point pairs with; not a setting.
     pair_key: str = setting(Role.RUNTIME, "")
     lossless: LosslessConfig = setting(Role.SWEEP, factory=LosslessConfig)

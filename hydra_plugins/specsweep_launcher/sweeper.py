@@ -2,66 +2,38 @@
 
 Hydra's basic sweeper hands the launcher one job per grid point, so each point would start
 its own servers. This one composes every point first (a bad value fails here, before any
-server starts), groups the points by server with :mod:`pipeline.run.plan`, and launches one job
-per server group through whichever launcher is configured (ours on Ray, or Hydra's basic).
+server starts), groups the points by server with :mod:`pipeline.run.plan`, and runs the server
+groups itself, through whichever launcher is configured: ours runs them as Ray tasks
+(``hydra/launcher=ray``, itself an executor), any other runs them in this process, one after
+another (``hydra/launcher=basic``).
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.utils import JobStatus
 from hydra.errors import HydraException
 from omegaconf import OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from pipeline import startup
-from pipeline.compose import GROUP_FILE_KEY, to_job_config
+from pipeline.compose import to_job_config
 from pipeline.config import ConfigError
 from pipeline.exitcode import ExitCode
 from pipeline.run.plumbing import diskfull
 
-# Hydra imports every plugin on every command line, a refused one too: the driver (MLflow,
-# pandas, scipy, plotly) is imported where a sweep runs, not here.
-if TYPE_CHECKING:
-    from pipeline.run.outcomes import GroupOutcome, GroupTask
 
+def executor_for(launcher: Any, sweep_dir: Path) -> Any:
+    """The configured launcher where it runs groups itself (ours, on Ray), else this process."""
+    if all(callable(getattr(launcher, name, None)) for name in ("preflight", "resolve", "run")):
+        return launcher
+    from pipeline.run.driver import InProcess  # the driver (MLflow, pandas, ...) only where a sweep runs
 
-class HydraLaunch:
-    """The driver's executor: one launched Hydra job per server group."""
-
-    def __init__(self, launcher: Any, sweep_dir: Path) -> None:
-        self.launcher = launcher
-        self.sweep_dir = sweep_dir
-
-    def preflight(self, tasks: Sequence[GroupTask]) -> None:
-        check = getattr(self.launcher, "preflight", None)
-        if check is None:  # Hydra's basic launcher: the groups run on this machine
-            from pipeline.run.driver import local_preflight
-
-            check = local_preflight
-        if tasks:
-            check(tasks)
-
-    def run(self, tasks: Sequence[GroupTask]) -> list[GroupOutcome]:
-        from pipeline.run.outcomes import GroupOutcome
-
-        if not tasks:  # every point finished earlier: nothing to launch
-            return []
-        files = [t.save(self.sweep_dir / "groups" / f"{t.group.label}.pkl") for t in tasks]
-        returns = self.launcher.launch([[f"{GROUP_FILE_KEY}='{f}'"] for f in files], initial_job_idx=0)
-        outcomes = []
-        for task, ret in zip(tasks, returns, strict=True):
-            if ret.status == JobStatus.COMPLETED and isinstance(ret.return_value, GroupOutcome):
-                outcomes.append(ret.return_value)
-            else:  # the job itself crashed; its points are reported failed, the others stand
-                outcomes.append(GroupOutcome.failed(task, f"launched job failed: {ret._return_value!r}"))
-        return outcomes
+    return InProcess(sweep_dir)
 
 
 class SpecsweepSweeper(BasicSweeper):
@@ -102,7 +74,7 @@ class SpecsweepSweeper(BasicSweeper):
             sys.exit(ExitCode.INFRA)
         from pipeline.run.driver import run_guarded  # a refused command line never imports it (~2 s)
 
-        code = run_guarded(jobs, HydraLaunch(self.launcher, sweep_dir), Path.cwd())
+        code = run_guarded(jobs, executor_for(self.launcher, sweep_dir), Path.cwd())
         if code:
             sys.exit(code)
         return []

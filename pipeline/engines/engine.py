@@ -20,8 +20,9 @@ from typing import Any, Protocol
 from pipeline.config import ConfigError, EngineConfig, JobConfig
 from pipeline.engines.acceptance import Acceptance, Scrape, WindowAcceptance
 from pipeline.engines.base import Server, ServerSpec
-from pipeline.engines.hardware import gpu_names, resolve_device
-from pipeline.engines.models import resolve_model
+from pipeline.engines.hardware import gpu_names, hardware_key, resolve_device
+from pipeline.engines.models import resolve_model, revision
+from pipeline.identity import UNKNOWN, System
 from pipeline.load.client import RequestRecord
 
 
@@ -62,6 +63,14 @@ class Target:
     def engine_gpus(self, job: JobConfig) -> int:
         """GPUs the server takes; a draft model shares the target's GPUs in vLLM."""
         return job.engine.tensor_parallel_size if self.on_gpu else 0
+
+    def system(self) -> System:
+        """What this target is, as a point's identity holds it (pipeline.identity.System): run
+        where the server runs, since the install, the device and the weights are that node's."""
+        version = str(self.install.version)
+        engine = UNKNOWN if version.startswith("unknown") else f"{self.install.distribution} {version}"
+        draft = revision(self.draft_path) if self.draft_path else "none"
+        return System(engine, hardware_key(self.on_gpu), revision(self.model_path, self.model_revision), draft)
 
 
 def planned_device(job: JobConfig, plan_only: bool) -> tuple[bool, bool]:

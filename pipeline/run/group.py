@@ -22,18 +22,20 @@ from pipeline.engines.engine import Target
 from pipeline.engines.models import load_tokenizer
 from pipeline.engines.process import log_tail
 from pipeline.engines.registry import engine_of
+from pipeline.identity import System
 from pipeline.load.client import ClientOptions
 from pipeline.load.loadgen import run_window
 from pipeline.record.journal import JOURNAL_NAME, JournaledTracker
 from pipeline.record.tracking import Tracker, flatten_params
 from pipeline.redact import redact_text, secret_values
-from pipeline.run.job import point_requests, resolve_target, server_spec
+from pipeline.run.job import point_requests, server_spec
 from pipeline.run.measure import WINDOW_STOPPED
 from pipeline.run.outcomes import GroupOutcome, GroupTask, PointOutcome, ProbeOutput
 from pipeline.run.plan import Point, ServerGroup
 from pipeline.run.plumbing import diskfull
 from pipeline.run.point import finish_run, measure_point, point_tags
 from pipeline.run.progress import events
+from pipeline.run.resolve import identity_of, mismatch, resolve_here
 from pipeline.run.search.profiles import Measured
 
 
@@ -50,10 +52,17 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
     if len(kept) == len(group.points):
         return GroupOutcome(group.index, tuple(kept[p.hash] for p in group.points))
     group = replace(group, points=tuple(p for p in group.points if p.hash not in kept))
+    # Resolved again on the node this group landed on: its earlier results were matched against
+    # the system the sweep resolved it to, and no point is measured on another.
     try:
-        target = resolve_target(group.server_job)
+        target, resolved = resolve_here(group)
     except Exception as exc:  # noqa: BLE001 - reported per point, like a failed start
         return GroupOutcome.failed(task, f"{type(exc).__name__}: {exc}")
+    if target is None or resolved.system is None:
+        return GroupOutcome.failed(task, f"on {resolved.node}: {resolved.error}")
+    problem = mismatch(task.system, resolved.system)
+    if problem is not None:
+        return GroupOutcome.failed(task, f"on {resolved.node}: {problem}")
     spec = server_spec(target, group.server_job, out_dir / "server.log")
     try:
         (out_dir / "server_command.txt").write_text(spec.redacted_command() + "\n")
@@ -66,7 +75,7 @@ def run_group(task: GroupTask, out_dir: Path) -> GroupOutcome:
     # shorter. The sweep's validation has found the model's folder before any server started.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer") as pool:
         tokenizer = pool.submit(load_tokenizer, target.model_path, target.model_revision)
-        outcome = GroupRun(task, group, tracker, target, spec, tokenizer, out_dir).run()
+        outcome = GroupRun(task, group, tracker, target, resolved.system, spec, tokenizer, out_dir).run()
     return replace(outcome, points=tuple(kept.values()) + outcome.points)
 
 
@@ -79,11 +88,12 @@ class GroupRun:
         group: ServerGroup,
         tracker: JournaledTracker,
         target: Target,
+        system: System,
         spec: ServerSpec,
         tokenizer: Future[Any],
         out_dir: Path,
     ) -> None:
-        self.task, self.group, self.tracker, self.target = task, group, tracker, target
+        self.task, self.group, self.tracker, self.target, self.system = task, group, tracker, target, system
         self.spec, self.out_dir = spec, out_dir
         self._tokenizer = tokenizer
         self.tokenizer: Any = None  # once the server is ready (see run_group)
@@ -102,7 +112,8 @@ class GroupRun:
         self.restarts = 0
 
     def open_run(self, point: Point) -> None:
-        tags = point_tags(point, self.target, self.spec.engine_version, self.task.confirms.get(point.hash))
+        identity = identity_of(point, self.system)
+        tags = point_tags(point, self.target, identity, self.spec.engine_version, self.task.confirms.get(point.hash))
         run_id = self.tracker.start_run(point.label, tags | self.task.profile.tags, self.task.parent_run_id)
         self.run_ids[point.hash] = run_id
         self.tracker.log_params(run_id, flatten_params(point.job))

@@ -1,54 +1,41 @@
-"""What a server group is given and gives back (plain records a Ray worker can pickle), and who runs groups."""
+"""What a server group is given and gives back (frozen records that travel to a Ray worker as
+the task's argument, serialized once by Ray), and who runs groups."""
 
 from __future__ import annotations
 
-import pickle
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol
 
 from pipeline.analysis.samples import Sample
 from pipeline.config import SweepSettings
+from pipeline.identity import System
 from pipeline.record.tracking import Store
 from pipeline.run.plan import Point, ServerGroup
+from pipeline.run.resolve import Resolved
 from pipeline.run.search.profiles import LoadProfile, Planned
 
 
 @dataclass(frozen=True)
 class GroupTask:
-    """Everything a worker needs to run a group; pickled to a file the launched job reads."""
+    """Everything a worker needs to run a group."""
 
     group: ServerGroup
     store: Store
     experiment_id: str
     parent_run_id: str
-    gpus: int  # what the group's server needs, for the launcher's resource request
     # The sweep-wide settings, as the driver read them once: a worker reads these, never a
     # job's copy (lossless.*, tracking.vllm_result, capacity.*, verbose, gate.*).
     settings: SweepSettings
+    # What the group's settings resolved to before the sweep began (pipeline.run.resolve): the
+    # system its earlier results were matched against; the node it runs on must be the same.
+    system: System | None = None
     # A regression gate's re-measurement: point hash -> the run it confirms (tagged on its run).
     confirms: dict[str, str] = field(default_factory=dict)
     # What the worker measures on this server: the planned points, or (search=capacity) the
     # rates it picks as it goes from its seed point (pipeline.run.search.profiles).
     profile: LoadProfile = field(default_factory=lambda: Planned())
     progress: str | None = None  # the driver's live display (pipeline.run.progress.events)
-
-    def save(self, path: Path) -> Path:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(pickle.dumps(self))
-        return path.resolve()
-
-    @staticmethod
-    def load(path: str | Path) -> GroupTask:
-        return GroupTask.load_bytes(Path(path).read_bytes(), str(path))
-
-    @staticmethod
-    def load_bytes(data: bytes, source: str = "the launched job's data") -> GroupTask:
-        task = pickle.loads(data)
-        if not isinstance(task, GroupTask):
-            raise TypeError(f"{source} holds a {type(task).__name__}, not a GroupTask")
-        return task
 
 
 @dataclass(frozen=True)
@@ -95,5 +82,12 @@ class GroupOutcome:
 class Executor(Protocol):
     """Runs server groups: in this process (the driver's ``InProcess``) or as Ray tasks (the launcher)."""
 
-    def preflight(self, tasks: Sequence[GroupTask]) -> None: ...
+    def preflight(self, tasks: Sequence[GroupTask]) -> None:
+        """Refuse what cannot run where the groups will (LaunchError, Unreachable), before anything starts."""
+        ...
+
+    def resolve(self, tasks: Sequence[GroupTask]) -> Mapping[int, Resolved]:
+        """Each group's settings resolved where it will run (pipeline.run.resolve), by group index."""
+        ...
+
     def run(self, tasks: Sequence[GroupTask]) -> list[GroupOutcome]: ...

@@ -12,8 +12,7 @@ from pipeline.analysis.samples import Sample
 from pipeline.engines.acceptance import normalized
 from pipeline.engines.base import Server
 from pipeline.engines.hardware import hardware_tags, where_am_i
-from pipeline.engines.models import revision
-from pipeline.identity import hash_tags
+from pipeline.identity import Identity
 from pipeline.load.loadgen import Window
 from pipeline.record import vllm_result
 from pipeline.record.journal import JournaledTracker
@@ -26,7 +25,11 @@ from pipeline.run.plumbing import diskfull
 from pipeline.run.progress import events
 
 
-def point_tags(point: Point, target: Target, version: str, confirms: str | None = None) -> dict[str, str]:
+def point_tags(
+    point: Point, target: Target, identity: Identity, version: str, confirms: str | None = None
+) -> dict[str, str]:
+    """A point run's tags: what it is, its identity (pipeline.identity: the settings hash and the
+    system and data it was measured on), and the node it ran on."""
     return {
         **({CONFIRMATION_TAG: confirms} if confirms else {}),
         "role": point.role,
@@ -34,15 +37,14 @@ def point_tags(point: Point, target: Target, version: str, confirms: str | None 
         "engine.version": version,
         "engine.distribution": target.install.distribution,
         "spec.method": point.job.spec.method,
-        "point_hash": point.hash,
-        **hash_tags(point.job),
+        **identity.tags(),
         **({"baseline_hash": point.baseline_hash} if point.baseline_hash else {}),
         # gate.mode=paired matches a night's two builds by these (the build, its pair, the point).
         "gate.build": point.job.build,
         "gate.pair": str(point.job.repeat),
         "gate.pair_label": point.pair_label,
         **({"gate.pair_key": point.job.pair_key} if point.job.pair_key else {}),
-        "model.revision": revision(target.model_path, target.model_revision),
+        "model.revision": identity.system.model,
         **hardware_tags(target.on_gpu),
         **where_am_i(),
     }

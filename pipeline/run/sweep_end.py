@@ -1,8 +1,7 @@
 """The gate's side of a sweep, and what follows the groups: the journaled writes made, the gate
 judged, the probes and the report logged.
 
-:func:`sweep_identity` is the fingerprint ``gate.skip_if_done`` checks before anything runs. The
-rest the driver calls once every server group has run; each reads MLflow, so each waits for
+The driver calls these once every server group has run; each reads MLflow, so each waits for
 the journal's replay, and a failure in the report loses no measurement.
 """
 
@@ -16,7 +15,6 @@ from typing import Any
 
 from pipeline.config import StatsConfig, SweepSettings
 from pipeline.exitcode import ExitCode
-from pipeline.run.job import Target, server_spec
 from pipeline.run.outcomes import Executor, GroupOutcome, GroupTask, PointOutcome
 from pipeline.run.plan import SweepPlan
 
@@ -39,25 +37,6 @@ def sync_journals(out_dir: Path) -> dict[str, str] | None:
         return None
     print(f"MLflow: {made} write(s) that failed during the sweep were made at its end")
     return placeholders(found)
-
-
-def sweep_identity(plan: SweepPlan, targets: dict[int, Target]) -> tuple[str, str]:
-    """The sweep's fingerprint (its points, the model weights, this machine's hardware) and
-    its engine versions, for gate.skip_if_done: each new engine version is measured once."""
-    import hashlib
-
-    from pipeline.engines.hardware import HARDWARE_KEYS, hardware_tags
-    from pipeline.engines.models import revision
-
-    versions = sorted(
-        {server_spec(targets[g.index], g.server_job, Path("server.log"), port=0).engine_version for g in plan.groups}
-    )
-    # The same hardware keys as a point's fingerprint in the gate (the kernel string left out).
-    tags = hardware_tags(any(t.on_gpu for t in targets.values()))
-    hardware = {k: tags[k] for k in HARDWARE_KEYS if k in tags}
-    revisions = sorted({revision(t.model_path, t.model_revision) for t in targets.values()})
-    parts = [*sorted(p.hash for p in plan.points), *revisions, *(f"{k}={v}" for k, v in sorted(hardware.items()))]
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16], ",".join(versions)
 
 
 def gate_sweep(

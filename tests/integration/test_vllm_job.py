@@ -121,7 +121,7 @@ def test_model_as_its_own_draft_accepts_nearly_everything_on_a_replayed_trace(
     tracker = Tracker(store, prepare_store(store, job.sweep_name))
     parent = tracker.start_run("self-draft", {"role": "sweep"})
     outcome = run_group(
-        GroupTask(speculative, store, tracker.experiment_id, parent, 0, SweepSettings.of([job])), tmp_path / "out"
+        GroupTask(speculative, store, tracker.experiment_id, parent, SweepSettings.of([job])), tmp_path / "out"
     )
     assert outcome.started and len(outcome.points) == 1
     point = outcome.points[0]

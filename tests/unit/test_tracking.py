@@ -11,6 +11,7 @@ from mlflow.tracking import MlflowClient
 
 from pipeline.config import EngineConfig, JobConfig
 from pipeline.record.tracking import Tracker, flatten_params, prepare, resolve_store
+from tests.fakes import recorded_identity
 
 
 def test_params_are_flat_and_secrets_masked() -> None:
@@ -31,7 +32,7 @@ def test_store_runs_and_failed_child(tmp_path: Path) -> None:
     assert prepare(store, "unit") == experiment_id  # idempotent
     tracker = Tracker(store, experiment_id)
     parent_id = tracker.start_run("p", {"role": "sweep"})
-    ok_id = tracker.start_run("ok", {"role": "baseline", "point_hash": "abc", "point_hash.version": "2"}, parent_id)
+    ok_id = tracker.start_run("ok", {"role": "baseline", **recorded_identity("abc")}, parent_id)
     tracker.log_params(ok_id, {"a": "1"})
     tracker.log_metrics(ok_id, {"median_tpot_ms": 12.5, "nan_metric": float("nan")})
     tracker.log_text(ok_id, "cmd\n", "server_command.txt")
@@ -50,14 +51,16 @@ def test_store_runs_and_failed_child(tmp_path: Path) -> None:
     artifacts = Path(mlflow.artifacts.download_artifacts(run_id=ok_id, tracking_uri=store.tracking_uri))
     assert (artifacts / "server_command.txt").read_text() == "cmd\n"
     assert str(tmp_path / "mlruns" / "artifacts") in client.get_experiment(experiment_id).artifact_location
-    # Resume sees only the point that finished, with its metrics.
+    # Resume sees only the point that finished, with its metrics and the identity it recorded.
     finished = tracker.finished_points()
-    assert set(finished) == {"abc"} and finished["abc"].run_id == ok_id
-    assert finished["abc"].metrics["median_tpot_ms"] == 12.5
-    # A run from before the hash's version 2 (no version tag) is keyed as one, for translation.
-    old_id = tracker.start_run("old", {"role": "baseline", "point_hash": "0ld", "status": "finished"}, parent_id)
+    assert set(finished) == {"abc"} and [f.run_id for f in finished["abc"]] == [ok_id]
+    assert finished["abc"][0].metrics["median_tpot_ms"] == 12.5
+    assert finished["abc"][0].identity.tags() == recorded_identity("abc")
+    # A run from before identities is found by its settings hash, with the parts it did not record unknown.
+    old_id = tracker.start_run("old", {"role": "baseline", "point_hash": "abc", "status": "finished"}, parent_id)
     tracker.end_run(old_id)
-    assert set(tracker.finished_points()) == {"abc", "v1:0ld"}
+    newest, older = tracker.finished_points()["abc"]
+    assert newest.run_id == old_id and not newest.identity.complete and older.identity.complete
 
 
 def test_unreachable_tracking_server_fails_fast_naming_the_fix() -> None:
