@@ -1,4 +1,5 @@
-"""The report: a Markdown summary and one self-contained HTML page (figures inlined).
+"""The report's Markdown: its first screen, the summary, and the detail the HTML page shares
+(:mod:`pipeline.analysis.report_html` renders that page).
 
 Pure rendering: everything it shows was computed before. Its first screen answers the
 question; what could not be computed is said, never filled in.

@@ -1,7 +1,7 @@
 """The regression gate's decision: one sweep run's points against their reference.
 
-Pure computation on the statistics core (:mod:`pipeline.analysis.stats`); reading MLflow
-and exit codes are :mod:`pipeline.gate`'s.
+Pure computation on the statistics core (:mod:`pipeline.analysis.stats`); reading MLflow,
+recording the verdicts and the exit code are :mod:`pipeline.finish.judge`'s.
 
 - **The reference** of a point is the median of its past runs (the last N runs of the sweep
   with the same fingerprint, or a pinned run).

@@ -36,6 +36,8 @@ PR_SET_PDEATHSIG = 1
 # The watchdog's own death signal: not SIGTERM, which stop() sends the whole group, since a
 # parent thread that ends sends it too, and only getppid() tells the two apart.
 PARENT_GONE = signal.SIGUSR1
+# What the watchdog logs when its death signal came from a parent thread that ended, the parent alive.
+KEPT_SERVING = "the thread that started the server ended, its process lives on: serving on"
 
 
 def _die_with_parent(sig: signal.Signals = signal.SIGTERM) -> None:
@@ -108,7 +110,10 @@ def main(argv: list[str] | None = None) -> int:
     def on_parent_gone(signum: int, frame: object) -> None:
         nonlocal stopping
         # Sent too when the parent's thread that started us ends: the parent may live on.
-        stopping = stopping or os.getppid() != args.parent
+        gone = os.getppid() != args.parent
+        stopping = stopping or gone
+        if not gone:  # said in the server's log (os.write: no buffered print inside a handler)
+            os.write(2, f"watchdog: {KEPT_SERVING} (parent {args.parent})\n".encode())
 
     signal.signal(PARENT_GONE, on_parent_gone)  # before it is armed: its default would kill us
     _die_with_parent(PARENT_GONE)

@@ -12,6 +12,7 @@ import pytest
 
 from pipeline.engines.base import EngineServer, ServerError, ServerSpec
 from pipeline.engines.process import free_port
+from pipeline.engines.watchdog import KEPT_SERVING
 
 # Serves /health after a delay, and leaves a grandchild running, as vLLM's engine core does.
 SERVER = textwrap.dedent(
@@ -209,9 +210,13 @@ def test_a_server_started_from_a_thread_outlives_the_thread(tmp_path: Path) -> N
     assert not starter.is_alive() and server.pid is not None
     child = int(child_file.read_text())
     try:
-        # The watchdog checks its parent once a second: past two checks, it has judged the signal.
-        time.sleep(2.5)
-        assert server.alive() and server.healthy(), (tmp_path / "server.log").read_text()[-2000:]
+        # The thread's end sent the watchdog its death signal: wait for its judgement, in the log.
+        log = tmp_path / "server.log"
+        deadline = time.monotonic() + 30
+        while KEPT_SERVING not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert KEPT_SERVING in log.read_text(), log.read_text()[-2000:]
+        assert server.alive() and server.healthy(), log.read_text()[-2000:]
         assert _alive(child)
     finally:
         leader = server.pid

@@ -77,7 +77,7 @@ def sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., int]
     monkeypatch.setattr(resolve, "resolve_target", target)
     monkeypatch.setattr(driver, "report_sweep", lambda *args: None)  # the report is not what is tested here
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    monkeypatch.delenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", raising=False)  # quiet.apply sets it
+    monkeypatch.delenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", raising=False)  # startup.configure sets it
 
     def run(executor: FakeExecutor, skip_if_done: bool, engine_version: str = "0.32.0") -> int:
         version["now"] = engine_version

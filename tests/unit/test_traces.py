@@ -21,7 +21,7 @@ class WordTokenizer:
     """One token per word of a fixed vocabulary: lengths are exact and easy to check."""
 
     vocab_size = 64
-    all_special_ids = [0]
+    all_special_ids = (0,)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return [int(w[1:]) if w[:1] == "w" and w[1:].isdigit() else 1 + len(w) % 63 for w in text.split()]

@@ -86,11 +86,16 @@ def test_sweep_reader_finds_the_newest_sweep_run_of_an_experiment(tmp_path: Path
 
     store = resolve_store(JobConfig().tracking, tmp_path)
     tracker = Tracker(store, prepare(store, "reader"))
-    old = tracker.start_run("reader 1", {"role": "sweep", "sweep_name": "reader"})
-    child = tracker.start_run("ngram-k3-r1", {"role": "speculative"}, old)
     import time
 
-    time.sleep(0.01)
+    # The older sweep run started a minute before: its start time, not the clock's resolution, orders them.
+    old = tracker.client.create_run(
+        tracker.experiment_id,
+        run_name="reader 1",
+        tags={"role": "sweep", "sweep_name": "reader"},
+        start_time=int(time.time() * 1000) - 60_000,
+    ).info.run_id
+    child = tracker.start_run("ngram-k3-r1", {"role": "speculative"}, old)
     new = tracker.start_run("reader 2", {"role": "sweep", "sweep_name": "reader"})
     reader = SweepReader(store.tracking_uri)
     assert reader.find_parent("reader") == new

@@ -14,7 +14,7 @@ from pipeline.load.workloads import build_requests, split_warmup
 class WordTokenizer:
     """A deterministic stand-in: one token per whitespace-separated word."""
 
-    vocab = [f"w{i}" for i in range(500)]
+    vocab = tuple(f"w{i}" for i in range(500))
     vocab_size = len(vocab)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:

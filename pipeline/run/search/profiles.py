@@ -12,9 +12,10 @@ stateful walk on the worker.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from types import MappingProxyType
+from typing import ClassVar, Protocol
 
 from pipeline.analysis.samples import Sample
 from pipeline.config import SweepSettings
@@ -54,7 +55,7 @@ class Walk(Protocol):
 
 
 class LoadProfile(Protocol):
-    tags: dict[str, str]  # tags on each of the group's runs
+    tags: Mapping[str, str]  # tags on each of the group's runs
     # Whether an earlier attempt's finished points are kept when Ray runs the group again
     # (a capacity search probes afresh: its rates depend on every window before them).
     keeps_earlier: bool
@@ -71,7 +72,7 @@ class LoadProfile(Protocol):
 class Planned:
     """The grid's profile: the group's points, in order."""
 
-    tags = {}  # noqa: RUF012 - read-only, the same for every grid group
+    tags: ClassVar[Mapping[str, str]] = MappingProxyType({})  # the same for every grid group
     keeps_earlier = True
     opens_planned = True
     chooses_points = False
@@ -99,7 +100,7 @@ class Bracketing:
     """search=capacity's profile: from the seed point, the rates :func:`next_rate` picks, until
     the bracket is fine enough, the probes run out, or a probe fails to measure."""
 
-    tags = {"search": "capacity"}  # noqa: RUF012
+    tags: ClassVar[Mapping[str, str]] = MappingProxyType({"search": "capacity"})
     keeps_earlier = False
     opens_planned = True  # the seed; each later probe is given its run as it is reached
     chooses_points = True
