@@ -84,8 +84,6 @@ class SpecsweepRayLauncher(Launcher):
             cluster.check_feasible(needs, ray.cluster_resources(), cluster.node_gpus())
         if tasks:
             cluster.check_store(tasks[0].store.tracking_uri, len(cluster.node_gpus()))
-        paired = [t.group.label for t in tasks if t.settings.gate.enabled and t.settings.gate.paired]
-        cluster.check_one_machine(paired, len(cluster.node_gpus()))
 
     def resolve(self, tasks: Sequence[GroupTask]) -> dict[int, Resolved]:
         """Each group resolved in a task with its own request, so on a node of the kind it gets."""
@@ -113,8 +111,10 @@ class SpecsweepRayLauncher(Launcher):
         out_dir = str(self.out_dir)
         refs: list[Any] = []
         try:
-            if not config.resources_per_group and not any(r.get("num_gpus") for r in requests):
-                # CPU only, nothing asked per group: one server at a time, each with the cores to itself.
+            paired = any(t.settings.gate.enabled and t.settings.gate.paired for t in tasks)
+            if paired or (not config.resources_per_group and not any(r.get("num_gpus") for r in requests)):
+                # One server at a time: on CPUs with nothing asked per group, each server has the
+                # cores to itself; a paired night's builds alternate in time (ABBA) by design.
                 results = []
                 for task, request in zip(tasks, requests, strict=True):
                     refs = [remote.options(**request).remote(task, out_dir)]

@@ -46,7 +46,7 @@ from pipeline.run.plan import (
 from pipeline.run.plumbing import cluster, diskfull
 from pipeline.run.plumbing.errors import LaunchError, Unreachable
 from pipeline.run.progress import screen
-from pipeline.run.resolve import Resolved, failed_resolutions, resolve_groups, server_gpus
+from pipeline.run.resolve import Resolved, across_hardware, failed_resolutions, resolve_groups, server_gpus
 from pipeline.run.search import predicting
 from pipeline.run.search.kinds import SearchKind, kind_of
 from pipeline.run.search.strategy import Context, SearchEnd
@@ -231,6 +231,9 @@ class Sweep:
         refused = failed_resolutions(self.resolved, {g.index: g.label for g in self.plan.groups})
         if refused:
             return _error("\n".join(refused))
+        crossed = across_hardware(self.plan, self.resolved, settings.gate.enabled and settings.gate.paired)
+        if crossed is not None:
+            return _error(crossed)
         self.identities = {p.hash: self.resolved[g.index].identity(p) for g in self.plan.groups for p in g.points}
         if self.kind.resumes and (not settings.force or settings.gate.skip_if_done):
             self.same, changed = match_earlier(self.tracker.finished_points(), self.identities)

@@ -22,7 +22,7 @@ from pipeline.engines.models import ModelError
 from pipeline.identity import Identity, System
 from pipeline.load.workloads import data_fingerprint
 from pipeline.run.job import resolve_target
-from pipeline.run.plan import Point, ServerGroup
+from pipeline.run.plan import Point, ServerGroup, SweepPlan
 
 REFUSED = (ConfigError, EngineNotInstalled, ModelError)  # what a resolution refuses, with the fix in its message
 
@@ -94,3 +94,30 @@ def server_gpus(engine: EngineConfig, gpus_present: bool) -> int:
 
 def failed_resolutions(resolved: Mapping[int, Resolved], labels: Mapping[int, str]) -> list[str]:
     return [f"server group {labels[i]} on {r.node}: {r.error}" for i, r in sorted(resolved.items()) if r.error]
+
+
+def across_hardware(plan: SweepPlan, resolved: Mapping[int, Resolved], one_type: bool) -> str | None:
+    """Why the plan's comparisons would cross hardware, or None: a speculative server and the
+    baseline it is compared with must resolve to the same hardware (device, GPU model and
+    count), and so must every server of a night whose builds are compared pair by pair
+    (``one_type``, gate.mode=paired). Which node of that type each ran on is recorded."""
+    hardware = {i: r.system.hardware for i, r in resolved.items() if r.system is not None}
+    group_of = {p.hash: g for g in plan.groups for p in g.points}
+    pairs = {
+        (group_of[p.baseline_hash].index, g.index)
+        for g in plan.groups
+        for p in g.points
+        if p.baseline_hash in group_of
+    }
+    if one_type:
+        first = plan.groups[0].index if plan.groups else 0
+        pairs |= {(first, g.index) for g in plan.groups}
+    labels = {g.index: g.label for g in plan.groups}
+    for a, b in sorted(pairs):
+        if a in hardware and b in hardware and hardware[a] != hardware[b]:
+            return (
+                f"server groups {labels[a]} ({hardware[a]}) and {labels[b]} ({hardware[b]}) are compared, but "
+                f"resolved on different hardware; name one node type for the sweep with ray.resources_per_group "
+                f"(a custom resource only the nodes of that type declare, e.g. +ray.resources_per_group.h100_node=1)"
+            )
+    return None

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.run.driver import LaunchError
-from pipeline.run.plumbing.cluster import Need, check_feasible, check_one_machine, check_store, probe_address
+from pipeline.run.plumbing.cluster import Need, check_feasible, check_store, probe_address
 
 
 def test_gpu_request_larger_than_any_node_fails_naming_both() -> None:
@@ -28,11 +28,31 @@ def test_local_store_with_remote_workers_is_refused() -> None:
     check_store("http://mlflow:5000", alive_nodes=3)
 
 
-def test_a_paired_night_is_refused_on_a_cluster_of_several_nodes() -> None:
-    with pytest.raises(LaunchError, match="gate.mode=paired measures both builds on one machine.*2 nodes"):
-        check_one_machine(["01-baseline-r1"], alive_nodes=2)
-    check_one_machine(["01-baseline-r1"], alive_nodes=1)  # one node: the pairs share its machine
-    check_one_machine([], alive_nodes=3)  # not a paired night
+def test_comparisons_are_refused_across_hardware_and_pass_across_nodes_of_one_type() -> None:
+    """A speculative server and its baseline resolved on different GPU models are refused; a
+    paired night needs every server on one type; nodes of one type (another Ray node, the same
+    GPUs) are fine."""
+    import dataclasses
+
+    from pipeline.config import JobConfig, LoadConfig, SpecConfig
+    from pipeline.identity import System
+    from pipeline.run.plan import plan_sweep
+    from pipeline.run.resolve import Resolved, across_hardware
+
+    plan = plan_sweep([dataclasses.replace(JobConfig(), spec=SpecConfig(k=k), load=LoadConfig()) for k in (3, 5)])
+    h100, a100 = "device=gpu; gpu=NVIDIA H100; gpu_count=8", "device=gpu; gpu=NVIDIA A100; gpu_count=8"
+
+    def on(*hardware: str) -> dict[int, Resolved]:
+        return {
+            g.index: Resolved(System("vllm 0.32.0", h, "m"), f"node-{g.index}")
+            for g, h in zip(plan.groups, hardware, strict=True)
+        }
+
+    assert [g.role for g in plan.groups] == ["baseline", "speculative", "speculative"]
+    assert across_hardware(plan, on(h100, h100, h100), one_type=False) is None  # three nodes, one type
+    crossed = across_hardware(plan, on(h100, a100, h100), one_type=False)
+    assert crossed is not None and "01-baseline" in crossed and "02-ngram-k3" in crossed and "A100" in crossed
+    assert "ray.resources_per_group" in crossed
 
 
 def test_dead_address_fails_within_the_deadline() -> None:

@@ -92,19 +92,6 @@ def check_store(tracking_uri: str, alive_nodes: int) -> None:
         )
 
 
-def check_one_machine(paired: Sequence[str], alive_nodes: int) -> None:
-    """A paired night (gate.mode=paired) compares its two builds on one machine, one server after
-    another; on a cluster of several nodes a pair's servers could land on different machines,
-    and the machines' difference would be read as the builds'."""
-    if paired and alive_nodes > 1:
-        raise LaunchError(
-            f"gate.mode=paired measures both builds on one machine, one server after another, but this Ray "
-            f"cluster has {alive_nodes} nodes and a pair's servers could run on different ones; run the paired "
-            f"night on one node (without hydra/launcher=ray, e.g. as a Ray job submitted with entrypoint resources "
-            f"that place it on one GPU node: docs/cluster.md), or use gate.mode=history on the cluster"
-        )
-
-
 def _split(address: str) -> tuple[str, int]:
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host:
