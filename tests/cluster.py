@@ -45,13 +45,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def env() -> dict[str, str]:
+def env(first_on_path: Path | None = None) -> dict[str, str]:
     """The environment of every Ray command: token auth on, this venv first on PATH (so a
-    job's ``python`` is this environment's), workers at normal priority, no proxies for loopback."""
+    job's ``python`` is this environment's; ``first_on_path`` before it, a node's own tools),
+    workers at normal priority, no proxies for loopback."""
+    path = f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"
     return {
         **os.environ,
         "RAY_AUTH_MODE": "token",
-        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "PATH": f"{first_on_path}{os.pathsep}{path}" if first_on_path else path,
         "NO_PROXY": "127.0.0.1,localhost",
         "RAY_USAGE_STATS_ENABLED": "0",
         # Ray starts workers at niceness 15, and a server started from a task inherits it.
@@ -69,6 +71,8 @@ class Cluster:
     worker_node_port: int  # the joining node's raylet (--node-manager-port): what a test kills to lose it
     # What `ray start` started and left to init (see _ray): stopped with the cluster.
     started: list[psutil.Process] = field(default_factory=list, compare=False, repr=False)
+    worker_gpus: int | None = None  # --num-gpus of the joining node (None: Ray's own detection)
+    worker_path: Path | None = None  # a folder first on the joining node's PATH (its own nvidia-smi)
 
     def processes(self) -> list[psutil.Process]:
         """The cluster's own processes (GCS, raylets, dashboard, workers, ...): every
@@ -91,13 +95,15 @@ class Cluster:
             f"--max-worker-port={low + 999}",
             "--disable-usage-stats",
             "--object-store-memory=200000000",
+            *([f"--num-gpus={self.worker_gpus}"] if self.worker_gpus is not None else []),
             started=self.started,
+            first_on_path=self.worker_path,
         )
         _wait_nodes(self, 2)
         procs.tracker().add(*self.processes(), *self.started)  # what the cluster runs counts as this test run's
 
 
-def _ray(*args: str, started: list[psutil.Process], timeout_s: float = 180) -> None:
+def _ray(*args: str, started: list[psutil.Process], timeout_s: float = 180, first_on_path: Path | None = None) -> None:
     """Run ``ray ARGS``; add to ``started`` the processes seen below it while it ran: what
     ``ray start`` starts and then leaves to init when it exits (some, such as Ray's client
     server, never name the cluster's temp dir)."""
@@ -105,7 +111,7 @@ def _ray(*args: str, started: list[psutil.Process], timeout_s: float = 180) -> N
     try:
         with tempfile.TemporaryFile("w+") as out:
             proc = subprocess.Popen(
-                [str(BIN / "ray"), *args], env=env(), stdout=out, stderr=subprocess.STDOUT, text=True
+                [str(BIN / "ray"), *args], env=env(first_on_path), stdout=out, stderr=subprocess.STDOUT, text=True
             )
             deadline = time.monotonic() + timeout_s
             while proc.poll() is None:
@@ -164,8 +170,17 @@ def stop_cluster(temp_dir: Path, started: Iterable[psutil.Process] = ()) -> None
 
 
 @contextmanager
-def ray_cluster(head_slots: float = 1, worker_slots: float = 1) -> Iterator[Cluster]:
-    """Head and one joining node; each offers ``specsweep_slot`` as given (0: none)."""
+def ray_cluster(
+    head_slots: float = 1,
+    worker_slots: float = 1,
+    head_gpus: int | None = None,
+    worker_gpus: int | None = None,
+    head_path: Path | None = None,
+    worker_path: Path | None = None,
+) -> Iterator[Cluster]:
+    """Head and one joining node; each offers ``specsweep_slot`` as given (0: none), the GPUs
+    given (``--num-gpus``; None: Ray's own detection), and the folder given first on its PATH
+    (its own tools: the job drivers of the head, the workers of the joining node)."""
     temp_dir = outside_tmpdir("ssray")  # a short path: Ray's sockets live under it
     port, dash = free_port(), free_port()
     head_res = json.dumps({SLOT: head_slots} if head_slots else {})
@@ -176,7 +191,16 @@ def ray_cluster(head_slots: float = 1, worker_slots: float = 1) -> Iterator[Clus
     )
     if made.returncode:
         raise RuntimeError(f"ray get-auth-token --generate failed (exit {made.returncode})")
-    cluster = Cluster(f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}", temp_dir, head_slots, worker_slots, free_port())
+    cluster = Cluster(
+        f"127.0.0.1:{port}",
+        f"http://127.0.0.1:{dash}",
+        temp_dir,
+        head_slots,
+        worker_slots,
+        free_port(),
+        worker_gpus=worker_gpus,
+        worker_path=worker_path,
+    )
     started = cluster.started
     try:
         _ray(
@@ -191,7 +215,9 @@ def ray_cluster(head_slots: float = 1, worker_slots: float = 1) -> Iterator[Clus
             "--disable-usage-stats",
             "--object-store-memory=200000000",
             "--include-dashboard=true",
+            *([f"--num-gpus={head_gpus}"] if head_gpus is not None else []),
             started=started,
+            first_on_path=head_path,
         )
         cluster.join_worker()
         yield cluster
