@@ -147,7 +147,7 @@ def to_resolve(ratio: Ratio, floor: float, level: float | None = None) -> str:
     noise = ratio.noise
     if noise is None:
         return "no model of its spread to size a fix from"
-    server = _planning_sd(noise.server_sd, noise.server_df)
+    server = planning_sd(noise.server_sd, noise.server_df)
     if noise.within_sd is None or noise.restarted or noise.runs >= 2:
         return _repeats_hint(noise, margin, level, server)
     need = margin / (float(scipy_stats.norm.ppf(1 - level / 2)) + float(scipy_stats.norm.ppf(HINT_POWER)))
@@ -175,16 +175,17 @@ def to_resolve(ratio: Ratio, floor: float, level: float | None = None) -> str:
     return f"~{max(n, noise.requests + 1)} requests per window would likely resolve it{caveat}"
 
 
-def _planning_sd(sd: float | None, df: float) -> float:
-    """A spread to size a design by: the one-sided 80 % upper confidence bound of a measured sd
-    (sd * sqrt(df / chi2_0.2(df))), since a design sized by a spread that came out low by chance
-    falls short of its power. Measured here: hints from the point estimate of a 20-comparison
-    A/A spread reached 63-82 % power, from this bound 80 % and more."""
+def planning_sd(sd: float | None, df: float, confidence: float = HINT_POWER) -> float:
+    """A spread to size a design by: the one-sided upper confidence bound of a measured sd
+    (sd * sqrt(df / chi2_(1 - confidence)(df)), 80 % by default), since a design sized by a
+    spread that came out low by chance falls short of its power. Measured here: hints from the
+    point estimate of a 20-comparison A/A spread reached 63-82 % power, from this bound 80 % and
+    more. The paired gate's power statement is sized the same way (paired.SPREAD_CONFIDENCE)."""
     if not sd:
         return 0.0
     if not df or df < 1:
         return sd
-    return sd * math.sqrt(df / float(scipy_stats.chi2.ppf(1 - HINT_POWER, df)))
+    return sd * math.sqrt(df / float(scipy_stats.chi2.ppf(1 - confidence, df)))
 
 
 def _repeats_hint(noise: Noise, margin: float, level: float, server: float, restart: bool = False) -> str:
@@ -195,7 +196,7 @@ def _repeats_hint(noise: Noise, margin: float, level: float, server: float, rest
         # Measured from the runs' own spread, on runs - 1 degrees of freedom (3 runs: 2): sized by
         # its 80 % upper bound, as the server spread is. From the estimate itself, hints named
         # after 3 runs reached 63 % power in the calibration.
-        per_run = _planning_sd(per_run, noise.runs - 1)
+        per_run = planning_sd(per_run, noise.runs - 1)
     else:
         if noise.within_sd is None and noise.server_sd is None:
             return "repeats.count >= 3 with repeats.restart=true measures its spread"

@@ -325,8 +325,13 @@ def judge_paired(reader: HistoryReader, parent_id: str, config: GateConfig, out_
     if result.power is not None:
         tags["gate.power"] = result.power.text()[:5000]
     reader.set_tags(parent_id, tags)
+    counts = {
+        "gate.paired.pairs_planned": float(result.account.planned),
+        "gate.paired.pairs_measured": float(result.account.measured),
+    }
     if math.isfinite(result.primary.change):
-        reader.log_metrics(parent_id, {f"gate.paired.{result.primary.metric}.change": result.primary.change})
+        counts[f"gate.paired.{result.primary.metric}.change"] = result.primary.change
+    reader.log_metrics(parent_id, counts)
     folder = out_dir / GATE_DIR
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "summary.md").write_text(summary)
