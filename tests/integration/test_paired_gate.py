@@ -62,6 +62,8 @@ def _night(project: Path, name: str, slow_candidate: bool, pairs: int) -> tuple[
 def test_a_slowed_candidate_fails_the_paired_night_naming_the_point(tmp_path: Path, no_leftover_servers: None) -> None:
     code, out = _night(tmp_path, "slowed-night", slow_candidate=True, pairs=3)
     assert code == 1, out[-3000:]
-    assert "Regression gate (paired): ❌ regression" in out and "3 of 3 planned pair(s) measured, over 1 point(s)" in out
+    assert (
+        "Regression gate (paired): ❌ regression" in out and "3 of 3 planned pair(s) measured, over 1 point(s)" in out
+    )
     assert "Power: this night's design (3 pairs" in out
     assert "Gated and regressed: median_tpot_ms; slowest point(s): baseline-r2" in out

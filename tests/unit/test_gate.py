@@ -153,6 +153,18 @@ def test_one_past_run_without_a_measured_spread_can_only_be_suspect() -> None:
     assert with_aa.points == {"run9-base": SUSPECT} and with_aa.overall == "pass"
 
 
+def test_one_past_run_keeps_the_hundred_request_rule_for_a_p99() -> None:
+    # A p99 from 24 requests is nearly the window's maximum: no verdict, as in the report,
+    # however far its ratio looks from 1 (the ratio is decided under the core's name).
+    rng = np.random.default_rng(5)
+    past = {"base": [night(0, "base", 200, sample=_sample(rng, 200, n=24))]}
+    result = judge_against_history([night(9, "base", 250, sample=_sample(rng, 250, n=24))], past, OPTS, Floors())
+    p99 = next(f for f in result.findings if f.metric == "p99_tpot_ms")
+    assert p99.ratio.resolved and p99.ratio.high is not None and p99.ratio.high < 0.9  # looks slower
+    assert p99.verdict != SUSPECT and "100 or more paired requests" in p99.note
+    assert p99.ratio.metric == "p99_tpot_ms"  # renamed after the decision, for the gate's table
+
+
 def test_a_regression_stands_only_if_the_confirmation_shows_it_again() -> None:
     rng = np.random.default_rng(4)
     past = history(rng)
