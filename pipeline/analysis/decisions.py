@@ -47,6 +47,8 @@ def tail_p(ratio: Ratio, floor: float) -> tuple[float, float]:
     smallest p is 2 / (B + 1), it resolves the small p-values a large family needs
     (Benjamini-Hochberg over 50 comparisons asks for p < 0.001)."""
     assert ratio.estimate is not None and ratio.low is not None and ratio.high is not None
+    if ratio.censored:
+        return censored_p(ratio, floor)
     reference = _reference(ratio)
     q = float(reference.ppf(1 - (1 - ratio.level) / 2))
     centre = math.log(ratio.estimate)
@@ -62,6 +64,26 @@ def tail_p(ratio: Ratio, floor: float) -> tuple[float, float]:
     return (
         two_sided(centre - math.log1p(floor), abs(centre - low)),
         two_sided(math.log1p(-floor) - centre, abs(high - centre)),
+    )
+
+
+def censored_p(ratio: Ratio, floor: float) -> tuple[float, float]:
+    """:func:`tail_p` for a censored ratio (a failed request reaches the statistic in some
+    replicates, or in the estimate): no standard error can be read off an interval with an end
+    at 0 or infinity, so each side's two-sided p-value is the share of replicates on the other
+    side of the floor, an infinite replicate counting on its own side ((count + 1) / (B + 1),
+    never 0)."""
+    replicates = ratio.log_replicates[~np.isnan(ratio.log_replicates)]
+    if not len(replicates):
+        return 1.0, 1.0
+    size = len(replicates) + 1
+
+    def share(count: int) -> float:
+        return min(1.0, 2 * (count + 1) / size)
+
+    return (
+        share(int(np.sum(replicates <= math.log1p(floor)))),
+        share(int(np.sum(replicates >= math.log1p(-floor)))),
     )
 
 
@@ -139,6 +161,12 @@ def to_resolve(ratio: Ratio, floor: float, level: float | None = None) -> str:
     starts, which no window size shrinks). More requests help only the first term; fresh
     servers per repeat (repeats.restart=true) average the second."""
     assert ratio.estimate is not None and ratio.low is not None and ratio.high is not None
+    if ratio.censored:
+        reached = float(np.mean(np.isinf(ratio.log_replicates))) if len(ratio.log_replicates) else 1.0
+        return (
+            f"failed requests reach this statistic in {reached:.0%} of its resamples: the failures, not the "
+            "window's size, decide it"
+        )
     level = 1 - ratio.level if level is None else level
     effect = abs(math.log(ratio.estimate))
     margin = effect - (math.log1p(floor) if ratio.estimate >= 1 else -math.log1p(-floor))
@@ -214,7 +242,7 @@ def _repeats_hint(noise: Noise, margin: float, level: float, server: float, rest
 def smallest_resolvable(ratio: Ratio, floor: float) -> float | None:
     """From an A/A comparison: the smallest speedup this setup would call "helps", given the
     interval's measured half-width and the floor."""
-    if not ratio.resolved:
+    if not ratio.resolved or ratio.censored:
         return None
     assert ratio.low is not None and ratio.high is not None
     half = (math.log(ratio.high) - math.log(ratio.low)) / 2

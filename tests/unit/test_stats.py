@@ -348,6 +348,30 @@ def test_failed_requests_count_as_censored_latencies_not_as_missing_ones() -> No
     assert p99.estimate == 0.0  # its p99 is a failure: +inf
 
 
+def _failing_spec(spec: Sample, prompts: np.ndarray) -> Sample:
+    """The speculative window with these prompts failed: gone from the answers, listed as failures."""
+    kept = spec.with_index(np.setdiff1d(spec.index, prompts))
+    return dataclasses.replace(kept, failed=len(prompts), failed_index=np.asarray(prompts, dtype=int))
+
+
+def test_censored_p99_ratios_get_an_interval_and_are_decided_by_their_share_of_infinite_replicates() -> None:
+    (base,), (spec,) = pair(4, 128, 1.5)
+    fastest = spec.index[np.argsort(spec.values["tpot"])]
+    one = paired_ratio("speedup_p99_tpot", [base], [_failing_spec(spec, fastest[:1])], OPTS)
+    # One failure: the estimate stays finite; replicates that draw it twice reach it (-inf).
+    assert one.resolved and one.low is not None and not math.isnan(one.low) and not math.isnan(one.high)  # type: ignore[arg-type]
+    assert one.low == 0.0 and 1.0 < one.high < 3.0 and "nan" not in one.text  # type: ignore[operator]
+    two = paired_ratio("speedup_p99_tpot", [base], [_failing_spec(spec, fastest[:2])], OPTS)
+    # Two: the p99 itself is a failure (a ratio of 0), censored, with its interval.
+    assert two.estimate == 0.0 and two.resolved and "no interval" not in two.text
+    many = paired_ratio("speedup_p99_tpot", [base], [_failing_spec(spec, fastest[:8])], OPTS)
+    labels = [d.label for d in decide([one, two, many], OPTS, 0.10)]
+    # Half of the replicates of two failures reach them, half show 1.5x: neither side is clear.
+    # Eight failures reach the p99 in every replicate: speculation's tail is worse, resolved.
+    assert labels == [decisions.INCONCLUSIVE, decisions.INCONCLUSIVE, decisions.HURTS]
+    assert all(d.p_adjusted is not None and not math.isnan(d.p_adjusted) for d in decide([one, two], OPTS, 0.10))
+
+
 def test_a_p99_from_fewer_than_100_requests_is_shown_but_gets_no_verdict() -> None:
     small = paired_ratio("speedup_p99_tpot", *pair(1, 40, 3.0), OPTS)
     large = paired_ratio("speedup_p99_tpot", *pair(1, 160, 3.0), OPTS)
