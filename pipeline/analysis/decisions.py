@@ -145,7 +145,7 @@ def decide(
     return out
 
 
-# What a sample-size hint aims for ("would likely resolve it"), and the confidence of the spread
+# What a sample-size hint aims for ("... resolves with 80 % power"), and the confidence of the spread
 # bound it is sized from; the paired gate states its design at a power of its own (paired.DESIGN_POWER).
 HINT_POWER = 0.80
 MAX_REQUESTS = 20_000  # a hint beyond these is "not resolvable at practical sizes"
@@ -153,8 +153,16 @@ MAX_REPEATS = 30
 
 
 def to_resolve(ratio: Ratio, floor: float, level: float | None = None) -> str:
-    """What would resolve an inconclusive ratio with 80 % power at ``level`` (the level the
-    family's adjustment asks of it), if the estimate were the truth.
+    """What would resolve an inconclusive ratio: "at N requests per window (or R repeats), an
+    effect of X or more resolves with 80 % power" at ``level`` (the level the family's
+    adjustment asks of it).
+
+    X is the interval's bound on the estimate's side of 1 (the other side where that bound lies
+    inside the floor): the largest effect the window still holds plausible in that direction,
+    not the estimate. Sizing from the estimate ("if the estimate were the truth") is post-hoc
+    power: for one true speedup it names any size from tens to thousands of requests, and calls
+    an estimate that fell inside the floor unresolvable. Only an interval wholly inside the
+    floor says that no window size would make it helps or hurts.
 
     The model of the interval's width, on the log scale: se^2 = within^2 * n0 / n + server^2 / R
     (within: the window's own spread at its n0 requests; server: the spread between server
@@ -168,16 +176,16 @@ def to_resolve(ratio: Ratio, floor: float, level: float | None = None) -> str:
             "window's size, decide it"
         )
     level = 1 - ratio.level if level is None else level
-    effect = abs(math.log(ratio.estimate))
-    margin = effect - (math.log1p(floor) if ratio.estimate >= 1 else -math.log1p(-floor))
-    if margin <= 0:
-        return f"the estimate is within the ±{floor:.0%} floor: no window size would make it helps or hurts"
+    effect = _named_effect(ratio, floor)
+    if effect is None:
+        return f"the interval lies within the ±{floor:.0%} floor: no window size would make it helps or hurts"
+    margin = abs(math.log(effect)) - (math.log1p(floor) if effect >= 1 else -math.log1p(-floor))
     noise = ratio.noise
     if noise is None:
         return "no model of its spread to size a fix from"
     server = planning_sd(noise.server_sd, noise.server_df)
     if noise.within_sd is None or noise.restarted or noise.runs >= 2:
-        return _repeats_hint(noise, margin, level, server)
+        return _repeats_hint(noise, margin, level, server, effect)
     need = margin / (float(scipy_stats.norm.ppf(1 - level / 2)) + float(scipy_stats.norm.ppf(HINT_POWER)))
     # The window's own spread as the verdict sees it: the interval's half-width on the floor's
     # side (a bootstrap of a median is skewed at small n), less the server spread added to it;
@@ -192,15 +200,35 @@ def to_resolve(ratio: Ratio, floor: float, level: float | None = None) -> str:
         noise = dataclasses.replace(noise, within_sd=within)
         return (
             f"more requests cannot resolve this: the spread between server starts ({noise.server_sd:.1%}) alone is too "
-            f"wide; {_repeats_hint(noise, margin, level, server, restart=True)}"
+            f"wide; {_repeats_hint(noise, margin, level, server, effect, restart=True)}"
         )
     n = math.ceil(within**2 * noise.requests / (need**2 - server**2))
     if n > MAX_REQUESTS:
-        return f"not resolvable at practical sizes (~{n} requests per window)"
+        return (
+            f"not resolvable at practical sizes: even an effect of {effect:.2f}x (the interval's bound) needs over "
+            f"{MAX_REQUESTS:,} requests per window"
+        )
     caveat = (
         "" if noise.server_sd is not None else " (if the servers' own spread is small: +sweep=noise_floor measures it)"
     )
-    return f"~{max(n, noise.requests + 1)} requests per window would likely resolve it{caveat}"
+    return f"at ~{max(n, noise.requests + 1)} requests per window, {_effect_words(effect)}{caveat}"
+
+
+def _named_effect(ratio: Ratio, floor: float) -> float | None:
+    """The effect a hint is sized for: the interval's bound on the estimate's side of 1 where it
+    lies past the floor, else the other bound where that one does; None where both lie inside."""
+    assert ratio.estimate is not None and ratio.low is not None and ratio.high is not None
+    helps = ratio.high if ratio.high > 1 + floor else None
+    hurts = ratio.low if ratio.low < 1 - floor else None
+    first, second = (helps, hurts) if ratio.estimate >= 1 else (hurts, helps)
+    return first if first is not None else second
+
+
+def _effect_words(effect: float) -> str:
+    return (
+        f"an effect of {effect:.2f}x or more resolves with {HINT_POWER:.0%} power (the interval's "
+        f"{'upper' if effect >= 1 else 'lower'} bound; a smaller one needs more)"
+    )
 
 
 def planning_sd(sd: float | None, df: float, confidence: float = HINT_POWER) -> float:
@@ -216,7 +244,9 @@ def planning_sd(sd: float | None, df: float, confidence: float = HINT_POWER) -> 
     return sd * math.sqrt(df / float(scipy_stats.chi2.ppf(1 - confidence, df)))
 
 
-def _repeats_hint(noise: Noise, margin: float, level: float, server: float, restart: bool = False) -> str:
+def _repeats_hint(
+    noise: Noise, margin: float, level: float, server: float, effect: float, restart: bool = False
+) -> str:
     """The repeats on fresh servers that reach 80 % power: per-repeat variance within^2 + server^2
     (for throughput, the runs' own spread), Student's t with R - 1 degrees of freedom."""
     per_run = noise.run_sd if noise.run_sd is not None and (noise.within_sd is None or noise.restarted) else None
@@ -234,9 +264,12 @@ def _repeats_hint(noise: Noise, margin: float, level: float, server: float, rest
         if quantiles * per_run / math.sqrt(runs) <= margin:
             runs = max(runs, noise.runs + 1)
             if noise.restarted and not restart:
-                return f"~{runs} repeats would likely resolve it"
-            return f"repeats.restart=true with repeats.count >= {runs} would likely resolve it"
-    return f"not resolvable at practical sizes (over {MAX_REPEATS} repeats)"
+                return f"at ~{runs} repeats, {_effect_words(effect)}"
+            return f"with repeats.restart=true and repeats.count >= {runs}, {_effect_words(effect)}"
+    return (
+        f"not resolvable at practical sizes: even an effect of {effect:.2f}x (the interval's bound) needs over "
+        f"{MAX_REPEATS} repeats"
+    )
 
 
 def smallest_resolvable(ratio: Ratio, floor: float) -> float | None:
