@@ -155,7 +155,9 @@ def judge_against_history(
             else:
                 # Only the bootstrap of one past run resamples: seeded per point and metric.
                 rng = np.random.default_rng([opts.seed, 17, i, j])
-                ratio, measured = _one_past_run(metric, point, past[0], value, reference, opts, aa, rng)
+                # The newest past run with this metric (a change point may blank it in others).
+                newest = next(h for h in past if math.isfinite(h.values.get(metric.column, math.nan)))
+                ratio, measured = _one_past_run(metric, point, newest, value, reference, opts, aa, rng)
             ratios.append(ratio)
             slots.append((point, metric, reference, value, measured))
     decided = decisions.decide(ratios, opts, [floors.relative(m, ref) for _, m, ref, _, _ in slots])

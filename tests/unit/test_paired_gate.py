@@ -279,8 +279,42 @@ def test_the_nights_after_a_sustained_step_leave_the_history_reference() -> None
         )
         for r in runs
     ]
-    trimmed, said = after_steps([tonight], {"k": list(reversed(up))}, metric="output_throughput")
+    trimmed, said = after_steps([tonight], {"k": list(reversed(up))})
     assert [r.run_id for r in trimmed["k"]] == ["r9", "r8", "r7"] and "for the better" in said[0]
+
+
+def test_change_points_are_searched_and_trimmed_per_metric() -> None:
+    from pipeline.analysis.regression import GatedRun
+    from pipeline.finish.judge import after_steps
+
+    # The median TPOT is flat; throughput alone drops by 20 % three nights ago (for the worse).
+    rng = np.random.default_rng(8)
+    runs = [
+        GatedRun(
+            f"r{i}",
+            f"p{i}",
+            "k",
+            "base-r1",
+            {
+                "median_tpot_ms": 40 * math.exp(0.02 * wobble),
+                "output_throughput": (100 if i < 7 else 80) * math.exp(rng.normal(0, 0.02)),
+            },
+            started_ms=i,
+        )
+        for i, wobble in enumerate((0.5, -0.3, 0.1, -0.6, 0.4, -0.2, 0.3, -0.4, 0.2, -0.1))
+    ]
+    tonight = GatedRun(
+        "now", "tonight", "k", "base-r1", {"median_tpot_ms": 40.0, "output_throughput": 80.0}, started_ms=99
+    )
+    trimmed, said = after_steps([tonight], {"k": list(reversed(runs))})
+    kept = {r.run_id: r.values for r in trimmed["k"]}
+    # Throughput's reference leaves the nights since its step out, so the drop is not absorbed;
+    # the median TPOT's keeps every night (no step in it).
+    throughput = [run for run, v in kept.items() if math.isfinite(v.get("output_throughput", math.nan))]
+    tpot = [run for run, v in kept.items() if math.isfinite(v.get("median_tpot_ms", math.nan))]
+    assert sorted(throughput) == [f"r{i}" for i in range(7)]
+    assert sorted(tpot) == sorted(f"r{i}" for i in range(10))
+    assert len(said) == 1 and "output_throughput" in said[0] and "for the worse" in said[0]
 
 
 def test_review_fixes_secrets_plus_keys_missing_nights_and_a_window_past_the_step() -> None:
