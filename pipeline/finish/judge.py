@@ -39,7 +39,7 @@ from pipeline.record.tracking import (
     CONFIRMATION_TAG,
     TrackingError,
 )
-from pipeline.record.windows import spread_fingerprint, stored_server_spread, window_requests, window_sample
+from pipeline.record.windows import server_spread_for, window_requests, window_sample
 
 EXIT_CODES = {"pass": ExitCode.OK, "fail": ExitCode.REGRESSED, "insufficient": ExitCode.INCOMPLETE}
 GATE_DIR = "gate"
@@ -287,7 +287,7 @@ def judge_sweep(
         known = hash_aliases(children)
         current = point_runs(reader, parent_id, measured_points(children), work)
         ref = reference_for(reader, parent_id, current, config.history, work, known)
-        aa = stored_server_spread(reader, spread_fingerprint(children))
+        aa = server_spread_for(reader, parent_id)
         result = judge_against_history(current, ref.runs, opts, floors, aa, spread_from=ref.spread_from)
         remeasured = [c for c in children if CONFIRMATION_TAG in c.tags and c.tags.get("status") == "finished"]
         if remeasured:
@@ -383,7 +383,7 @@ def speculation_verdicts(
         return {}
     frame = pd.read_csv(path)
     samples = {run: Sample.from_requests(t, d) for run, (t, d) in window_requests(reader, frame, folder).items()}
-    spread = stored_server_spread(reader, spread_fingerprint(reader.children(parent_id)))
+    spread = server_spread_for(reader, parent_id)
     comparisons = verdicts.compare_points(
         frame, samples, opts if spread is None else replace(opts, server_spread=spread)
     )
