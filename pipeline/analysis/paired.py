@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
+from scipy import special
 from scipy import stats as scipy_stats
 
 from pipeline.analysis.decisions import planning_sd
@@ -155,29 +156,32 @@ def failures_test(windows: Sequence[NightWindow], pairs: int, alpha: float) -> P
     if sd == 0.0:  # every pair alike: the sign of the difference is the answer
         p = 0.0 if mean > 0 else 1.0
     else:
-        p = float(scipy_stats.t(m - 1).sf(mean / (sd / math.sqrt(m))))
+        p = float(special.stdtr(m - 1, -mean / (sd / math.sqrt(m))))
     return PairedTest(FAILURES, m, mean, None, None, None, p, alpha_used=alpha, note=note)
 
 
 def endpoint(per_point: Mapping[str, Sequence[float]]) -> list[float]:
     """The night's endpoint per pair: the mean over points of the pairs' log ratios (the log of
-    the geometric mean ratio). ``per_point``: point -> its log ratio in pair 1..m. A pair that has
-    no ratio at some point (NaN) averages the points it has: it is never deleted everywhere. A
-    pair censored at a point (+inf: the candidate's quantile reached its failures; -inf: the
-    reference's) is censored as a whole; one censored both ways, or with no point at all, is NaN."""
+    the geometric mean ratio). ``per_point``: point -> its log ratio in pair 1..m. A pair keeps
+    the points it has a finite ratio at: one without a ratio at some point (NaN: a window lost),
+    or censored there (+inf: the candidate's quantile reached its failures; -inf: the
+    reference's), averages the others, and is never deleted everywhere (the night's account says
+    which, and such a night cannot pass). A pair with no finite point is censored as a whole
+    (+inf or -inf, for the rank test), or NaN where it has no point at all or both signs."""
     series = [list(v) for v in per_point.values()]
     if not series:
         return []
     out = []
     for j in range(max(len(s) for s in series)):
         values = [s[j] for s in series if j < len(s) and not math.isnan(s[j])]
+        finite = [v for v in values if math.isfinite(v)]
         worse, better = math.inf in values, -math.inf in values
-        if not values or (worse and better):
-            out.append(math.nan)
-        elif worse or better:
+        if finite:
+            out.append(float(np.mean(finite)))
+        elif worse != better:
             out.append(math.inf if worse else -math.inf)
         else:
-            out.append(float(np.mean(values)))
+            out.append(math.nan)
     return out
 
 
@@ -282,9 +286,11 @@ def one_sided_t(
             metric, m, math.expm1(mean), math.expm1(mean), math.expm1(mean), sd, p, floor=floor, alpha_used=alpha
         )
     se = sd / math.sqrt(m)
-    t = scipy_stats.t(m - 1)
-    p = float(t.sf((mean - margin) / se))
-    half = float(t.ppf(1 - (alpha if interval_alpha is None else interval_alpha))) * se
+    # Student's t through scipy.special (stdtr, stdtrit): the same numbers as scipy.stats.t
+    # without building a frozen distribution per call, which cost more than the rest of a night's
+    # decision (simulated nights call this thousands of times).
+    p = float(special.stdtr(m - 1, -(mean - margin) / se))
+    half = float(special.stdtrit(m - 1, 1 - (alpha if interval_alpha is None else interval_alpha))) * se
     return PairedTest(
         metric,
         m,
@@ -465,7 +471,9 @@ class PairAccount:
 
 
 def pair_account(windows: Sequence[NightWindow], planned: int, metric: str) -> PairAccount:
-    """Which of the ``planned`` pairs have ``metric`` at every point, at some, or at none, and why."""
+    """Which of the ``planned`` pairs have ``metric`` at every point, at some, or at none, and
+    why; a point where a build's quantile reached its failed requests counts as lacking (it is
+    censored: the pair averages its other points)."""
     found = {(w.key, w.build, w.pair): w for w in windows}
     names = {w.key: w.pair_label for w in windows}
     lost, partial, measured = [], [], 0
@@ -479,8 +487,13 @@ def pair_account(windows: Sequence[NightWindow], planned: int, metric: str) -> P
                     metric, ref.sample, cand.sample, ref.metrics.get(metric), cand.metrics.get(metric)
                 )
             if math.isnan(value):
-                why = why_no_ratio(metric, ref.sample if ref else None, cand.sample if cand else None)
-                missing.append(f"{names[key]}: {why}")
+                missing.append(
+                    f"{names[key]}: {why_no_ratio(metric, ref.sample if ref else None, cand.sample if cand else None)}"
+                )
+            elif math.isinf(value):
+                whose = "candidate" if value > 0 else "reference"
+                missing.append(f"{names[key]}: the {whose}'s {PAIRED_METRICS[metric][0]} reached its failed requests")
+                has += 1
             else:
                 has += 1
         if not has:
