@@ -225,8 +225,9 @@ def _named_effect(ratio: Ratio, floor: float) -> float | None:
 
 
 def _effect_words(effect: float) -> str:
+    more = "more" if effect >= 1 else "less"
     return (
-        f"an effect of {effect:.2f}x or more resolves with {HINT_POWER:.0%} power (the interval's "
+        f"an effect of {effect:.2f}x or {more} resolves with {HINT_POWER:.0%} power (the interval's "
         f"{'upper' if effect >= 1 else 'lower'} bound; a smaller one needs more)"
     )
 
