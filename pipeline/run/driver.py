@@ -24,7 +24,7 @@ from pipeline.config import ConfigError, JobConfig, RayConfig, SloConfig, SweepS
 from pipeline.engines.engine import EngineNotInstalled
 from pipeline.engines.models import ModelError
 from pipeline.engines.registry import engine_of
-from pipeline.exitcode import ExitCode
+from pipeline.exitcode import ExitCode, sweep_exit
 from pipeline.identity import in_this_version
 from pipeline.load.workloads import load_items
 from pipeline.record.journal import JOURNAL_NAME, JournaledTracker
@@ -397,7 +397,7 @@ class Sweep:
                 settings, self.store.tracking_uri, parent, end.plan, self.by_hash, executor, confirm_task, out_dir
             )
         report_sweep(self.store.tracking_uri, parent, out_dir, settings.stats)
-        return ExitCode.INCOMPLETE if failed else code
+        return sweep_exit(code, failed)
 
 
 def _confirm_task(
