@@ -11,7 +11,11 @@ night's machine does to both builds (a busy neighbour, a warm page cache) cancel
   as +inf (censored).
 - **Failed requests** are gated too: per pair, the share of prompts one build failed and the
   other answered, a one-sided t over the pairs, so a candidate cannot pass on the requests it
-  did answer, and one crashed server is not read as a regression.
+  did answer, and one crashed server is not read as a regression. A quantile that reaches a
+  build's failures is censored against that build (+inf or -inf), never dropped.
+- **A night that lost pairs is never a pass**: the night's account (:class:`PairAccount`) says
+  how many pairs were planned, measured and lost, and why; a pair keeps the points it has; such
+  a night is insufficient unless what was measured regressed.
 - **The primary endpoint** (``gate.primary``, default the median TPOT) is the geometric mean
   over the night's points of its ratio: per pair, the mean over points of the log ratios. It
   alone decides the exit code, with one-sided t over the m pairs' values (m - 1 degrees of
@@ -20,12 +24,14 @@ night's machine does to both builds (a busy neighbour, a warm page cache) cancel
   latency holds. The primary and acceptance share the night's false-alarm budget (Holm).
 - **Secondary metrics** (p99 TPOT, TTFT, throughput) get Holm's correction among themselves and
   are reported, not gated, unless ``gate.gated`` names them (then they join the gated family).
-- **Power**, from this night's own pair spread: the smallest slowdown the design detects with
-  80 % power at its false-alarm level, and how many pairs would detect ``gate.detect``.
+- **Power**, from the upper confidence bound of this night's own pair spread: the smallest
+  slowdown the design detects with 80 % power at its false-alarm level, and how many pairs
+  would detect ``gate.detect``.
 
-The t test and its power are statsmodels' (``TTestPower``, one-sample, ``alternative="larger"``)
-and scipy's; Holm's adjustment is checked against statsmodels' ``multipletests`` (see
-:func:`holm_adjusted` for why it is not called). Pure computation; no MLflow, no I/O.
+The t test is scipy's (its special functions), the rank test where pairs are censored scipy's
+``wilcoxon``, and the power statsmodels' (``TTestPower``, one-sample, ``alternative="larger"``);
+Holm's adjustment is checked against statsmodels' ``multipletests`` (see :func:`holm_adjusted`
+for why it is not called). Pure computation; no MLflow, no I/O.
 """
 
 from __future__ import annotations
@@ -201,8 +207,8 @@ class PairedTest:
     floor: float = 0.0
     alpha_used: float = 0.05  # the family's false-alarm level
     note: str = ""  # what the change counts, where it is not a ratio (the failed requests)
-    censored: int = 0  # pairs whose candidate's quantile reached its failed requests (+inf)
-    censored_low: int = 0  # pairs whose reference's did (-inf)
+    censored: int = 0  # pairs censored at every point they have, the candidate's quantile at its failures (+inf)
+    censored_low: int = 0  # the same, the reference's (-inf)
 
     @property
     def regressed(self) -> bool:
