@@ -24,6 +24,7 @@ from pipeline.analysis import (
 )
 from pipeline.analysis.markdown import ReportData, conditions
 from pipeline.analysis.samples import Sample, StatsOptions
+from pipeline.analysis.stats import Ratio
 from pipeline.engines.acceptance import alpha_from_length
 from pipeline.engines.registry import emits_k_schedule
 from pipeline.load.slo import SloTarget
@@ -157,13 +158,12 @@ def _k_schedules(
     e2el = {float(r): float(g["median_e2el_ms"].median()) / 1000 for r, g in scheduled.groupby("request_rate")}
     schedulable = points[points["engine"].map(emits_k_schedule)] if not points.empty else points
 
-    def resolved_faster(slower: str, faster: str) -> bool:
-        decision = verdicts.between_points(frame, samples, slower, faster, opts)
-        return decision is not None and decision.label == "helps"
+    def compare(slower: str, faster: str) -> Ratio | None:
+        return verdicts.between_points(frame, samples, slower, faster, opts)
 
     view = verdicts.Comparisons(schedulable, comparisons.decisions, opts)
     methods = sorted(schedulable["method"].unique()) if not schedulable.empty else []
-    schedules = [s for m in methods if (s := advisor.k_schedule(view, e2el, m, resolved_faster))]
+    schedules = [s for m in methods if (s := advisor.k_schedule(view, e2el, m, compare))]
     if not schedules:
         gaps.append("k schedule: needs vLLM speculative points and baseline latencies")
     unscheduled = (

@@ -286,9 +286,10 @@ def crossovers(comparisons: Comparisons) -> list[Crossover]:
 
 def between_points(
     frame: pd.DataFrame, samples: Mapping[str, Sample], slower: str, faster: str, opts: StatsOptions
-) -> Decision | None:
-    """Is point ``faster`` resolved faster than point ``slower`` in median TPOT? Two
-    speculative windows at one load send the same prompts too, so they pair by repeat.
+) -> Ratio | None:
+    """Point ``faster``'s median TPOT against point ``slower``'s (> 1: ``faster`` is faster), for
+    the caller to decide with the rest of its family. Two speculative windows at one load send
+    the same prompts too, so they pair by repeat.
 
     They ran on two servers, so the spread between server starts belongs in the interval, as
     in :func:`compare_points`: measured by restarted repeats, or added from an A/A sweep. With
@@ -306,8 +307,7 @@ def between_points(
     shared = not all(restarted)
     if shared and (opts.server_spread is None or opts.server_spread.for_metric(TPOT) is None):
         return None
-    ratio = stats.paired_ratio(TPOT, runs[0], runs[1], opts, shared_servers=shared)  # type: ignore[arg-type]
-    return decisions.decide([ratio], opts)[0]
+    return stats.paired_ratio(TPOT, runs[0], runs[1], opts, shared_servers=shared)  # type: ignore[arg-type]
 
 
 def is_aa(frame: pd.DataFrame) -> bool:

@@ -24,7 +24,7 @@ from pipeline.config import ConfigError, JobConfig, RayConfig, SloConfig, SweepS
 from pipeline.engines.engine import EngineNotInstalled
 from pipeline.engines.models import ModelError
 from pipeline.engines.registry import engine_of
-from pipeline.exitcode import ExitCode
+from pipeline.exitcode import ExitCode, sweep_exit
 from pipeline.identity import in_this_version
 from pipeline.load.workloads import load_items
 from pipeline.record.journal import JOURNAL_NAME, JournaledTracker
@@ -316,12 +316,14 @@ class Sweep:
         if not self.kind.reads_windows:
             return Context(resumed, settings=self.settings)
         from pipeline.record import readers
-        from pipeline.record.windows import stats_options
+        from pipeline.record.windows import server_spread_for, stats_options
 
         reader = readers.SweepReader(self.store.tracking_uri)
         log = functools.partial(predicting.log_predicted, self.tracker, self.parent)
-        opts = stats_options(self.settings.stats, reader)
-        return Context(resumed, predicting.download_samples(reader), log, opts, self.settings)
+        opts = stats_options(self.settings.stats)
+        # The A/A spread for what this sweep measures, looked up once its first windows are recorded.
+        spread = functools.partial(server_spread_for, reader, self.parent)
+        return Context(resumed, predicting.download_samples(reader), log, opts, self.settings, spread)
 
     def record(self, end: SearchEnd, started: float) -> tuple[Any, int]:
         """The sweep's table (summary.csv, the MLflow table), the speedups on each run, and the
@@ -395,7 +397,7 @@ class Sweep:
                 settings, self.store.tracking_uri, parent, end.plan, self.by_hash, executor, confirm_task, out_dir
             )
         report_sweep(self.store.tracking_uri, parent, out_dir, settings.stats)
-        return ExitCode.INCOMPLETE if failed else code
+        return sweep_exit(code, failed)
 
 
 def _confirm_task(
