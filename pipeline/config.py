@@ -163,6 +163,10 @@ class EngineConfig:
     # both already running (http://host:port); specsweep measures them and starts nothing.
     url: str | None = setting(Role.SERVER, None, valid=SERVER_URL)
     baseline_url: str | None = setting(Role.SERVER, None, valid=SERVER_URL)
+    # engine=external sends a sweep's load to servers that may serve users: above a small load
+    # (pipeline/engines/external.py: SMALL_LOAD) a real run asks for a yes at the terminal, or
+    # this set to true where there is none (a scheduler). It changes nothing measured.
+    external_ok_to_load: bool = setting(Role.SERVER_ONLY, False)
 
 
 @dataclass(frozen=True)
@@ -193,6 +197,12 @@ class LoadConfig:
         Role.POINT, 1.0, valid=Valid(positive=True, hint=" (1.0 is Poisson)")
     )  # gamma shape of inter-arrival times; 1.0 is Poisson
     num_requests: int = setting(Role.POINT, 16, valid=Valid(at_least=1))
+    # A window at a finite rate holds at least rate x this many seconds of arrivals (more
+    # requests than num_requests where the rate is high), so that it can reach the rate's
+    # steady state; the report checks that it did (analysis/trust.py). 0: num_requests only.
+    min_duration_s: float = setting(
+        Role.POINT, 4.0, valid=Valid(at_least=0, hint=" of seconds (0: num_requests alone)"), added=True
+    )
     # Instead of num_requests: every arrival due within this many seconds (finite rates).
     duration_s: float | None = setting(Role.POINT, None, valid=Valid(positive=True, hint=" of seconds or null"))
     # Cap on requests in flight; with request_rate=inf this is closed-loop load.
@@ -221,7 +231,10 @@ class WorkloadConfig:
     name: str = setting(Role.POINT, "code_edit")
     path: str | None = setting(Role.POINT, None)
     endpoint: str = setting(Role.POINT, "chat", valid=Valid(choices=ENDPOINTS))
-    max_tokens: int = setting(Role.POINT, 128, valid=Valid(at_least=1))  # the cap on every request's output length
+    # The output length of every request whose source gives none (a trace line or a JSONL
+    # line with output_tokens / output_length is sent at its own length; ShareGPT's reference
+    # length is capped at this).
+    max_tokens: int = setting(Role.POINT, 128, valid=Valid(at_least=1))
     ignore_eos: bool = setting(Role.POINT, False)
     temperature: float = setting(
         Role.POINT, 0.0, valid=Valid(at_least=0, hint=" (0 is greedy; the server refuses a negative one)")
@@ -243,6 +256,12 @@ class WorkloadConfig:
     # A trace's conversations: the think time between a turn's answer and the next turn, in
     # seconds, in place of the trace's own (delay_s or the timestamp gap); null keeps the trace's.
     think_time_s: float | None = setting(Role.POINT, None, valid=Valid(at_least=0, hint=" or null"))
+    # Lengths-only lines (input_length, hash_ids): the tokens one hash id stands for; 512 in
+    # Mooncake's traces, 16 in vLLM's timed_trace by default (--timed-trace-chunk-hash-size).
+    hash_block_tokens: int = setting(Role.POINT, 512, valid=Valid(at_least=1), added=True)
+    # Trace fields that are the user's own metadata (a user id, a region): not replayed, and not
+    # listed as ignored before launch. Every other unknown field is listed and recorded.
+    metadata_fields: list[str] = setting(Role.DECISION, factory=list)
 
 
 @dataclass(frozen=True)
