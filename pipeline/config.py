@@ -67,6 +67,8 @@ class Valid:
     # An address (a URL): no user name or password in it, since outputs, logs and MLflow keep
     # every setting. Says where the credentials go instead, e.g. "export RAY_AUTH_TOKEN".
     address: str | None = None
+    # What the address must be, parsed whole (ADDRESS_KINDS): its scheme, its host, a port in range.
+    speaks: str | None = None
 
     def problem(self, key: str, value: Any) -> str | None:
         if value is None:
@@ -78,6 +80,8 @@ class Valid:
                 f"{key} holds a user name or password, which outputs, logs and MLflow would keep; give the address "
                 f"alone and {self.address}"
             )
+        if self.speaks is not None:
+            return address_problem(key, value, self.speaks)
         rule = self._broken(value)
         return f"{key}={value} must {rule}{self.hint}" if rule else None
 
@@ -97,13 +101,48 @@ class Valid:
         return None
 
 
+# What each kind of address may be: a server's (engine.url), a tracking store's (tracking.uri)
+# and a Ray cluster's (ray.address), with the fix a message names.
+ADDRESS_KINDS = {
+    "server": (("http", "https"), "give the server's address, e.g. http://10.0.0.5:8000"),
+    "store": (
+        ("sqlite", "http", "https", "postgresql", "mysql", "mssql"),
+        "give a sqlite:///path/to/mlflow.db database or an `mlflow server` address, e.g. http://10.0.0.5:5000",
+    ),
+    "ray": (("ray",), "give the head's host:port (e.g. 10.0.0.5:6379), ray://host:port, or auto"),
+}
+
+
+def address_problem(key: str, value: str, kind: str) -> str | None:
+    """What is wrong with an address, parsed whole, or None: the scheme its service speaks, a
+    host, and a port in range. A local SQLite store is sqlite:///path; Ray's is host:port, its
+    client's ray://host:port, or auto."""
+    schemes, fix = ADDRESS_KINDS[kind]
+    if kind == "ray" and (value == "auto" or "://" not in value):
+        value = "ray://" + value  # host:port, as ray start prints it
+    parts = urlsplit(value)
+    if parts.scheme not in schemes:
+        return f"{key}={value!r} does not speak {' or '.join(schemes)}; {fix}"
+    if parts.scheme == "sqlite":
+        return None if value.startswith("sqlite:///") and len(value) > len("sqlite:///") else f"{key}={value!r}: {fix}"
+    if value == "ray://auto":
+        return None
+    try:
+        port = parts.port
+    except ValueError:
+        return f"{key}={value!r} has a port outside 1-65535; {fix}"
+    if not parts.hostname or port == 0 or (kind == "ray" and port is None):
+        return f"{key}={value!r} names no host{' and port' if kind == 'ray' else ''}; {fix}"
+    return None
+
+
 def _has_credentials(address: str) -> bool:
     parts = urlsplit(address) if "://" in address else None  # host:port and "auto" hold none
     return parts is not None and bool(parts.username or parts.password)
 
 
 # engine=external's two servers: an API key reaches them from the environment (pipeline/load/client.py).
-SERVER_URL = Valid(address="export an API key as OPENAI_API_KEY")
+SERVER_URL = Valid(address="export an API key as OPENAI_API_KEY", speaks="server")
 
 
 def setting(
@@ -279,7 +318,7 @@ class SloConfig:
 class TrackingConfig:
     # None: a SQLite store under the project's mlruns/.
     uri: str | None = setting(
-        None, None, valid=Valid(address="export MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD")
+        None, None, valid=Valid(address="export MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD", speaks="store")
     )
     experiment: str | None = None  # default: the sweep name
     # Each point also as a `vllm bench serve` result JSON (vllm_result.json): off, summary, or
@@ -298,7 +337,9 @@ class LosslessConfig:
 @dataclass(frozen=True)
 class RayConfig:
     # None: start a local Ray; "auto" or host:port joins a running cluster.
-    address: str | None = setting(None, None, valid=Valid(address="Ray reads its token from RAY_AUTH_TOKEN: export it"))
+    address: str | None = setting(
+        None, None, valid=Valid(address="Ray reads its token from RAY_AUTH_TOKEN: export it", speaks="ray")
+    )
     connect_timeout_s: float = setting(None, 30.0, valid=Valid(above=0))  # an unreachable address fails after this long
     # What each server group asks of a node, e.g. {specsweep_slot: 1} on CPU nodes started
     # with that custom resource, or {GPU: 1}. Empty: one GPU per engine rank on GPU machines,

@@ -55,9 +55,11 @@ def url_problem(key: str, url: str | None) -> str | None:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return f"{key}={url!r} is not an http(s) address; e.g. {key}=http://10.0.0.5:8000"
-    credentials = SERVER_URL.problem(key, url)  # the declared rule, which validate() applies first
-    if credentials:
-        return credentials
+    declared = SERVER_URL.problem(
+        key, url
+    )  # the declared rules (credentials, a port in range), which validate() applies first
+    if declared:
+        return declared
     if parts.query or parts.fragment or parts.path.rstrip("/") not in ("", "/v1"):
         return f"{key}={url!r}: give the server's root (http://host:port), without a path or query"
     return None

@@ -59,7 +59,7 @@ CASES: list[tuple[str, bool, list[str], str]] = [
         "external-not-http",
         False,
         ["engine=external", "engine.url=10.0.0.5:8000", "engine.baseline_url=http://127.0.0.1:9"],
-        "is not an http(s) address",
+        "does not speak http or https",
     ),
     (
         "external-credential",
@@ -114,6 +114,15 @@ CASES: list[tuple[str, bool, list[str], str]] = [
         "cannot be reached",
     ),
     ("url-without-external", False, ["engine.url=http://127.0.0.1:9"], "engine.url is for engine=external"),
+    # every address parsed whole: its scheme, a host, a port in range (a traceback, or a dry run that passed, before)
+    (
+        "external-port-out-of-range",
+        False,
+        ["engine=external", "engine.url=http://127.0.0.1:99999", "engine.baseline_url=http://127.0.0.1:9"],
+        "engine.url='http://127.0.0.1:99999' has a port outside 1-65535",
+    ),
+    ("tracking-uri-without-host", False, ["tracking.uri=http://:5000", "dry_run=true"], "names no host"),
+    ("ray-address-without-port", True, ["ray.address=10.0.0.5"], "names no host and port"),
     (
         "as-is-without-external",
         False,
