@@ -1,6 +1,15 @@
 """Does each validity check flag the window that breaks it, and only that one?
 
-    .venv/bin/python benchmarks/validity.py [--out results.json]
+    .venv/bin/python benchmarks/validity.py [--part real|simulate|all] [--reps 40] [--out results.json]
+
+**simulate**: the steady-state and overload checks calibrated on windows whose answer is known,
+from a simulated continuous-batching server (tests/synthetic.py: each request streams 16 tokens/s
+until the batch needs more than the server's capacity, which they then share): stable windows long
+enough for their latency (false alarms of either check), stable windows shorter than their latency
+("not steady" is the right answer; "overloaded" a false alarm), and rates 1.3x to 4x beyond the
+capacity (the power of "overloaded"), each drawn --reps times with new Poisson arrivals.
+
+**real**:
 
 One baseline vLLM CPU server (the embedded SmolLM2, as `make run` starts it: prefix caching on,
 emptied before each window), and windows measured by the sweep's own function
@@ -41,6 +50,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pandas as pd
 import psutil
 
@@ -56,6 +66,7 @@ from pipeline.engines.models import cache_root, ensure_embedded, load_tokenizer 
 from pipeline.engines.process import free_port  # noqa: E402
 from pipeline.run.job import point_requests  # noqa: E402
 from pipeline.run.measure import Measurement, measure  # noqa: E402
+from tests.synthetic import batching_server  # noqa: E402
 
 SERVED = "smollm2"
 CHECKS = [c.name for c in trust.CHECKS]
@@ -215,7 +226,12 @@ def judged(cases_run: list[tuple[Case, Measurement]]) -> pd.DataFrame:
     for i, (case, m) in enumerate(cases_run):
         facts = m.summary | m.prefix_cache.as_metrics() | m.validity
         found = trust.judge_window(facts, case.job.engine.prefix_cache)
-        rows.append({"window": case.name, "breaks": case.breaks or "-"} | {n: found.get(n) for n in CHECKS})
+        kept = {
+            k: v for k, v in facts.items() if k.startswith(("window.", "validity.", "prefix_cache", "send_lateness"))
+        }
+        rows.append(
+            {"window": case.name, "breaks": case.breaks or "-", "facts": kept} | {n: found.get(n) for n in CHECKS}
+        )
         if case.point:
             run = f"run{i}"
             table = pd.DataFrame([r.as_row() for r in m.window.records])
@@ -260,10 +276,72 @@ def table(frame: pd.DataFrame) -> tuple[str, bool]:
     return "\n".join(lines), all_ok
 
 
+# (name, rate, seconds of arrivals, output tokens, capacity tokens/s, the right answer)
+SCENARIOS = (
+    ("stable, long (T = 15 W)", 2.0, 60.0, 64, 2000.0, "steady"),
+    ("stable, 90 % of capacity (T = 15 W)", 6.0, 60.0, 64, 427.0, "steady"),
+    ("stable, short (T = W / 4)", 8.0, 1.0, 64, 2000.0, "not steady"),
+    ("stable, short (T = W)", 4.0, 4.0, 64, 2000.0, "not steady"),
+    ("1.3x capacity, 8 s", 8.0, 8.0, 64, 512.0 / 1.3, "overloaded"),
+    ("2x capacity, 8 s", 8.0, 8.0, 64, 256.0, "overloaded"),
+    ("4x capacity, 4 s", 16.0, 4.0, 64, 256.0, "overloaded"),
+    ("2x capacity, 16 s", 4.0, 16.0, 64, 128.0, "overloaded"),
+)
+
+
+def _answer(found: dict) -> str:
+    if "overload" in found and not found["overload"].ok:
+        return "overloaded"
+    if "steady_state" in found:
+        return "steady" if found["steady_state"].ok else "not steady"
+    return "not judged"
+
+
+def simulate(reps: int) -> dict:
+    """Each scenario drawn ``reps`` times: how often each answer came out."""
+    out = {}
+    print(f"  {'scenario':<38} {'truth':<11} {'steady':>7} {'not steady':>11} {'overloaded':>11} {'not judged':>11}")
+    for name, rate, seconds, tokens, capacity, truth in SCENARIOS:
+        counts = dict.fromkeys(("steady", "not steady", "overloaded", "not judged"), 0)
+        for rep in range(reps):
+            rng = np.random.default_rng([rep, int(rate * 100)])
+            sends = np.cumsum(rng.exponential(1 / rate, int(rate * seconds * 3) + 20))
+            sends = sends[sends < seconds]
+            records = batching_server(sends, tokens, 16.0, capacity, dt=0.01)
+            shape = trust.WindowShape(rate, False, False, max(r.end_s for r in records))
+            facts = trust.window_facts(records, shape) | {"target_request_rate": rate, "failed": 0.0}
+            counts[_answer(trust.judge_window(facts))] += 1
+        out[name] = {"truth": truth, **{k: v / reps for k, v in counts.items()}}
+        print(
+            f"  {name:<34} {truth:<11} "
+            + " ".join(
+                f"{counts[k] / reps:>{w}.2f}"
+                for k, w in (("steady", 7), ("not steady", 11), ("overloaded", 11), ("not judged", 11))
+            )
+        )
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--part", choices=("real", "simulate", "all"), default="all")
+    parser.add_argument("--reps", type=int, default=40)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    record: dict = {}
+    if args.part in ("simulate", "all"):
+        print("simulate: the steady-state and overload checks on windows of a known answer")
+        record["simulate"] = simulate(args.reps)
+    all_ok = True
+    if args.part in ("real", "all"):
+        print("real: windows on the CPU engine that each break one check on purpose, and clean ones")
+        record["real"], all_ok = real()
+    if args.out:
+        args.out.write_text(json.dumps(record, indent=2))
+    return 0 if all_ok else 1
+
+
+def real() -> tuple[dict, bool]:
     work = Path(tempfile.mkdtemp(prefix="validity-"))
     tokenizer = load_tokenizer(str(ensure_embedded("smollm2-135m")))
     started = time.monotonic()
@@ -284,14 +362,15 @@ def main() -> int:
                 print(f"  {row['window']}: {name}: {row[name].text}")
     print(f"every broken window flagged by its own check only, the clean ones by none: {all_ok}")
     print(f"(wall {time.monotonic() - started:.0f} s; the CPU: {os.cpu_count()} cores)")
-    if args.out:
-        rows = [
-            {"window": r["window"], "breaks": r["breaks"]}
-            | {n: None if r[n] is None else {"ok": r[n].ok, "text": r[n].text} for n in CHECKS}
-            for _, r in frame.iterrows()
-        ]
-        args.out.write_text(json.dumps({"rows": rows, "all_as_expected": all_ok}, indent=2))
-    return 0 if all_ok else 1
+    rows = [
+        {"window": r["window"], "breaks": r["breaks"], "facts": r["facts"]}
+        | {n: None if r[n] is None else {"ok": r[n].ok, "text": r[n].text} for n in CHECKS}
+        for _, r in frame.iterrows()
+    ]
+    for i, (_, m) in enumerate(done):  # each window's requests, to judge again offline
+        pd.DataFrame([r.as_row() for r in m.window.records]).to_csv(work / f"window{i}.csv", index=False)
+    print(f"(each window's requests: {work}/window*.csv)")
+    return {"rows": rows, "all_as_expected": all_ok}, all_ok
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ ALL, LATENCY = "all", "latency"  # what a failed check undermines: every ratio, 
 LITTLE_MIN = 0.8  # in flight over the arrivals / lambda * W: 1 - W / (2 T) for a constant W, so T >= 2.5 W
 RAMP_MAX = 0.5  # the share of the arrivals before in flight first reaches 90 % of Little's level
 STEADY_SPANS = 5.0  # the window the fix asks for: 5 mean latencies (exponential latencies need it)
-GROWTH_MIN = 1.2  # in flight over the last quarter of the arrivals / over the third: a queue that grows
+GROWTH_MIN = 1.1  # in flight over the last quarter of the arrivals / over the third: a queue that grows
 SERVED_MIN = 0.7  # tokens streamed over the arrivals' second half / those the offered rate asks
 ELASTIC_MAX = 0.5  # the pace's growth against the batch's (log / log): below it, more batch bought little
 OVERLOAD_MIN = (8, 2.0)  # requests sent in the arrivals' second half, and seconds they span, to judge it

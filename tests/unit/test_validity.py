@@ -17,6 +17,7 @@ from pipeline.analysis.samples import Sample, StatsOptions
 from pipeline.analysis.verdicts import TPOT, WITHHELD, compare_points
 from pipeline.load.client import RequestRecord
 from pipeline.load.metrics import client_health
+from tests.synthetic import batching_server
 
 TOKENS = 20  # output tokens per scripted request
 
@@ -52,31 +53,6 @@ def _poisson(rate: float, seconds: float, seed: int = 0) -> np.ndarray:
     return t[t < seconds]
 
 
-def _batching(sends: np.ndarray, tokens: int, per_request: float, capacity: float) -> list[RequestRecord]:
-    """A continuous-batching server, simulated in 5 ms steps: every request in flight streams at
-    ``per_request`` tokens/s until the batch needs more than ``capacity`` tokens/s, which they
-    then share. Each token is one chunk, at the step it completes."""
-    dt = 0.005
-    done = np.zeros(len(sends))
-    chunks: list[list[float]] = [[] for _ in sends]
-    t = 0.0
-    while (done < tokens).any():
-        active = (sends <= t) & (done < tokens)
-        if active.any():
-            rate = min(per_request, capacity / active.sum())
-            before = np.floor(done[active])
-            done[active] = np.minimum(done[active] + rate * dt, tokens)
-            for i in np.flatnonzero(active)[np.floor(done[active]) > before]:
-                chunks[i].append(t + dt)
-        t += dt
-    return [
-        RequestRecord(
-            index=i, category="c", scheduled_s=float(s), sent_s=float(s), chunk_s=tuple(c), output_tokens=tokens
-        )
-        for i, (s, c) in enumerate(zip(sends, chunks, strict=True))
-    ]
-
-
 def test_littles_law_on_a_window_of_constant_latency_has_its_known_answer() -> None:
     """Uniform arrivals at 4/s for 50 s, each 2 s long: 8 in flight by Little's law, and the
     arrival span's own occupancy is 8 (1 - W / 2T) = 7.84."""
@@ -91,7 +67,7 @@ def test_littles_law_on_a_window_of_constant_latency_has_its_known_answer() -> N
 
 def test_a_long_stable_window_is_steady() -> None:
     """2 req/s of 64 tokens at 16 tokens/s each, far below capacity: 8 in flight, 4 s each, for 60 s."""
-    records = _batching(_poisson(2.0, 60), 64, 16.0, 2000.0)
+    records = batching_server(_poisson(2.0, 60), 64, 16.0, 2000.0)
     facts = _judge(records, rate=2.0)
     found = facts["found"]
     assert {name: f.ok for name, f in found.items()} == dict.fromkeys(found, True)
@@ -102,7 +78,7 @@ def test_a_window_shorter_than_its_latency_is_not_steady_and_says_how_long_it_sh
     """Eight requests in a second at 8/s, each 4 s long, to a server with room for them all: the
     window ends long before in flight reaches 8 x 4 = 32. Its pace still grows with its batch,
     so it is not overloaded: it is too short to say."""
-    records = _batching(np.arange(8) / 8, 64, 16.0, 2000.0)
+    records = batching_server(np.arange(8) / 8, 64, 16.0, 2000.0)
     found = _judge(records, rate=8.0)["found"]
     assert not found["steady_state"].ok and "overload" not in found  # too few requests to judge a pace
     assert "load.min_duration_s=21" in found["steady_state"].text  # 5 mean latencies of 4.1 s
@@ -112,7 +88,7 @@ def test_a_window_shorter_than_its_latency_is_not_steady_and_says_how_long_it_sh
 def test_a_rate_beyond_the_server_is_overloaded_not_just_unsteady() -> None:
     """8 req/s of 64 tokens (512 tokens/s) at a server that streams 200 tokens/s at most: the
     batch grows for the whole window while the pace stays at 200."""
-    records = _batching(_poisson(8.0, 20), 64, 16.0, 200.0)
+    records = batching_server(_poisson(8.0, 20), 64, 16.0, 200.0)
     facts = _judge(records, rate=8.0)
     found = facts["found"]
     assert not found["overload"].ok and facts["window.served_share"] < 0.5
