@@ -164,9 +164,14 @@ class WindowShape:
     duration_s: float  # the window's start to its last answer
 
 
+def never_sent(record: RequestRecord) -> bool:
+    """A request that did not reach the server: a failed predecessor kept it back, or the window
+    stopped first (loadgen's records of these say so)."""
+    return (record.error or "").startswith(("not sent", "not finished"))
+
+
 def _sent(records: Sequence[RequestRecord]) -> list[RequestRecord]:
-    """The requests that reached the server: not those a failed predecessor kept back."""
-    return [r for r in records if not (r.error or "").startswith(("not sent", "not finished"))]
+    return [r for r in records if not never_sent(r)]
 
 
 def _occupancy(sent: np.ndarray, end: np.ndarray, start: float, stop: float) -> float:

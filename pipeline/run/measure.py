@@ -111,7 +111,7 @@ def server_facts(before: Scrape, after: Scrape, window: Window) -> dict[str, flo
     out: dict[str, float] = {}
     counted = _moved(before, after, FINISHED)
     if counted is not None:
-        out["window.other_requests"] = counted - sum(1 for r in window.records if not _never_sent(r))
+        out["window.other_requests"] = counted - sum(1 for r in window.records if not trust.never_sent(r))
     waited, queued = _moved(before, after, QUEUE_SUM), _moved(before, after, QUEUE_COUNT)
     if waited is not None and window.duration_s > 0:
         out["window.server_waiting_mean"] = waited / window.duration_s
@@ -120,17 +120,13 @@ def server_facts(before: Scrape, after: Scrape, window: Window) -> dict[str, flo
     return out
 
 
-def _never_sent(record: RequestRecord) -> bool:
-    return (record.error or "").startswith(("not sent", "not finished"))
-
-
 def shared_counters(facts: dict[str, float], window: Window) -> str | None:
     """Whether the counters saw other traffic than the window's: behind a load balancer with
     several replicas, the /metrics one request reaches is one replica's, not the window's."""
     other = facts.get("window.other_requests")
     if other is None or other <= 0:
         return None
-    sent = sum(1 for r in window.records if not _never_sent(r))
+    sent = sum(1 for r in window.records if not trust.never_sent(r))
     return (
         f"acceptance is not the window's alone: the server's counters finished {sent + other:g} request(s) during "
         f"a window that sent {sent}; the URL reaches several replicas (a load balancer) or serves other "
