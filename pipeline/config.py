@@ -262,6 +262,15 @@ class LoadConfig:
         Role.DECISION, None, valid=Valid(positive=True, hint=" of seconds or null")
     )
 
+    @property
+    def requests_in_window(self) -> int:
+        """How many requests a window of ``num_requests`` holds: at a finite rate, at least enough
+        for ``min_duration_s`` seconds of arrivals, so a high rate runs long enough to reach its
+        steady state (16 requests at 16 req/s are one second of load)."""
+        if self.request_rate is None or not math.isfinite(self.request_rate) or self.min_duration_s <= 0:
+            return self.num_requests
+        return max(self.num_requests, math.ceil(self.request_rate * self.min_duration_s - 1e-9))
+
 
 @dataclass(frozen=True)
 class WorkloadConfig:

@@ -69,20 +69,11 @@ def arrivals_within(duration_s: float, rate: float, burstiness: float, seed: int
     return [float(t) for t in due if t < duration_s]
 
 
-def requests_in_window(load: LoadConfig) -> int:
-    """How many requests a window of ``load.num_requests`` holds: at a finite rate, at least
-    enough for ``load.min_duration_s`` seconds of arrivals, so a high rate runs long enough to
-    reach its steady state (16 requests at 16 req/s are one second of load)."""
-    if not math.isfinite(load.request_rate) or load.min_duration_s <= 0:
-        return load.num_requests
-    return max(load.num_requests, math.ceil(load.request_rate * load.min_duration_s - 1e-9))
-
-
 def schedule(load: LoadConfig, seed: int) -> list[float]:
     """A point's arrival times, from the seed alone: baseline and speculation get the same ones."""
     if load.duration_s is not None:
         return arrivals_within(load.duration_s, load.request_rate, load.burstiness, seed)
-    return arrival_offsets(requests_in_window(load), load.request_rate, load.burstiness, seed)
+    return arrival_offsets(load.requests_in_window, load.request_rate, load.burstiness, seed)
 
 
 @dataclass(frozen=True)
