@@ -85,10 +85,10 @@ def point_hash(job: JobConfig) -> str:
     the requests it sends: ``load.min_duration_s`` enters as the ``num_requests`` it makes, so a
     window it leaves as it was keeps the hash it had before the setting existed, and one it
     lengthens gets the hash of that many requests."""
-    return _digest(_values(_as_sent(job), IDENTITY))
+    return _digest(_values(_window_as_sent(job), IDENTITY))
 
 
-def _as_sent(job: JobConfig) -> JobConfig:
+def _window_as_sent(job: JobConfig) -> JobConfig:
     load = job.load
     if load.duration_s is not None:
         return job
@@ -289,7 +289,7 @@ def _drop_unknown(values: dict[str, Any], defaults: dict[str, Any], known: tuple
 def point_hash_v1(job: JobConfig) -> str | None:
     """The hash version 1 gave this point; None where the point sets a key added since (a
     window that load.min_duration_s lengthens counts as its num_requests, as in point_hash)."""
-    point, defaults = dataclasses.asdict(_as_sent(job)), dataclasses.asdict(JobConfig())
+    point, defaults = dataclasses.asdict(_window_as_sent(job)), dataclasses.asdict(JobConfig())
     if not _drop_unknown(point, defaults, _V1_KNOWN[""]):
         return None
     for section, known in _V1_KNOWN.items():
