@@ -17,7 +17,7 @@ emptied before each window), and windows measured by the sweep's own function
 (pipeline.analysis.validity). Three clean windows, and six that each break one check on purpose:
 
 - clean: 1 req/s, 20 requests of 32 tokens; the same point again (its repeat, new prompts);
-  4 req/s for 8 s of 12-token answers;
+  2 req/s for 10 s of short chat prompts and 16-token answers;
 - client saturation: the clean 1 req/s window with a thread in the client's process that holds
   the interpreter for 100 ms at a time (sys.setswitchinterval), as a client short of CPU is;
 - a rate the server cannot sustain: 12 req/s for 8 s of 96-token answers (ignore_eos);
@@ -25,8 +25,8 @@ emptied before each window), and windows measured by the sweep's own function
   every 0.7 s;
 - prefix hits under cold: the clean window's prompts again, on a server whose cache is not
   emptied first (engine.allow_remote=true skips the dev-mode reset) though cold is declared;
-- a repeat on a stuttered server: a point at 2 req/s measured twice, the second time with the
-  engine's processes stopped for 60 ms of every 150 ms (SIGSTOP/SIGCONT);
+- a repeat on a stuttered server: a point at 1 req/s (24 requests of 32 tokens) measured twice,
+  the second time with the engine core stopped for 100 ms of every 150 ms (SIGSTOP/SIGCONT);
 - too short a window: 8 requests at 8 req/s (load.min_duration_s=0) of 64-token answers.
 
 The table gives each window's checks (ok, FAIL, or - where one does not apply) and whether
@@ -82,13 +82,20 @@ class Case:
 
 
 def _job(
-    rate: float, count: int, tokens: int, *, min_s: float = 4.0, ignore_eos: bool = False, **engine: object
+    rate: float,
+    count: int,
+    tokens: int,
+    *,
+    min_s: float = 4.0,
+    ignore_eos: bool = False,
+    workload: str = "code_edit",
+    **engine: object,
 ) -> JobConfig:
     return JobConfig(
         engine=EngineConfig(**engine),  # type: ignore[arg-type]
         spec=SpecConfig(method="none", k=0),
         load=LoadConfig(request_rate=rate, num_requests=count, min_duration_s=min_s, warmup_requests=2),
-        workload=WorkloadConfig(name="code_edit", max_tokens=tokens, ignore_eos=ignore_eos),
+        workload=WorkloadConfig(name=workload, max_tokens=tokens, ignore_eos=ignore_eos),
     )
 
 
@@ -137,7 +144,7 @@ def another_client(server: EngineServer) -> Iterator[None]:
 
 @contextmanager
 def stuttered(server: EngineServer) -> Iterator[None]:
-    """The engine core's processes stopped for 60 ms of every 150 ms (the API server keeps answering)."""
+    """The engine core's processes stopped for 100 ms of every 150 ms (the API server keeps answering)."""
     tree = psutil.Process(server.pid).children(recursive=True)
     engine = [p for p in tree if "EngineCore" in p.name() or "EngineCore" in " ".join(p.cmdline())]
     assert engine, f"no engine core among the server's processes: {[p.name() for p in tree]}"
@@ -147,10 +154,10 @@ def stuttered(server: EngineServer) -> Iterator[None]:
         while not stop.is_set():
             for p in engine:
                 os.kill(p.pid, signal.SIGSTOP)
-            time.sleep(0.06)
+            time.sleep(0.1)
             for p in engine:
                 os.kill(p.pid, signal.SIGCONT)
-            time.sleep(0.09)
+            time.sleep(0.05)
 
     thread = threading.Thread(target=stutter, daemon=True)
     thread.start()
@@ -168,7 +175,7 @@ def cases() -> list[Case]:
     return [
         Case("clean: 1 req/s", None, clean, point="C"),
         Case("clean: its repeat", None, dataclasses.replace(clean, repeat=1), point="C"),
-        Case("clean: 4 req/s, short answers", None, _job(4.0, 16, 12, min_s=8.0)),
+        Case("clean: 2 req/s, short chat", None, _job(2.0, 16, 16, min_s=10.0, workload="chat")),
         Case("client saturation", "client_lag", clean, client_short_of_cpu),
         Case("a rate the server cannot sustain", "overload", _job(12.0, 16, 96, min_s=8.0, ignore_eos=True)),
         Case("other traffic", "other_traffic", clean, another_client),
@@ -176,8 +183,8 @@ def cases() -> list[Case]:
         Case(
             "prefix hits under cold", "prefix_cache", dataclasses.replace(clean, engine=EngineConfig(allow_remote=True))
         ),
-        Case("stuttered: first repeat", None, _job(2.0, 20, 24), point="D"),
-        Case("stuttered: second repeat", "repeats", dataclasses.replace(_job(2.0, 20, 24), repeat=1), stuttered, "D"),
+        Case("stuttered: first repeat", None, _job(1.0, 24, 32), point="D"),
+        Case("stuttered: second repeat", "repeats", dataclasses.replace(_job(1.0, 24, 32), repeat=1), stuttered, "D"),
         Case("too short a window", "steady_state", _job(8.0, 8, 64, min_s=0.0, ignore_eos=True)),
     ]
 
@@ -313,7 +320,7 @@ def simulate(reps: int) -> dict:
             counts[_answer(trust.judge_window(facts))] += 1
         out[name] = {"truth": truth, **{k: v / reps for k, v in counts.items()}}
         print(
-            f"  {name:<34} {truth:<11} "
+            f"  {name:<38} {truth:<11} "
             + " ".join(
                 f"{counts[k] / reps:>{w}.2f}"
                 for k, w in (("steady", 7), ("not steady", 11), ("overloaded", 11), ("not judged", 11))

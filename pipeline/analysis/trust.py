@@ -365,9 +365,9 @@ def _overload(facts: Mapping[str, object]) -> CheckResult | None:
     return _finding("overload", not over, text)
 
 
-def _steady_state(facts: Mapping[str, object], overloaded: bool) -> CheckResult | None:
-    if _num(facts, "window.finite_rate") != 1 or _num(facts, "window.capped") == 1 or overloaded:
-        return None  # a saturation test, or no steady state to reach (the overload check says so)
+def _steady_state(facts: Mapping[str, object]) -> CheckResult | None:
+    if _num(facts, "window.finite_rate") != 1 or _num(facts, "window.capped") == 1:
+        return None  # a saturation test: it has no steady state to reach
     little, ramp = _num(facts, "window.littles_ratio"), _num(facts, "window.ramp_up_share")
     latency, span = _num(facts, "window.latency_mean_s"), _num(facts, "window.arrival_span_s")
     if not (math.isfinite(little) and math.isfinite(ramp)):
@@ -437,11 +437,16 @@ def _synchronized(facts: Mapping[str, object]) -> CheckResult | None:
 
 def judge_window(facts: Mapping[str, object], policy: str = "cold") -> dict[str, CheckResult]:
     """Every window check that applies to these facts (a window's metrics, or a report row),
-    by name. ``policy``: the window's engine.prefix_cache."""
-    overload = _overload(facts)
+    by name. ``policy``: the window's engine.prefix_cache. An overload is a window that did not
+    reach steady state for want of capacity, not of time: it is looked for only in a window
+    whose steady state failed, and then stands in its place (there is no steady state to reach)."""
+    steady = _steady_state(facts)
+    overload = _overload(facts) if steady is not None and not steady.ok else None
+    if steady is not None and steady.ok and _num(facts, "window.capped") != 1:
+        overload = _finding("overload", True, "steady: the window kept up with its rate")
     found = {
         "offered_rate": _offered_rate(facts),
-        "steady_state": _steady_state(facts, overload is not None and not overload.ok),
+        "steady_state": None if overload is not None and not overload.ok else steady,
         "overload": overload,
         "client_lag": _client_lag(facts),
         "other_traffic": _other_traffic(facts),
