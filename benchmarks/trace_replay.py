@@ -43,6 +43,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import pandas as pd
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -62,7 +63,7 @@ from pipeline.load.workloads import to_requests  # noqa: E402
 SERVED = "smollm2"
 SCALES = (1.0, 0.25, 0.1, 0.05, 0.02, 0.01, 0.005)
 KEEPS_MS = 10.0  # p99 send lateness at most this: the schedule is kept
-KEYS = ("median_tpot_ms", "median_ttft_ms", "output_throughput")
+KEYS = ("median_tpot_ms", "median_ttft_ms", "output_throughput", "median_itl_ms", "median_e2el_ms")
 SECTIONS = ("## By request type", "## By conversation turn", "## Over the trace")
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
 
@@ -171,7 +172,7 @@ def reset_cache(url: str) -> None:
     response.raise_for_status()
 
 
-def run_ours(url: str, trace: Path, tokenizer: object) -> dict:
+def run_ours(url: str, trace: Path, tokenizer: object, keep: Path | None = None) -> dict:
     workload = WorkloadConfig(
         name="trace", path=str(trace), endpoint="completions", ignore_eos=True, max_tokens=4096, hash_block_tokens=16
     )
@@ -179,6 +180,8 @@ def run_ours(url: str, trace: Path, tokenizer: object) -> dict:
     requests = to_requests(traces.replay_items(replayed, tokenizer, workload), workload, tokenizer)  # type: ignore[arg-type]
     opts = ClientOptions(base_url=url, model=SERVED, endpoint="completions", ignore_eos=True)
     window = run_window(requests, list(replayed.offsets), opts)
+    if keep is not None:  # the requests, beside vLLM's detailed result of the same round
+        pd.DataFrame([r.as_row() for r in window.records]).to_csv(keep, index=False)
     result = summarize(window.records, window.duration_s, SloConfig(), replayed.own_mean_rate)
     late = np.array([r.lateness_s for r in window.records if r.ok]) * 1e3
     return result | {
@@ -227,6 +230,7 @@ def run_vllm_bench(url: str, trace: Path, count: int, model_dir: str, shim: Path
         "--result-filename",
         out.name,
         "--disable-tqdm",
+        "--save-detailed",
     ]
     env = {**os.environ, "PYTHONPATH": str(shim), "VLLM_TARGET_DEVICE": "cpu"}
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
@@ -277,7 +281,7 @@ def _one_replay(tool: str, url: str, trace: Path, tokenizer: object, model_dir: 
     reset_cache(url)
     before = prompt_tokens_served(url)
     if tool == "specsweep":
-        result = run_ours(url, trace, tokenizer)
+        result = run_ours(url, trace, tokenizer, out.with_name(out.name.replace("vllm", "specsweep") + ".csv"))
     else:
         result = run_vllm_bench(url, trace, sum(1 for _ in trace.open()), model_dir, shim, out)
     return result | {"served_prompt_tokens": prompt_tokens_served(url) - before}
