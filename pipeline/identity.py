@@ -20,7 +20,7 @@ import json
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from pipeline.config import ADDED, ROLE, JobConfig, Role
+from pipeline.config import ADDED, ROLE, JobConfig, LoadConfig, Role
 
 HASH_VERSION = 2
 # Tags on each point run: its hash's version, and (version 2 on) the version-1 hash it had.
@@ -81,8 +81,20 @@ def sweep_level() -> tuple[str, ...]:
 
 def point_hash(job: JobConfig) -> str:
     """Identifies a measured point (its server's settings, its load and workload), for resume
-    and the gate: every SERVER and POINT setting, and nothing else."""
-    return _digest(_values(job, IDENTITY))
+    and the gate: every SERVER and POINT setting, and nothing else. A window is identified by
+    the requests it sends: ``load.min_duration_s`` enters as the ``num_requests`` it makes, so a
+    window it leaves as it was keeps the hash it had before the setting existed, and one it
+    lengthens gets the hash of that many requests."""
+    return _digest(_values(_window_as_sent(job), IDENTITY))
+
+
+def _window_as_sent(job: JobConfig) -> JobConfig:
+    load = job.load
+    if load.duration_s is not None:
+        return job
+    default = LoadConfig().min_duration_s
+    sent = dataclasses.replace(load, num_requests=load.requests_in_window, min_duration_s=default)
+    return dataclasses.replace(job, load=sent)
 
 
 def server_key(job: JobConfig) -> str:
@@ -275,8 +287,9 @@ def _drop_unknown(values: dict[str, Any], defaults: dict[str, Any], known: tuple
 
 
 def point_hash_v1(job: JobConfig) -> str | None:
-    """The hash version 1 gave this point; None where the point sets a key added since."""
-    point, defaults = dataclasses.asdict(job), dataclasses.asdict(JobConfig())
+    """The hash version 1 gave this point; None where the point sets a key added since (a
+    window that load.min_duration_s lengthens counts as its num_requests, as in point_hash)."""
+    point, defaults = dataclasses.asdict(_window_as_sent(job)), dataclasses.asdict(JobConfig())
     if not _drop_unknown(point, defaults, _V1_KNOWN[""]):
         return None
     for section, known in _V1_KNOWN.items():

@@ -20,6 +20,7 @@ from pipeline.analysis import (
     search_report,
     stats,
     timeline,
+    trust,
     verdicts,
 )
 from pipeline.analysis.markdown import ReportData, conditions
@@ -71,9 +72,8 @@ def analyse(
     """Everything the report says, from the sweep table and each window's requests
     (``samples``: run id -> its requests; without them no ratio gets an interval)."""
     frame = load_frame(frame)
-    samples = samples or {}
-    opts = opts or StatsOptions()
-    comparisons = verdicts.compare_points(frame, samples, opts)
+    samples, opts = samples or {}, opts or StatsOptions()
+    comparisons = verdicts.compare_points(frame, samples, opts, (checked := _trust(frame, samples, opts))[0])
     points = comparisons.table
     gaps = _input_gaps(frame, samples) + _comparison_gaps(points)
     crossings = verdicts.crossovers(comparisons)
@@ -117,7 +117,19 @@ def analyse(
         by_type=by_type,
         by_turn=by_turn,
         over_time=over_time,
+        trust=checked[1],
     )
+
+
+def _trust(
+    frame: pd.DataFrame, samples: Mapping[str, Sample], opts: StatsOptions
+) -> tuple[dict[str, dict[str, str]], list[str]]:
+    """Can you trust this run? Each window's checks, and its repeats': the verdicts a failed one
+    undermines (withheld, by point and ratio), and the report's lines (analysis/trust.py)."""
+    found = trust.window_findings(frame)
+    spread = opts.server_spread.for_metric(verdicts.TPOT) if opts.server_spread else None
+    repeats = trust.repeat_findings(frame, samples, spread)
+    return trust.withheld(frame, found, repeats), trust.trust_lines(frame, found, repeats)
 
 
 def _input_gaps(frame: pd.DataFrame, samples: Mapping[str, Sample]) -> list[str]:

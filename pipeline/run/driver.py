@@ -22,6 +22,7 @@ from pipeline import startup
 from pipeline.analysis.search_report import PREDICTIONS_CSV
 from pipeline.config import ConfigError, JobConfig, RayConfig, SloConfig, SweepSettings
 from pipeline.engines.engine import EngineNotInstalled
+from pipeline.engines.external import SMALL_LOAD
 from pipeline.engines.models import ModelError
 from pipeline.engines.registry import engine_of
 from pipeline.exitcode import ExitCode, sweep_exit
@@ -30,7 +31,7 @@ from pipeline.load.workloads import load_items
 from pipeline.record.journal import JOURNAL_NAME, JournaledTracker
 from pipeline.redact import redact_args, redact_mapping
 from pipeline.run.group import run_group
-from pipeline.run.job import Target, resolve_target, server_spec
+from pipeline.run.job import Target, check_trace, resolve_target, server_spec
 from pipeline.run.outcomes import Executor, GroupOutcome, GroupTask, PointOutcome
 from pipeline.run.plan import (
     ServerGroup,
@@ -38,6 +39,8 @@ from pipeline.run.plan import (
     SweepPlan,
     describe,
     estimate_s,
+    external_load,
+    external_load_text,
     plan_sweep,
 )
 from pipeline.run.plumbing import cluster, diskfull
@@ -90,6 +93,19 @@ def _server_line(target: Target, job: JobConfig, ray_config: RayConfig) -> Serve
     inherited = {name: "<from the environment>" for name in spec.env_from}
     ray = cluster.request_text(cluster.group_request(ray_config, target.engine_gpus(job)))
     return ServerLine(label, version, tuple(args), redact_mapping(spec.env) | inherited, ray)
+
+
+def _say_ignored(workload: Any) -> None:
+    """A trace's fields that are not replayed, listed once before launch (the runs record them too)."""
+    from pipeline.load import traces
+
+    ignored = traces.read_file(workload).ignored(workload.metadata_fields)
+    if ignored:
+        names = ",".join(name for name, _ in ignored)
+        print(
+            f"trace {workload.path}: fields not replayed, ignored: {traces.ignored_text(ignored)} (declare your own "
+            f"fields with workload.metadata_fields=[{names}] to keep this quiet)"
+        )
 
 
 def _error(message: str) -> int:
@@ -168,6 +184,8 @@ class Sweep:
         for workload in {repr(j.workload): j.workload for j in jobs}.values():
             if workload.name != "random":  # a missing or malformed file is refused here, not in a worker
                 load_items(workload, 1, 0, None)
+            if workload.name == "trace":
+                _say_ignored(workload)
         plan_only = settings.dry_run
         targets = {g.index: resolve_target(g.server_job, build=False, plan_only=plan_only) for g in plan.groups}
         return Sweep(settings, slo, project_root, kind, plan, targets)
@@ -176,6 +194,8 @@ class Sweep:
         shown = self.kind.shown(self.plan)
         lines = [_server_line(self.targets[g.index], g.server_job, self.settings.ray) for g in shown.groups]
         print(describe(shown, lines, self.on_gpu))
+        if loads := external_load(shown, self.settings.lossless.prompts):
+            print(external_load_text(loads))
         print(self.kind.note(self.settings))
         if more := self.kind.describe(shown):
             print(more)
@@ -210,9 +230,52 @@ class Sweep:
         # the sweep's fingerprint names by revision.
         try:
             self.targets = {g.index: resolve_target(g.server_job) for g in self.plan.groups}
+            self._check_traces()
+            self._confirm_external_load()
         except (ConfigError, EngineNotInstalled, ModelError) as exc:
             return _error(str(exc))
         return None
+
+    def _check_traces(self) -> None:
+        """A trace's lines against the model's own tokenizer (job.check_trace), once per trace,
+        model and context length: before any server starts."""
+        from pipeline.engines.models import load_tokenizer
+
+        seen: set[str] = set()
+        tokenizers: dict[str, Any] = {}
+        for group in self.plan.groups:
+            target = self.targets[group.index]
+            for point in group.points:
+                job = point.job
+                key = repr((job.workload, job.load.request_rate, target.model_path, job.engine.max_model_len))
+                if job.workload.name != "trace" or key in seen:
+                    continue
+                seen.add(key)
+                if target.model_path not in tokenizers:
+                    tokenizers[target.model_path] = load_tokenizer(target.model_path, target.model_revision)
+                check_trace(job, tokenizers[target.model_path])
+
+    def _confirm_external_load(self) -> None:
+        """engine=external: what the sweep will send each running server, said before the first
+        request; above a small load, sent only with a yes (engine.external_ok_to_load)."""
+        loads = external_load(self.plan.without(self.done), self.settings.lossless.prompts)
+        if not loads:
+            return
+        text = external_load_text(loads)
+        print(text)
+        allowed = any(p.job.engine.external_ok_to_load for p in self.plan.points)
+        if allowed or all(SMALL_LOAD.holds(load.peak_rate, load.requests) for load in loads):
+            return
+        if sys.stdin.isatty() and input("send this load to servers that may be serving users? [y/N] ").strip() in (
+            "y",
+            "yes",
+        ):
+            return
+        raise ConfigError(
+            f"{text}: more than {SMALL_LOAD.text} to a server specsweep did not start, which may serve users; set "
+            f"engine.external_ok_to_load=true to send it (or answer yes at a terminal), or lower the load "
+            f"(load.request_rate, load.num_requests, load.min_duration_s)"
+        )
 
     @property
     def resumed(self) -> int:

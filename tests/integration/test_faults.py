@@ -31,6 +31,7 @@ pytestmark = pytest.mark.integration
 SMALL = [
     *TEST_SERVER,
     "load.num_requests=40",
+    "load.min_duration_s=0",
     "load.request_rate=1",
     "load.warmup_requests=1",
     "workload.max_tokens=32",

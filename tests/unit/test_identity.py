@@ -224,3 +224,24 @@ def test_a_setting_added_since_version_2_leaves_every_hash_as_it_was_at_its_defa
     assert identity.point_hash(_job()) == identity._digest(without)
     set_options = _job(spec=SpecConfig(options={"prompt_lookup_max": 4}))
     assert identity.point_hash(set_options) != identity.point_hash(_job())  # and counts once set
+
+
+def test_a_window_is_identified_by_the_requests_it_sends() -> None:
+    """load.min_duration_s enters the hash as the num_requests it makes: a window it leaves as it
+    was keeps its old hash (and its version-1 alias), one it lengthens gets the hash of that many
+    requests, so resume and the gate's history never match two different windows."""
+    import dataclasses
+
+    from pipeline.config import LoadConfig
+    from pipeline.identity import point_hash, point_hash_v1
+
+    def job(rate: float, count: int, min_s: float) -> JobConfig:
+        return dataclasses.replace(
+            JobConfig(), load=LoadConfig(request_rate=rate, num_requests=count, min_duration_s=min_s)
+        )
+
+    assert point_hash(job(1.0, 16, 4.0)) == point_hash(job(1.0, 16, 0.0))  # 16 requests either way
+    assert point_hash(job(16.0, 16, 4.0)) != point_hash(job(16.0, 16, 0.0))  # 64 requests, not 16
+    assert point_hash(job(16.0, 16, 4.0)) == point_hash(job(16.0, 64, 0.0))  # the same window
+    assert point_hash_v1(job(16.0, 16, 4.0)) == point_hash_v1(job(16.0, 64, 0.0))
+    assert point_hash_v1(job(1.0, 16, 4.0)) == point_hash_v1(job(1.0, 16, 0.0))
