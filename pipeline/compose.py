@@ -61,12 +61,20 @@ def resolve_trace_rate(job: JobConfig) -> JobConfig:
         return job
     _check_trace_settings(job)
     rate = traces.with_rate(workload, load.request_rate)
-    if traces.load_replay(workload, None).conversations:
-        if workload.endpoint != "chat":
-            raise ConfigError(
-                f"the trace holds conversations, whose turns carry their history as chat messages; "
-                f"workload.endpoint={workload.endpoint} cannot send them: use workload.endpoint=chat"
-            )
+    replayed = traces.load_replay(workload, None)
+    chats = sum(bool(line.messages) for line in replayed.lines)
+    if (replayed.conversations or chats) and workload.endpoint != "chat":
+        # The completions and generate endpoints take one text: the history would be dropped, and
+        # the chat template with it; the chat endpoint applies the server's own template, once.
+        what = "conversations, whose turns carry their history" if replayed.conversations else f"{chats} line(s) with"
+        raise ConfigError(
+            f"the trace holds {what} as chat messages; workload.endpoint={workload.endpoint} sends one text "
+            f"without the chat template and would drop all but the last message: use workload.endpoint=chat"
+        )
+    over = traces.over_context(replayed.lines, job.engine.max_model_len, workload.max_tokens)
+    if over:
+        raise ConfigError(traces.over_context_text(over, job.engine.max_model_len, "input_length"))
+    if replayed.conversations:
         if load.client_workers > 1:
             raise ConfigError(
                 f"the trace holds conversations, whose turns wait for each other's answers in one client; "

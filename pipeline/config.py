@@ -71,6 +71,8 @@ class Valid:
     # An address (a URL): no user name or password in it, since outputs, logs and MLflow keep
     # every setting. Says where the credentials go instead, e.g. "export RAY_AUTH_TOKEN".
     address: str | None = None
+    # What the address must be, parsed whole (ADDRESS_KINDS): its scheme, its host, a port in range.
+    speaks: str | None = None
 
     def problem(self, key: str, value: Any) -> str | None:
         if value is None:
@@ -82,6 +84,8 @@ class Valid:
                 f"{key} holds a user name or password, which outputs, logs and MLflow would keep; give the address "
                 f"alone and {self.address}"
             )
+        if self.speaks is not None:
+            return address_problem(key, value, self.speaks)
         rule = self._broken(value)
         return f"{key}={value} must {rule}{self.hint}" if rule else None
 
@@ -101,13 +105,48 @@ class Valid:
         return None
 
 
+# What each kind of address may be: a server's (engine.url), a tracking store's (tracking.uri)
+# and a Ray cluster's (ray.address), with the fix a message names.
+ADDRESS_KINDS = {
+    "server": (("http", "https"), "give the server's address, e.g. http://10.0.0.5:8000"),
+    "store": (
+        ("sqlite", "http", "https", "postgresql", "mysql", "mssql"),
+        "give a sqlite:///path/to/mlflow.db database or an `mlflow server` address, e.g. http://10.0.0.5:5000",
+    ),
+    "ray": (("ray",), "give the head's host:port (e.g. 10.0.0.5:6379), ray://host:port, or auto"),
+}
+
+
+def address_problem(key: str, value: str, kind: str) -> str | None:
+    """What is wrong with an address, parsed whole, or None: the scheme its service speaks, a
+    host, and a port in range. A local SQLite store is sqlite:///path; Ray's is host:port, its
+    client's ray://host:port, or auto."""
+    schemes, fix = ADDRESS_KINDS[kind]
+    if kind == "ray" and (value == "auto" or "://" not in value):
+        value = "ray://" + value  # host:port, as ray start prints it
+    parts = urlsplit(value)
+    if parts.scheme not in schemes:
+        return f"{key}={value!r} does not speak {' or '.join(schemes)}; {fix}"
+    if parts.scheme == "sqlite":
+        return None if value.startswith("sqlite:///") and len(value) > len("sqlite:///") else f"{key}={value!r}: {fix}"
+    if value == "ray://auto":
+        return None
+    try:
+        port = parts.port
+    except ValueError:
+        return f"{key}={value!r} has a port outside 1-65535; {fix}"
+    if not parts.hostname or port == 0 or (kind == "ray" and port is None):
+        return f"{key}={value!r} names no host{' and port' if kind == 'ray' else ''}; {fix}"
+    return None
+
+
 def _has_credentials(address: str) -> bool:
     parts = urlsplit(address) if "://" in address else None  # host:port and "auto" hold none
     return parts is not None and bool(parts.username or parts.password)
 
 
 # engine=external's two servers: an API key reaches them from the environment (pipeline/load/client.py).
-SERVER_URL = Valid(address="export an API key as OPENAI_API_KEY")
+SERVER_URL = Valid(address="export an API key as OPENAI_API_KEY", speaks="server")
 
 
 def setting(
@@ -173,6 +212,10 @@ class EngineConfig:
     # both already running (http://host:port); specsweep measures them and starts nothing.
     url: str | None = setting(Role.SERVER, None, valid=SERVER_URL)
     baseline_url: str | None = setting(Role.SERVER, None, valid=SERVER_URL)
+    # engine=external sends a sweep's load to servers that may serve users: above a small load
+    # (pipeline/engines/external.py: SMALL_LOAD) a real run asks for a yes at the terminal, or
+    # this set to true where there is none (a scheduler). It changes nothing measured.
+    external_ok_to_load: bool = setting(Role.SERVER_ONLY, False)
 
 
 @dataclass(frozen=True)
@@ -205,6 +248,12 @@ class LoadConfig:
         Role.POINT, 1.0, valid=Valid(positive=True, hint=" (1.0 is Poisson)")
     )  # gamma shape of inter-arrival times; 1.0 is Poisson
     num_requests: int = setting(Role.POINT, 16, valid=Valid(at_least=1))
+    # A window at a finite rate holds at least rate x this many seconds of arrivals (more
+    # requests than num_requests where the rate is high), so that it can reach the rate's
+    # steady state; the report checks that it did (analysis/trust.py). 0: num_requests only.
+    min_duration_s: float = setting(
+        Role.POINT, 4.0, valid=Valid(at_least=0, hint=" of seconds (0: num_requests alone)")
+    )
     # Instead of num_requests: every arrival due within this many seconds (finite rates).
     duration_s: float | None = setting(Role.POINT, None, valid=Valid(positive=True, hint=" of seconds or null"))
     # Cap on requests in flight; with request_rate=inf this is closed-loop load.
@@ -225,6 +274,15 @@ class LoadConfig:
         Role.DECISION, None, valid=Valid(positive=True, hint=" of seconds or null")
     )
 
+    @property
+    def requests_in_window(self) -> int:
+        """How many requests a window of ``num_requests`` holds: at a finite rate, at least enough
+        for ``min_duration_s`` seconds of arrivals, so a high rate runs long enough to reach its
+        steady state (16 requests at 16 req/s are one second of load)."""
+        if self.request_rate is None or not math.isfinite(self.request_rate) or self.min_duration_s <= 0:
+            return self.num_requests
+        return max(self.num_requests, math.ceil(self.request_rate * self.min_duration_s - 1e-9))
+
 
 @dataclass(frozen=True)
 class WorkloadConfig:
@@ -233,7 +291,10 @@ class WorkloadConfig:
     name: str = setting(Role.POINT, "code_edit")
     path: str | None = setting(Role.POINT, None)
     endpoint: str = setting(Role.POINT, "chat", valid=Valid(choices=ENDPOINTS))
-    max_tokens: int = setting(Role.POINT, 128, valid=Valid(at_least=1))  # the cap on every request's output length
+    # The output length of every request whose source gives none (a trace line or a JSONL
+    # line with output_tokens / output_length is sent at its own length; ShareGPT's reference
+    # length is capped at this).
+    max_tokens: int = setting(Role.POINT, 128, valid=Valid(at_least=1))
     ignore_eos: bool = setting(Role.POINT, False)
     temperature: float = setting(
         Role.POINT, 0.0, valid=Valid(at_least=0, hint=" (0 is greedy; the server refuses a negative one)")
@@ -255,6 +316,12 @@ class WorkloadConfig:
     # A trace's conversations: the think time between a turn's answer and the next turn, in
     # seconds, in place of the trace's own (delay_s or the timestamp gap); null keeps the trace's.
     think_time_s: float | None = setting(Role.POINT, None, valid=Valid(at_least=0, hint=" or null"))
+    # Lengths-only lines (input_length, hash_ids): the tokens one hash id stands for; 512 in
+    # Mooncake's traces, 16 in vLLM's timed_trace by default (--timed-trace-chunk-hash-size).
+    hash_block_tokens: int = setting(Role.POINT, 512, valid=Valid(at_least=1))
+    # Trace fields that are the user's own metadata (a user id, a region): not replayed, and not
+    # listed as ignored before launch. Every other unknown field is listed and recorded.
+    metadata_fields: list[str] = setting(Role.DECISION, factory=list)
 
 
 @dataclass(frozen=True)
@@ -272,7 +339,7 @@ class SloConfig:
 class TrackingConfig:
     # None: a SQLite store under the project's mlruns/.
     uri: str | None = setting(
-        None, None, valid=Valid(address="export MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD")
+        None, None, valid=Valid(address="export MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD", speaks="store")
     )
     experiment: str | None = None  # default: the sweep name
     # Each point also as a `vllm bench serve` result JSON (vllm_result.json): off, summary, or
@@ -291,7 +358,9 @@ class LosslessConfig:
 @dataclass(frozen=True)
 class RayConfig:
     # None: start a local Ray; "auto" or host:port joins a running cluster.
-    address: str | None = setting(None, None, valid=Valid(address="Ray reads its token from RAY_AUTH_TOKEN: export it"))
+    address: str | None = setting(
+        None, None, valid=Valid(address="Ray reads its token from RAY_AUTH_TOKEN: export it", speaks="ray")
+    )
     connect_timeout_s: float = setting(None, 30.0, valid=Valid(above=0))  # an unreachable address fails after this long
     # What each server group asks of a node, e.g. {specsweep_slot: 1} on CPU nodes started
     # with that custom resource, or {GPU: 1}. Empty: one GPU per engine rank on GPU machines,

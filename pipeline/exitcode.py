@@ -24,3 +24,12 @@ class ExitCode(IntEnum):
     INFRA = 4  # the tracking server or the Ray cluster does not answer, or the disk is full
     INTERRUPTED = signal_exit_code(signal.SIGINT)  # Ctrl-C: every server stopped, finished points kept
     TERMINATED = signal_exit_code(signal.SIGTERM)  # SIGTERM (a scheduler's stop): the same
+
+
+def sweep_exit(gate: int, failed: int) -> int:
+    """A sweep's code from its gate's and its failed points: a regression the gate found in what
+    was measured stands (1), whatever else failed; otherwise a failed point leaves the sweep
+    incomplete (3), a pass included: what failed may be what would have regressed."""
+    if gate == ExitCode.REGRESSED or not failed:
+        return gate
+    return ExitCode.INCOMPLETE

@@ -69,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return ExitCode.BAD_INPUT
     print(summary)
-    if result.overall == "insufficient":
+    if isinstance(result, PairedResult) and result.overall == "insufficient":
+        print(f"insufficient data: {result.why_insufficient()}", file=sys.stderr)
+    elif result.overall == "insufficient":
         print(
             "insufficient data: no earlier run of this sweep with the same fingerprint (point, hardware, model "
             "revision) to compare with; run the sweep again, or pin a reference with "

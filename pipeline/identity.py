@@ -26,7 +26,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.config import AXIS, ROLE, SERVER_KEY, JobConfig, Role
+from pipeline.config import AXIS, ROLE, SERVER_KEY, JobConfig, LoadConfig, Role
 
 HASH_VERSION = 2  # the settings hash's version (tag point_hash.version)
 IDENTITY_VERSION = 3  # the identity's: settings hash + system + data (tag identity.version)
@@ -140,8 +140,20 @@ def sweep_level() -> tuple[str, ...]:
 
 def point_hash(job: JobConfig) -> str:
     """A point's settings (its server's, its load and workload): every SERVER and POINT setting,
-    and nothing else. What they resolved to where the point ran is :class:`Identity`'s."""
-    return _digest(_values(job, IDENTITY))
+    and nothing else. What they resolved to where the point ran is :class:`Identity`'s. A window
+    is identified by the requests it sends: ``load.min_duration_s`` enters as the
+    ``num_requests`` it makes, so a window it leaves as it was keeps the hash it had before the
+    setting existed, and one it lengthens gets the hash of that many requests."""
+    return _digest(_values(_window_as_sent(job), IDENTITY))
+
+
+def _window_as_sent(job: JobConfig) -> JobConfig:
+    load = job.load
+    if load.duration_s is not None:
+        return job
+    default = LoadConfig().min_duration_s
+    sent = dataclasses.replace(load, num_requests=load.requests_in_window, min_duration_s=default)
+    return dataclasses.replace(job, load=sent)
 
 
 def server_key(job: JobConfig) -> str:

@@ -226,6 +226,7 @@ def _validate_paired_gate(job: JobConfig) -> None:
             "gate.mode=paired measures the grid on fresh servers of both builds, gate.pairs times each: use "
             "search=grid, leave aa and repeats.count at their defaults, and an engine specsweep starts"
         )
+    _validate_pairs(gate.pairs, gate.detect, gate.alpha, gate.decision_floor)
     stray = [
         o
         for o in gate.reference
@@ -250,6 +251,27 @@ def _validate_paired_gate(job: JobConfig) -> None:
                 f"gate.reference sets {key} to a secret, which the sweep's params would keep; export it in the "
                 f"environment and pass it by name (engine.env_from) in the reference instead"
             )
+
+
+def _validate_pairs(pairs: int, detect: float, alpha: float, floor: float) -> None:
+    """Fewer than four pairs see only large slowdowns: refused unless gate.detect says so."""
+    from pipeline.analysis import paired
+
+    if pairs >= paired.FEWEST_PAIRS:
+        return
+    seen = paired.design_detectable(pairs, alpha, floor)
+    spread = f"the pair spread real nights measured here ({math.expm1(paired.PLANNED_SPREAD[0]):.1%})"
+    if seen is None:
+        raise ConfigError(
+            f"gate.pairs={pairs} cannot see a slowdown under 10x at {spread}: use gate.pairs>={paired.FEWEST_PAIRS}"
+        )
+    if detect < seen:
+        enough = math.ceil(seen * 100) / 100
+        raise ConfigError(
+            f"gate.pairs={pairs} detects a slowdown of {seen:.0%} with {paired.DESIGN_POWER:.0%} power at {spread}, "
+            f"not gate.detect={detect:g}: use gate.pairs>={paired.FEWEST_PAIRS}, or set gate.detect={enough:.2f} "
+            "to say what this design can see"
+        )
 
 
 def _validate_search(job: JobConfig) -> None:

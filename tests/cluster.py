@@ -475,6 +475,65 @@ def stutter(
         signal_all(engine_pids(roots(), ready, only), signal.SIGCONT)
 
 
+ENGINE_CORE = "VLLM::EngineCore"  # the engine core's process title: the process that runs the steps
+
+
+def served(port: str) -> float:
+    """Requests a vLLM server has answered (its own counter); 0 where it does not answer."""
+    try:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10, trust_env=False).text
+    except httpx.HTTPError:
+        return 0.0
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:request_success_total")
+    )
+
+
+@contextmanager
+def crash_nth(
+    roots: Callable[[], Iterable[procs.Root]],
+    nth: int,
+    only: Callable[[psutil.Process], bool] = lambda p: True,
+    delay_s: float = 2.0,
+) -> Iterator[list[int]]:
+    """SIGKILL the engine core of the ``nth`` (from 1) vLLM server to start below ``roots()``
+    that ``only`` selects, ``delay_s`` after it answered its first request (the window's warm-up):
+    a server that crashes mid-window, as no config value can make it. The killed API server's
+    pid is appended to the list it yields."""
+    done, killed = threading.Event(), []
+
+    def loop() -> None:
+        seen: list[psutil.Process] = []  # the selected API servers, in the order they started
+        while not done.is_set():
+            for proc in procs.matching(roots(), API_SERVER):
+                args = procs.cmdline(proc)
+                # The API server itself, not its watchdog (whose command line holds the server's).
+                if "-m" not in args or args[args.index("-m") + 1 :][:1] != [API_SERVER]:
+                    continue
+                try:
+                    if proc.pid not in {p.pid for p in seen} and only(proc):
+                        seen.append(proc)
+                except psutil.Error:
+                    continue
+            if len(seen) >= nth:
+                target = seen[nth - 1]
+                args = procs.cmdline(target)
+                if "--port" in args[:-1] and served(args[args.index("--port") + 1]) >= 1:
+                    done.wait(delay_s)
+                    procs.send(procs.matching([target.pid], ENGINE_CORE), signal.SIGKILL)
+                    killed.append(target.pid)
+                    return
+            done.wait(0.5)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield killed
+    finally:
+        done.set()
+        thread.join()
+
+
 # A paired gate's night on the smallest grid that exercises it (tests/integration/test_paired_gate.py,
 # benchmarks/gate_power.py --real): the baseline only, small windows, the reference build marked by
 # a variable in its servers' environment, so a slowdown can be put on the candidate's servers alone.

@@ -1,11 +1,14 @@
 """A synthetic engine with a known answer: its TPOT at each k and rate, and windows drawn from it,
-for the predictor's tests and the driver's whole-sweep tests."""
+for the predictor's tests and the driver's whole-sweep tests; and a continuous-batching server
+whose capacity is known, for the validity checks' tests and their calibration
+(benchmarks/validity.py --simulate)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from pipeline.analysis.samples import Sample
+from pipeline.load.client import RequestRecord
 from pipeline.run.outcomes import PointOutcome
 from pipeline.run.plan import SweepPlan
 
@@ -46,3 +49,30 @@ def measured_outcomes(plan: SweepPlan, ks: set[int]) -> tuple[dict[str, PointOut
         outcomes[p.hash] = PointOutcome(p.hash, run, metrics)
         samples[run] = window(true_tpot(k, rate), length, seed=i)
     return outcomes, samples
+
+
+def batching_server(
+    sends: np.ndarray, tokens: int, per_request: float, capacity: float, dt: float = 0.005
+) -> list[RequestRecord]:
+    """A continuous-batching server, simulated in ``dt`` steps: every request in flight streams
+    at ``per_request`` tokens/s until the batch would need more than ``capacity`` tokens/s,
+    which they then share (stable while rate x tokens < capacity). Each token is one chunk, at
+    the step it completes."""
+    done = np.zeros(len(sends))
+    chunks: list[list[float]] = [[] for _ in sends]
+    t = 0.0
+    while (done < tokens).any():
+        active = np.flatnonzero((sends <= t) & (done < tokens))
+        if len(active):
+            rate = min(per_request, capacity / len(active))
+            before = np.floor(done[active])
+            done[active] = np.minimum(done[active] + rate * dt, tokens)
+            for i in active[np.floor(done[active]) > before]:
+                chunks[i].append(t + dt)
+        t += dt
+    return [
+        RequestRecord(
+            index=i, category="c", scheduled_s=float(s), sent_s=float(s), chunk_s=tuple(c), output_tokens=tokens
+        )
+        for i, (s, c) in enumerate(zip(sends, chunks, strict=True))
+    ]

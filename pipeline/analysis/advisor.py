@@ -11,8 +11,9 @@ from dataclasses import dataclass
 import pandas as pd
 
 from pipeline.analysis.categories import GroupComparisons
-from pipeline.analysis.decisions import HELPS, HURTS
+from pipeline.analysis.decisions import HELPS, HURTS, decide
 from pipeline.analysis.samples import finite_number
+from pipeline.analysis.stats import Ratio
 from pipeline.analysis.verdicts import TPOT, Comparisons, Crossover, config_label
 
 # Every acceptance rule tests alpha: the per-token acceptance probability implied by the
@@ -146,33 +147,38 @@ def k_schedule(
     comparisons: Comparisons,
     baseline_e2el_s: dict[float, float],
     method: str,
-    resolved_faster: Callable[[str, str], bool],
+    compare: Callable[[str, str], Ratio | None],
 ) -> dict | None:
     """The best k per load band as vLLM's ``num_speculative_tokens_per_batch_size``:
     ``[range_start, range_end, k]`` by batch size, inclusive. A rate's batch size is
     estimated by Little's law (rate x baseline median E2EL); a band where no k helps gets 0.
 
-    A band keeps the previous band's k while that k still helps, unless another k is
-    resolved faster at this load (``resolved_faster(previous_key, candidate_key)``): a
-    difference inside the noise does not change the schedule."""
+    A band keeps the previous band's k, whether or not it still helps there, unless the k that
+    helps most at this load is resolved faster than it (``compare(previous_key, candidate_key)``:
+    the paired ratio of the two speculative windows, None where none can be drawn), or the
+    previous k hurts here. Every comparison the schedule may ask is decided as one family
+    (Benjamini-Hochberg): a difference inside the noise does not change the schedule, and
+    neither does one of several comparisons that clears the floor by chance."""
     table = comparisons.table
     rows = table[table["method"] == method] if not table.empty else table
     if rows.empty or not baseline_e2el_s:
         return None
+    rates = sorted(rows["request_rate"].unique())
+    resolved = _resolved_switches(comparisons, rows, rates, compare)
     bands: list[tuple[int, int]] = []
     previous: int | None = None
-    for rate in sorted(rows["request_rate"].unique()):
+    for rate in rates:
         at_rate = rows[rows["request_rate"] == rate]
-        helping = at_rate[comparisons.labels(at_rate) == HELPS]
+        labels = comparisons.labels(at_rate)
+        helping = at_rate[labels == HELPS]
         best = 0
         if not helping.empty:
             candidate = helping.loc[helping[TPOT].idxmax()]
             best = int(candidate["k"])
-            kept = helping[helping["k"] == previous]
-            if previous and not kept.empty and previous != best:
-                best = (
-                    best if resolved_faster(str(kept.iloc[0]["point_key"]), str(candidate["point_key"])) else previous
-                )
+            kept = at_rate[at_rate["k"] == previous]
+            if previous and previous != best and not kept.empty and labels[kept.index[0]] != HURTS:
+                switch = (str(kept.iloc[0]["point_key"]), str(candidate["point_key"])) in resolved
+                best = best if switch else previous
         previous = best or None
         e2el = baseline_e2el_s.get(float(rate))
         batch = max(1, math.ceil(rate * e2el)) if e2el and math.isfinite(rate) else None
@@ -192,6 +198,31 @@ def k_schedule(
         "num_speculative_tokens": max(k for _, _, k in schedule) or 1,
         "num_speculative_tokens_per_batch_size": schedule,
     }
+
+
+def _resolved_switches(
+    comparisons: Comparisons,
+    rows: pd.DataFrame,
+    rates: list[float],
+    compare: Callable[[str, str], Ratio | None],
+) -> set[tuple[str, str]]:
+    """(previous key, candidate key) pairs where the candidate is resolved faster: at each rate
+    after the first, the k that helps most there against every other k measured there (any of
+    them may be the previous band's), all decided as one family."""
+    asked: list[tuple[tuple[str, str], Ratio]] = []
+    for rate in rates[1:]:
+        at_rate = rows[rows["request_rate"] == rate]
+        helping = at_rate[comparisons.labels(at_rate) == HELPS]
+        if helping.empty:
+            continue
+        candidate = str(helping.loc[helping[TPOT].idxmax()]["point_key"])
+        for other in at_rate["point_key"]:
+            if str(other) != candidate and (ratio := compare(str(other), candidate)) is not None:
+                asked.append(((str(other), candidate), ratio))
+    if not asked:
+        return set()
+    decided = decide([ratio for _, ratio in asked], comparisons.options)
+    return {pair for (pair, _), d in zip(asked, decided, strict=True) if d.label == HELPS}
 
 
 def _kv_advice(comparisons: Comparisons, kv: dict[str, KvCapacity]) -> list[Advice]:

@@ -20,10 +20,12 @@ from pipeline.analysis import (
     search_report,
     stats,
     timeline,
+    trust,
     verdicts,
 )
 from pipeline.analysis.markdown import ReportData, conditions
 from pipeline.analysis.samples import Sample, StatsOptions
+from pipeline.analysis.stats import Ratio
 from pipeline.engines.acceptance import alpha_from_length
 from pipeline.engines.registry import emits_k_schedule
 from pipeline.load.slo import SloTarget
@@ -70,9 +72,8 @@ def analyse(
     """Everything the report says, from the sweep table and each window's requests
     (``samples``: run id -> its requests; without them no ratio gets an interval)."""
     frame = load_frame(frame)
-    samples = samples or {}
-    opts = opts or StatsOptions()
-    comparisons = verdicts.compare_points(frame, samples, opts)
+    samples, opts = samples or {}, opts or StatsOptions()
+    comparisons = verdicts.compare_points(frame, samples, opts, (checked := _trust(frame, samples, opts))[0])
     points = comparisons.table
     gaps = _input_gaps(frame, samples) + _comparison_gaps(points)
     crossings = verdicts.crossovers(comparisons)
@@ -116,7 +117,19 @@ def analyse(
         by_type=by_type,
         by_turn=by_turn,
         over_time=over_time,
+        trust=checked[1],
     )
+
+
+def _trust(
+    frame: pd.DataFrame, samples: Mapping[str, Sample], opts: StatsOptions
+) -> tuple[dict[str, dict[str, str]], list[str]]:
+    """Can you trust this run? Each window's checks, and its repeats': the verdicts a failed one
+    undermines (withheld, by point and ratio), and the report's lines (analysis/trust.py)."""
+    found = trust.window_findings(frame)
+    spread = opts.server_spread.for_metric(verdicts.TPOT) if opts.server_spread else None
+    repeats = trust.repeat_findings(frame, samples, spread)
+    return trust.withheld(frame, found, repeats), trust.trust_lines(frame, found, repeats)
 
 
 def _input_gaps(frame: pd.DataFrame, samples: Mapping[str, Sample]) -> list[str]:
@@ -157,13 +170,12 @@ def _k_schedules(
     e2el = {float(r): float(g["median_e2el_ms"].median()) / 1000 for r, g in scheduled.groupby("request_rate")}
     schedulable = points[points["engine"].map(emits_k_schedule)] if not points.empty else points
 
-    def resolved_faster(slower: str, faster: str) -> bool:
-        decision = verdicts.between_points(frame, samples, slower, faster, opts)
-        return decision is not None and decision.label == "helps"
+    def compare(slower: str, faster: str) -> Ratio | None:
+        return verdicts.between_points(frame, samples, slower, faster, opts)
 
     view = verdicts.Comparisons(schedulable, comparisons.decisions, opts)
     methods = sorted(schedulable["method"].unique()) if not schedulable.empty else []
-    schedules = [s for m in methods if (s := advisor.k_schedule(view, e2el, m, resolved_faster))]
+    schedules = [s for m in methods if (s := advisor.k_schedule(view, e2el, m, compare))]
     if not schedules:
         gaps.append("k schedule: needs vLLM speculative points and baseline latencies")
     unscheduled = (

@@ -41,15 +41,26 @@ class Grouping:
         """Each successful request's group, and each failed one's (None: in no group)."""
         return sample.category, sample.failed_category
 
-    def split(self, sample: Sample) -> dict[str, np.ndarray]:
+    def prompt_labels(self, sample: Sample) -> dict[int, str]:
+        """Each prompt of the window with a group, failed ones included: prompt -> its group."""
         ok, failed = self.labels(sample)
         failed_index = sample.failed_index if len(sample.failed_index) == len(failed) else ()
-        out: dict[str, list[int]] = {}
         pairs = [*zip(ok, sample.index, strict=False), *zip(failed, failed_index, strict=False)]
-        for label, prompt in pairs:
-            if label is not None:
-                out.setdefault(str(label), []).append(int(prompt))
-        return {name: np.array(out[name]) for name in sorted(out)}
+        return {int(prompt): str(label) for label, prompt in pairs if label is not None}
+
+    def point_splits(self, base: Sequence[Sample], spec: Sequence[Sample]) -> list[dict[str, np.ndarray]]:
+        """Each pair of windows (a repeat) cut into groups: prompt indices per group. A prompt's
+        group is the prompt's own, read from either window (the speculative one first), so that
+        a request that failed on one server, whose group that window may not record, is in the
+        same group on both: a failure counts against whichever server failed it."""
+        out = []
+        for b, s in zip(base, spec, strict=True):
+            labels = self.prompt_labels(b) | self.prompt_labels(s)
+            groups: dict[str, list[int]] = {}
+            for prompt, label in labels.items():
+                groups.setdefault(label, []).append(prompt)
+            out.append({name: np.array(sorted(groups[name])) for name in sorted(groups)})
+        return out
 
     def describe(self, name: str, base: Sequence[Sample], spec: Sequence[Sample]) -> dict[str, float]:
         """Columns of the group's own beyond the shared ones."""
@@ -128,7 +139,7 @@ def compare_groups(
         spec = [samples.get(str(s["run_id"])) for _, s in pairs]
         if not pairs or any(x is None for x in base + spec):
             continue
-        splits = [by.split(x) for x in spec]  # type: ignore[arg-type]
+        splits = by.point_splits(base, spec)  # type: ignore[arg-type]
         names = list(dict.fromkeys(name for split in splits for name in split))
         if len(names) < 2:
             continue  # one kind of text: the point's own verdict is the category's

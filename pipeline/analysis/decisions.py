@@ -47,6 +47,8 @@ def tail_p(ratio: Ratio, floor: float) -> tuple[float, float]:
     smallest p is 2 / (B + 1), it resolves the small p-values a large family needs
     (Benjamini-Hochberg over 50 comparisons asks for p < 0.001)."""
     assert ratio.estimate is not None and ratio.low is not None and ratio.high is not None
+    if ratio.censored:
+        return censored_p(ratio, floor)
     reference = _reference(ratio)
     q = float(reference.ppf(1 - (1 - ratio.level) / 2))
     centre = math.log(ratio.estimate)
@@ -62,6 +64,26 @@ def tail_p(ratio: Ratio, floor: float) -> tuple[float, float]:
     return (
         two_sided(centre - math.log1p(floor), abs(centre - low)),
         two_sided(math.log1p(-floor) - centre, abs(high - centre)),
+    )
+
+
+def censored_p(ratio: Ratio, floor: float) -> tuple[float, float]:
+    """:func:`tail_p` for a censored ratio (a failed request reaches the statistic in some
+    replicates, or in the estimate): no standard error can be read off an interval with an end
+    at 0 or infinity, so each side's two-sided p-value is the share of replicates on the other
+    side of the floor, an infinite replicate counting on its own side ((count + 1) / (B + 1),
+    never 0)."""
+    replicates = ratio.log_replicates[~np.isnan(ratio.log_replicates)]
+    if not len(replicates):
+        return 1.0, 1.0
+    size = len(replicates) + 1
+
+    def share(count: int) -> float:
+        return min(1.0, 2 * (count + 1) / size)
+
+    return (
+        share(int(np.sum(replicates <= math.log1p(floor)))),
+        share(int(np.sum(replicates >= math.log1p(-floor)))),
     )
 
 
@@ -123,7 +145,7 @@ def decide(
     return out
 
 
-# What a sample-size hint aims for ("would likely resolve it"), and the confidence of the spread
+# What a sample-size hint aims for ("... resolves with 80 % power"), and the confidence of the spread
 # bound it is sized from; the paired gate states its design at a power of its own (paired.DESIGN_POWER).
 HINT_POWER = 0.80
 MAX_REQUESTS = 20_000  # a hint beyond these is "not resolvable at practical sizes"
@@ -131,25 +153,39 @@ MAX_REPEATS = 30
 
 
 def to_resolve(ratio: Ratio, floor: float, level: float | None = None) -> str:
-    """What would resolve an inconclusive ratio with 80 % power at ``level`` (the level the
-    family's adjustment asks of it), if the estimate were the truth.
+    """What would resolve an inconclusive ratio: "at N requests per window (or R repeats), an
+    effect of X or more resolves with 80 % power" at ``level`` (the level the family's
+    adjustment asks of it).
+
+    X is the interval's bound on the estimate's side of 1 (the other side where that bound lies
+    inside the floor): the largest effect the window still holds plausible in that direction,
+    not the estimate. Sizing from the estimate ("if the estimate were the truth") is post-hoc
+    power: for one true speedup it names any size from tens to thousands of requests, and calls
+    an estimate that fell inside the floor unresolvable. Only an interval wholly inside the
+    floor says that no window size would make it helps or hurts.
 
     The model of the interval's width, on the log scale: se^2 = within^2 * n0 / n + server^2 / R
     (within: the window's own spread at its n0 requests; server: the spread between server
     starts, which no window size shrinks). More requests help only the first term; fresh
     servers per repeat (repeats.restart=true) average the second."""
     assert ratio.estimate is not None and ratio.low is not None and ratio.high is not None
+    if ratio.censored:
+        reached = float(np.mean(np.isinf(ratio.log_replicates))) if len(ratio.log_replicates) else 1.0
+        return (
+            f"failed requests reach this statistic in {reached:.0%} of its resamples: the failures, not the "
+            "window's size, decide it"
+        )
     level = 1 - ratio.level if level is None else level
-    effect = abs(math.log(ratio.estimate))
-    margin = effect - (math.log1p(floor) if ratio.estimate >= 1 else -math.log1p(-floor))
-    if margin <= 0:
-        return f"the estimate is within the ±{floor:.0%} floor: no window size would make it helps or hurts"
+    effect = _named_effect(ratio, floor)
+    if effect is None:
+        return f"the interval lies within the ±{floor:.0%} floor: no window size would make it helps or hurts"
+    margin = abs(math.log(effect)) - (math.log1p(floor) if effect >= 1 else -math.log1p(-floor))
     noise = ratio.noise
     if noise is None:
         return "no model of its spread to size a fix from"
-    server = _planning_sd(noise.server_sd, noise.server_df)
+    server = planning_sd(noise.server_sd, noise.server_df)
     if noise.within_sd is None or noise.restarted or noise.runs >= 2:
-        return _repeats_hint(noise, margin, level, server)
+        return _repeats_hint(noise, margin, level, server, effect)
     need = margin / (float(scipy_stats.norm.ppf(1 - level / 2)) + float(scipy_stats.norm.ppf(HINT_POWER)))
     # The window's own spread as the verdict sees it: the interval's half-width on the floor's
     # side (a bootstrap of a median is skewed at small n), less the server spread added to it;
@@ -164,30 +200,54 @@ def to_resolve(ratio: Ratio, floor: float, level: float | None = None) -> str:
         noise = dataclasses.replace(noise, within_sd=within)
         return (
             f"more requests cannot resolve this: the spread between server starts ({noise.server_sd:.1%}) alone is too "
-            f"wide; {_repeats_hint(noise, margin, level, server, restart=True)}"
+            f"wide; {_repeats_hint(noise, margin, level, server, effect, restart=True)}"
         )
     n = math.ceil(within**2 * noise.requests / (need**2 - server**2))
     if n > MAX_REQUESTS:
-        return f"not resolvable at practical sizes (~{n} requests per window)"
+        return (
+            f"not resolvable at practical sizes: even an effect of {effect:.2f}x (the interval's bound) needs over "
+            f"{MAX_REQUESTS:,} requests per window"
+        )
     caveat = (
         "" if noise.server_sd is not None else " (if the servers' own spread is small: +sweep=noise_floor measures it)"
     )
-    return f"~{max(n, noise.requests + 1)} requests per window would likely resolve it{caveat}"
+    return f"at ~{max(n, noise.requests + 1)} requests per window, {_effect_words(effect)}{caveat}"
 
 
-def _planning_sd(sd: float | None, df: float) -> float:
-    """A spread to size a design by: the one-sided 80 % upper confidence bound of a measured sd
-    (sd * sqrt(df / chi2_0.2(df))), since a design sized by a spread that came out low by chance
-    falls short of its power. Measured here: hints from the point estimate of a 20-comparison
-    A/A spread reached 63-82 % power, from this bound 80 % and more."""
+def _named_effect(ratio: Ratio, floor: float) -> float | None:
+    """The effect a hint is sized for: the interval's bound on the estimate's side of 1 where it
+    lies past the floor, else the other bound where that one does; None where both lie inside."""
+    assert ratio.estimate is not None and ratio.low is not None and ratio.high is not None
+    helps = ratio.high if ratio.high > 1 + floor else None
+    hurts = ratio.low if ratio.low < 1 - floor else None
+    first, second = (helps, hurts) if ratio.estimate >= 1 else (hurts, helps)
+    return first if first is not None else second
+
+
+def _effect_words(effect: float) -> str:
+    more = "more" if effect >= 1 else "less"
+    return (
+        f"an effect of {effect:.2f}x or {more} resolves with {HINT_POWER:.0%} power (the interval's "
+        f"{'upper' if effect >= 1 else 'lower'} bound; a smaller one needs more)"
+    )
+
+
+def planning_sd(sd: float | None, df: float, confidence: float = HINT_POWER) -> float:
+    """A spread to size a design by: the one-sided upper confidence bound of a measured sd
+    (sd * sqrt(df / chi2_(1 - confidence)(df)), 80 % by default), since a design sized by a
+    spread that came out low by chance falls short of its power. Measured here: hints from the
+    point estimate of a 20-comparison A/A spread reached 63-82 % power, from this bound 80 % and
+    more. The paired gate's power statement is sized the same way (paired.SPREAD_CONFIDENCE)."""
     if not sd:
         return 0.0
     if not df or df < 1:
         return sd
-    return sd * math.sqrt(df / float(scipy_stats.chi2.ppf(1 - HINT_POWER, df)))
+    return sd * math.sqrt(df / float(scipy_stats.chi2.ppf(1 - confidence, df)))
 
 
-def _repeats_hint(noise: Noise, margin: float, level: float, server: float, restart: bool = False) -> str:
+def _repeats_hint(
+    noise: Noise, margin: float, level: float, server: float, effect: float, restart: bool = False
+) -> str:
     """The repeats on fresh servers that reach 80 % power: per-repeat variance within^2 + server^2
     (for throughput, the runs' own spread), Student's t with R - 1 degrees of freedom."""
     per_run = noise.run_sd if noise.run_sd is not None and (noise.within_sd is None or noise.restarted) else None
@@ -195,7 +255,7 @@ def _repeats_hint(noise: Noise, margin: float, level: float, server: float, rest
         # Measured from the runs' own spread, on runs - 1 degrees of freedom (3 runs: 2): sized by
         # its 80 % upper bound, as the server spread is. From the estimate itself, hints named
         # after 3 runs reached 63 % power in the calibration.
-        per_run = _planning_sd(per_run, noise.runs - 1)
+        per_run = planning_sd(per_run, noise.runs - 1)
     else:
         if noise.within_sd is None and noise.server_sd is None:
             return "repeats.count >= 3 with repeats.restart=true measures its spread"
@@ -205,15 +265,18 @@ def _repeats_hint(noise: Noise, margin: float, level: float, server: float, rest
         if quantiles * per_run / math.sqrt(runs) <= margin:
             runs = max(runs, noise.runs + 1)
             if noise.restarted and not restart:
-                return f"~{runs} repeats would likely resolve it"
-            return f"repeats.restart=true with repeats.count >= {runs} would likely resolve it"
-    return f"not resolvable at practical sizes (over {MAX_REPEATS} repeats)"
+                return f"at ~{runs} repeats, {_effect_words(effect)}"
+            return f"with repeats.restart=true and repeats.count >= {runs}, {_effect_words(effect)}"
+    return (
+        f"not resolvable at practical sizes: even an effect of {effect:.2f}x (the interval's bound) needs over "
+        f"{MAX_REPEATS} repeats"
+    )
 
 
 def smallest_resolvable(ratio: Ratio, floor: float) -> float | None:
     """From an A/A comparison: the smallest speedup this setup would call "helps", given the
     interval's measured half-width and the floor."""
-    if not ratio.resolved:
+    if not ratio.resolved or ratio.censored:
         return None
     assert ratio.low is not None and ratio.high is not None
     half = (math.log(ratio.high) - math.log(ratio.low)) / 2

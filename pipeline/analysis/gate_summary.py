@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from pipeline.analysis import paired
 from pipeline.analysis.paired import PairedResult
 from pipeline.analysis.regression import IMPROVED, INSUFFICIENT, REGRESSED, SEVERITY, SUSPECT, Flip, GateResult
 from pipeline.analysis.stats import Ratio
@@ -74,18 +75,22 @@ def flips_markdown(flips: Sequence[Flip], compared: int) -> str:
 
 def night_markdown(result: PairedResult, title: str, reference: str, label_floor: float) -> str:
     """The night's summary, fit for a CI comment: the verdict, the primary, what else moved, power."""
-    head = {"fail": "❌ regression", "pass": "✅ pass", "insufficient": "⚠️ insufficient data"}[result.overall]
+    head = {paired.FAIL: "❌ regression", paired.PASS: "✅ pass", paired.INSUFFICIENT: "⚠️ insufficient data"}[
+        result.overall
+    ]
     primary = result.primary
     lines = [
         f"### Regression gate (paired): {head}",
         "",
-        f"{title}; reference: {reference}; {result.pairs} pair(s) over {result.points} point(s).",
+        f"{title}; reference: {reference}; {result.account.text()}, over {result.points} point(s).",
         "",
         f"Primary endpoint, {primary.metric} (geometric mean over points, > 0: the candidate is slower): "
         f"{primary.text()}, one-sided p {_p(primary.p_adjusted)} (Holm over the gated endpoints; floor "
         f"{primary.floor:.0%}, alpha {primary.alpha_used:g}).",
     ]
-    if result.overall == "fail":
+    if result.overall == paired.INSUFFICIENT:
+        lines.append(f"Insufficient: {result.why_insufficient()}.")
+    if result.overall == paired.FAIL:
         failed = [t.metric for t in result.gated if t.regressed]
         lines.append(
             f"Gated and regressed: {', '.join(failed)}; slowest point(s): {', '.join(result.slower_points())}."
@@ -99,6 +104,8 @@ def night_markdown(result: PairedResult, title: str, reference: str, label_floor
     lines += [f"- {label}: {t.text()}, p {_p(t.p_adjusted)}" for label, t in result.per_point]
     if result.power is not None:
         lines += ["", "Power: " + result.power.text()]
+    else:
+        lines += ["", f"Power: not assessed (fewer than two pairs with a finite ratio); gate.detect={result.detect:g}."]
     return "\n".join(lines) + "\n"
 
 

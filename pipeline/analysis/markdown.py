@@ -26,12 +26,13 @@ from pipeline.analysis.verdicts import (
     LOAD_BOUND_TEXT,
     P99_FLOOR,
     TPOT,
+    WITHHELD,
     Comparisons,
     Crossover,
     aa_log_ratios,
     is_aa,
 )
-from pipeline.engines.registry import report_note
+from pipeline.engines.registry import report_note, starts_servers
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class ReportData:
     by_type: GroupComparisons | None = None  # verdicts per request type (analysis/categories.py)
     by_turn: GroupComparisons | None = None  # first against later conversation turns (the same module)
     over_time: GroupComparisons | None = None  # a trace replay's speedup per stretch of time (analysis/timeline.py)
+    trust: list[str] = field(default_factory=list)  # "Can you trust this run?": one line per check (trust.py)
 
 
 PREFIX_POLICY_TEXT = {
@@ -64,7 +66,12 @@ PREFIX_POLICY_TEXT = {
     "warm": "warm (emptied, then the window's prompts sent once, unmeasured, before it)",
     "off": "off (the servers ran without prefix caching)",
     "as_is": "as it is (engine=external: servers specsweep did not start, and cannot reset without vLLM's "
-    "dev mode, keep whatever their earlier traffic cached, so each window's hit rate is its own)",
+    "dev mode, keep whatever their earlier traffic cached, so each window's hit rate is its own). A production "
+    "server's cache is warm with its users' prompts where a fresh copy's is cold, which favours the warm one, "
+    "TTFT most; engine.prefix_cache=warm sends each window's prompts to both servers first, so both start warm "
+    "for them",
+    "warm_external": "warm, not emptied (engine=external: each window's prompts were sent once to both servers, "
+    "unmeasured, before it; what else their caches held is as their earlier traffic left it)",
 }
 SUFFIX_NOTE = (
     "suffix: the method keeps a global suffix tree that survives prefix-cache resets, so its "
@@ -76,8 +83,11 @@ def conditions(frame: pd.DataFrame) -> list[str]:
     """The measurement conditions a reader needs to compare these numbers with another tool's."""
     out = []
     if "prefix_cache" in frame:
-        policies = sorted(str(p) for p in frame["prefix_cache"].dropna().unique())
-        out += [f"prefix cache: {PREFIX_POLICY_TEXT.get(p, p)}" for p in policies]
+        external = ~frame["engine"].map(starts_servers) if "engine" in frame else pd.Series(False, index=frame.index)
+        policies = frame["prefix_cache"].where(~(external & (frame["prefix_cache"] == "warm")), "warm_external")
+        out += [
+            f"prefix cache: {PREFIX_POLICY_TEXT.get(p, p)}" for p in sorted(str(p) for p in policies.dropna().unique())
+        ]
     if "prefix_cache_hit_rate" in frame:
         rates = frame.dropna(subset=["prefix_cache_hit_rate"])
         if not rates.empty:
@@ -134,6 +144,8 @@ def _ratio_cell(decision: Decision | None) -> tuple[str, str]:
     text, detail = decision.ratio.text, decision.detail
     if decision.label == LOAD_BOUND:
         return text, LOAD_BOUND_TEXT
+    if decision.label == WITHHELD:  # a failed validity check: the reason, not a verdict
+        return text, f"withheld: {decision.detail}"
     # An interval's absence is said once, in the ratio's own cell, not again beside the verdict.
     said = bool(detail) and detail in text
     unresolved = decision.label in (INCONCLUSIVE, TOO_FEW) and detail and not said
@@ -286,7 +298,7 @@ def headline(data: ReportData) -> str:
         return "Not enough requests to compare any point: a verdict needs 5 or more paired requests per window."
     if points.empty or points["speedup_median_tpot"].isna().all():
         return "No speculative point could be compared with a baseline: no answer yet (see below)."
-    counts = {label: int((verdict == label).sum()) for label in (HELPS, HURTS, INCONCLUSIVE, TOO_FEW)}
+    counts = {label: int((verdict == label).sum()) for label in (HELPS, HURTS, INCONCLUSIVE, TOO_FEW, WITHHELD)}
     if is_aa(data.frame):
         return _aa_headline(data, counts)
     helps = points[verdict == HELPS]
@@ -300,7 +312,9 @@ def headline(data: ReportData) -> str:
         )
     text += (
         f"Speculation helps at {counts[HELPS]} of {len(points)} measured points, hurts at {counts[HURTS]}, "
-        f"inconclusive at {counts[INCONCLUSIVE] + counts[TOO_FEW]}. "
+        f"inconclusive at {counts[INCONCLUSIVE] + counts[TOO_FEW]}"
+        + (f", no verdict at {counts[WITHHELD]} (see Can you trust this run?)" if counts[WITHHELD] else "")
+        + ". "
     )
     crossed = [c for c in data.crossings if c.rate is not None]
     if crossed:
@@ -355,6 +369,7 @@ def answer_lines(data: ReportData) -> list[str]:
     lines += [f"- {c}" for c in data.conditions] + ["", "## What to look for", ""]
     lines += ["| configuration | metric | baseline | speculation | ratio | verdict |", "|---|---|---|---|---|---|"]
     lines += ["| " + " | ".join(row) + " |" for row in look_table(data)]
+    lines += ["", "## Can you trust this run?", "", *data.trust] if data.trust else []
     lines += ["", *data.sections, "## Where speculation stops paying", ""]
     lines += [f"- {c.engine} {c.method} k={c.k}: {c.text}" for c in data.crossings] or ["- not computed: no pairs"]
     return lines

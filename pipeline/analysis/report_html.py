@@ -16,7 +16,7 @@ from pipeline.analysis.markdown import (
 
 CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:24px;max-width:1200px;color:#222}
 table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:left}
-th{background:#f3f3f3}.helps{background:#d9f2d9}.hurts{background:#f8d7d7}.inconclusive{background:#f4f4f4}
+th{background:#f3f3f3}.helps{background:#d9f2d9}.hurts{background:#f8d7d7}.inconclusive{background:#f4f4f4}.withheld{background:#fff1cc}
 .headline{font-size:18px;padding:10px;background:#eef4ff;border-left:4px solid #3b6fd8}img{max-width:100%}
 code,pre{background:#f6f6f6}"""
 
@@ -63,6 +63,13 @@ def page(data: ReportData, figures: dict[str, bytes], interactive: str = "") -> 
             + (["MLflow runs"] if data.run_url else []),
             [cells for cells, _ in looks],
             [_run_links(runs, names, data.run_url) for _, runs in looks] if data.run_url else None,
+        ),
+        *(
+            ["<h2>Can you trust this run?</h2><ul>"]
+            + [f"<li>{html.escape(line.removeprefix('- ').replace('**', ''))}</li>" for line in data.trust]
+            + ["</ul>"]
+            if data.trust
+            else []
         ),
         *([f"<pre>{html.escape(chr(10).join(data.sections))}</pre>"] if data.sections else []),
         "<h2>Where speculation stops paying</h2><ul>",

@@ -74,8 +74,10 @@ class Sample:
     # Prompt index of each failed request: a failure is a latency of +inf (censored), not a
     # request that silently drops out of a paired comparison.
     failed_index: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=int))
-    # Each successful request's scheduled send time (seconds into the window), where recorded.
+    # Each successful request's scheduled send time (seconds into the window), where recorded;
+    # and each failed one's: the schedule is the prompts', whichever request failed.
     scheduled: np.ndarray = field(default_factory=lambda: np.empty(0))
+    failed_scheduled: np.ndarray = field(default_factory=lambda: np.empty(0))
     # Each successful request's workload category, and each failed one's, where recorded.
     category: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))
     failed_category: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))
@@ -106,6 +108,9 @@ class Sample:
             failed=int(failed.sum()),
             failed_index=self.failed_index[failed] if len(self.failed_index) == len(failed) else self.failed_index,
             scheduled=self.scheduled[keep] if len(self.scheduled) == len(keep) else self.scheduled,
+            failed_scheduled=self.failed_scheduled[failed]
+            if len(self.failed_scheduled) == len(failed)
+            else self.failed_scheduled,
             category=self.category[keep] if len(self.category) == len(keep) else self.category,
             failed_category=self.failed_category[failed]
             if len(self.failed_category) == len(failed)
@@ -142,6 +147,9 @@ class Sample:
             if "error" in frame
             else np.empty(0, dtype=int),
             scheduled=ok["scheduled_s"].to_numpy(dtype=float) if "scheduled_s" in ok else np.empty(0),
+            failed_scheduled=frame.loc[frame["error"].notna(), "scheduled_s"].to_numpy(dtype=float)
+            if "error" in frame and "scheduled_s" in frame
+            else np.empty(0),
             category=ok["category"].astype(str).to_numpy(dtype=object) if "category" in ok else np.empty(0, object),
             failed_category=frame.loc[frame["error"].notna(), "category"].astype(str).to_numpy(dtype=object)
             if "error" in frame and "category" in frame

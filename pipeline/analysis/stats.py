@@ -95,13 +95,27 @@ class Ratio:
         return self.low is not None and self.high is not None
 
     @property
+    def censored(self) -> bool:
+        """A failed request (+inf) reaches the statistic in the estimate or in some replicates:
+        the ratio is 0 or infinite there, and is decided by the share of such replicates."""
+        ends = (self.estimate, self.low, self.high)
+        return any(v is not None and (v == 0.0 or math.isinf(v)) for v in ends) or bool(
+            np.isinf(self.log_replicates).any()
+        )
+
+    @property
     def text(self) -> str:
-        """``2.34x [2.10, 2.61]``: the estimate and its interval, or why there is none."""
-        if self.estimate is None or not math.isfinite(self.estimate):
+        """``2.34x [2.10, 2.61]``: the estimate and its interval, or why there is none. A censored
+        end (a failure reached the statistic) prints as 0.00 or ∞."""
+        if self.estimate is None or math.isnan(self.estimate):
             return f"— ({self.note})" if self.note else "—"
         if not self.resolved:
-            return f"{self.estimate:.2f}x [no interval: {self.note}]"
-        return f"{self.estimate:.2f}x [{self.low:.2f}, {self.high:.2f}]"
+            return f"{_times(self.estimate)}x [no interval: {self.note}]"
+        return f"{_times(self.estimate)}x [{_times(self.low)}, {_times(self.high)}]"  # type: ignore[arg-type]
+
+
+def _times(value: float) -> str:
+    return "∞" if value == math.inf else f"{value:.2f}"
 
 
 def _paired_positions(base: Sample, spec: Sample, metric: Metric) -> tuple[np.ndarray, np.ndarray]:
@@ -248,9 +262,10 @@ def request_replicates(
     log_statistic: Callable[[np.ndarray], np.ndarray], n: int, opts: StatsOptions, rng: np.random.Generator
 ) -> np.ndarray:
     """The bootstrap distribution of ``log_statistic`` over resamples of n request positions."""
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), np.errstate(invalid="ignore"):
         # A window whose values are all equal gives a degenerate (zero-width) distribution:
-        # a true answer for that window, not a fault.
+        # a true answer for that window, not a fault. Censored replicates (+-inf) make scipy's
+        # own standard error of them NaN, which is not used.
         warnings.simplefilter("ignore", scipy_stats.DegenerateDataWarning)
         result = scipy_stats.bootstrap(
             (np.arange(n),),
@@ -321,19 +336,23 @@ def interval_from(
     noise: Noise | None = None,
 ) -> Ratio:
     """The percentile interval of ``replicates`` (log scale) around ``estimate``. A replicate of
-    +-inf is a censored one (a failure reached the quantile) and counts; NaN is undefined."""
+    +-inf is a censored one (a failure reached the quantile) and counts, and so does an estimate
+    of +-inf (the ratio is then 0 or infinite, with its interval); NaN is undefined. Quantiles
+    over censored replicates are taken without interpolation (``inverted_cdf``): numpy's linear
+    interpolation next to an infinite replicate gives NaN."""
     kept = replicates[~np.isnan(replicates)]
-    if len(kept) < 0.9 * len(replicates) or not math.isfinite(estimate):
+    if len(kept) < 0.9 * len(replicates) or math.isnan(estimate):
         return Ratio(
             metric,
-            math.exp(estimate) if not math.isnan(estimate) else None,
+            None,
             level=opts.confidence,
             runs=runs,
             requests=requests,
             note="the statistic is undefined in too many resamples",
             noise=noise,
         )
-    low, high = np.quantile(kept, [opts.alpha / 2, 1 - opts.alpha / 2])
+    method = "inverted_cdf" if np.isinf(kept).any() else "linear"
+    low, high = np.quantile(kept, [opts.alpha / 2, 1 - opts.alpha / 2], method=method)
     return Ratio(
         metric,
         math.exp(estimate),
@@ -370,7 +389,7 @@ def paired_ratio(
         return ratio
     assert opts.server_spread is not None
     # One window's throughput has no spread of its own; the A/A spread is then all there is.
-    centre = math.log(ratio.estimate)
+    centre = math.log(ratio.estimate) if ratio.estimate > 0 else -math.inf  # 0: censored
     replicates = ratio.log_replicates if ratio.resolved else np.full(opts.resamples, centre)
     server_df = float(opts.server_spread.comparisons)
     offset = spread * np.random.default_rng([opts.seed, 7]).standard_t(server_df, len(replicates))

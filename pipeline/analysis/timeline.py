@@ -30,32 +30,46 @@ MAX_BUCKETS = 8
 
 
 class ByTime(categories.Grouping):
-    """Equal stretches of the window's schedule, as many as hold MIN_PER_BUCKET requests each
-    (at least 2, at most MAX_BUCKETS). A failed request has no recorded send time in a sample
-    and so falls in no bucket: the point's own verdict counts it, the buckets do not."""
+    """Equal stretches of the point's schedule, as many as hold MIN_PER_BUCKET of its prompts
+    each (at least 2, at most MAX_BUCKETS), their edges fixed once per point from the schedule of
+    every prompt sent, failed ones included: both servers send the same prompts on the same
+    schedule, so a prompt's stretch is its own, and a failure on either server counts in it
+    against that server (as +inf), not out of both sides."""
 
     prefix = "time"
 
     def __init__(self) -> None:
-        self.spans: dict[str, tuple[float, float]] = {}  # label -> (start s, end s)
+        self.spans: dict[str, tuple[float, float]] = {}  # label -> (start s, end s), the point's
 
-    def labels(self, sample: Sample) -> tuple[Sequence[object], Sequence[object]]:
-        count = min(MAX_BUCKETS, sample.size // MIN_PER_BUCKET)
-        if count < 2 or len(sample.scheduled) != sample.size:
-            return (), ()
-        end = float(np.max(sample.scheduled)) * (1 + 1e-9) + 1e-9
+    @staticmethod
+    def _schedule(sample: Sample) -> dict[int, float]:
+        """prompt -> its scheduled send time, where the window recorded every one of them."""
+        out = {}
+        if len(sample.scheduled) == sample.size:
+            out.update(zip(sample.index.tolist(), sample.scheduled.tolist(), strict=True))
+        if len(sample.failed_scheduled) == sample.failed == len(sample.failed_index):
+            out.update(zip(sample.failed_index.tolist(), sample.failed_scheduled.tolist(), strict=True))
+        return {int(k): float(v) for k, v in out.items()}
+
+    def point_splits(self, base: Sequence[Sample], spec: Sequence[Sample]) -> list[dict[str, np.ndarray]]:
+        schedules = [self._schedule(b) | self._schedule(s) for b, s in zip(base, spec, strict=True)]
+        sent = [b.size + b.failed for b in base] + [s.size + s.failed for s in spec]
+        if not schedules or any(len(times) < n for times, n in zip(schedules, sent[len(base) :], strict=True)):
+            return [{} for _ in schedules]  # a window without every send time: no stretches
+        count = min(MAX_BUCKETS, max(sent) // MIN_PER_BUCKET)
+        if count < 2:
+            return [{} for _ in schedules]
+        end = max(max(times.values()) for times in schedules) * (1 + 1e-9) + 1e-9
         edges = np.linspace(0.0, end, count + 1)
-        names = []
-        for lo, hi in zip(edges, edges[1:], strict=False):
-            name = f"{lo:.0f}-{hi:.0f} s"
-            self.spans[name] = (float(lo), float(hi))
-            names.append(name)
-        where = np.clip(np.searchsorted(edges, sample.scheduled, side="right") - 1, 0, count - 1)
-        return [names[i] for i in where], [None] * sample.failed
-
-    def split(self, sample: Sample) -> dict[str, np.ndarray]:
-        found = super().split(sample)
-        return dict(sorted(found.items(), key=lambda item: self.spans[item[0]][0]))  # in time order
+        names = [f"{lo:.0f}-{hi:.0f} s" for lo, hi in zip(edges, edges[1:], strict=False)]
+        self.spans = {name: (float(lo), float(hi)) for name, lo, hi in zip(names, edges, edges[1:], strict=False)}
+        out = []
+        for times in schedules:
+            prompts = np.array(sorted(times))
+            where = np.clip(np.searchsorted(edges, [times[p] for p in prompts], side="right") - 1, 0, count - 1)
+            groups = {names[i]: prompts[where == i] for i in range(count) if (where == i).any()}
+            out.append(groups)
+        return out
 
     def describe(self, name: str, base: Sequence[Sample], spec: Sequence[Sample]) -> dict[str, float]:
         lo, hi = self.spans[name]

@@ -31,6 +31,8 @@ THROUGHPUT = "output_throughput_ratio"
 P99_FLOOR = 0.10
 LOAD_BOUND = "load-bound"
 LOAD_BOUND_TEXT = "load-bound: not a capacity measure (both servers kept up with the offered load)"
+# A ratio a failed validity check undermines (analysis/trust.py): no verdict, the reason given.
+WITHHELD = "withheld"
 
 MEDIANS = (
     "spec_decode_acceptance_rate",
@@ -118,9 +120,16 @@ def _alpha_bounds(length: Ratio, k_eff: float) -> tuple[float | None, float | No
     return alpha_from_length(length.low, k_eff), alpha_from_length(length.high, k_eff)
 
 
-def compare_points(frame: pd.DataFrame, samples: Mapping[str, Sample], opts: StatsOptions) -> Comparisons:
+def compare_points(
+    frame: pd.DataFrame,
+    samples: Mapping[str, Sample],
+    opts: StatsOptions,
+    withheld: Mapping[str, Mapping[str, str]] | None = None,
+) -> Comparisons:
     """Every speculative point against its baseline, for every ratio of :data:`stats.RATIOS`,
-    with the verdicts of each ratio decided together across the sweep."""
+    with the verdicts of each ratio decided together across the sweep. ``withheld``: per
+    point_key, the ratios a failed validity check undermines and why; they get no verdict and
+    stay out of their family's adjustment."""
     spec_rows, base_rows = measured(frame, "speculative"), measured(frame, "baseline")
     rows: list[dict] = []
     ratios: dict[str, dict[str, Ratio]] = {}
@@ -135,7 +144,7 @@ def compare_points(frame: pd.DataFrame, samples: Mapping[str, Sample], opts: Sta
         ratios[str(key)] = _point_ratios(i, group, pairs, base_s, spec_s, opts) if complete else _summaries(pairs)
         load_bound[str(key)] = complete and all(stats.keeps_up(x) for x in [*base_s, *spec_s])  # type: ignore[arg-type]
         rows.append(_point_row(str(key), group, pairs, [s for s in spec_s if s is not None] if complete else [], opts))
-    decided = _decide(ratios, load_bound, opts)
+    decided = _decide(ratios, load_bound, opts, withheld or {})
     for row in rows:
         for metric, decision in decided[row["point_key"]].items():
             ratio = decision.ratio
@@ -211,14 +220,19 @@ def _point_row(
 
 
 def _decide(
-    ratios: dict[str, dict[str, Ratio]], load_bound: dict[str, bool], opts: StatsOptions
+    ratios: dict[str, dict[str, Ratio]],
+    load_bound: dict[str, bool],
+    opts: StatsOptions,
+    withheld: Mapping[str, Mapping[str, str]],
 ) -> dict[str, dict[str, Decision]]:
     """Each ratio is one family across the sweep, adjusted together (Benjamini-Hochberg)."""
     out: dict[str, dict[str, Decision]] = {key: {} for key in ratios}
     for metric in RATIOS:
-        keys = [k for k in ratios if not (metric == THROUGHPUT and load_bound[k])]
+        keys = [k for k in ratios if not (metric == THROUGHPUT and load_bound[k]) and metric not in withheld.get(k, {})]
         for key in ratios:
-            if key not in keys:
+            if metric in withheld.get(key, {}):
+                out[key][metric] = Decision(WITHHELD, ratios[key][metric], detail=withheld[key][metric])
+            elif key not in keys:
                 out[key][metric] = Decision(LOAD_BOUND, ratios[key][metric], detail=LOAD_BOUND_TEXT)
         family = decisions.decide([ratios[k][metric] for k in keys], opts, floor_for(metric, opts))
         for key, decision in zip(keys, family, strict=True):
@@ -286,9 +300,10 @@ def crossovers(comparisons: Comparisons) -> list[Crossover]:
 
 def between_points(
     frame: pd.DataFrame, samples: Mapping[str, Sample], slower: str, faster: str, opts: StatsOptions
-) -> Decision | None:
-    """Is point ``faster`` resolved faster than point ``slower`` in median TPOT? Two
-    speculative windows at one load send the same prompts too, so they pair by repeat.
+) -> Ratio | None:
+    """Point ``faster``'s median TPOT against point ``slower``'s (> 1: ``faster`` is faster), for
+    the caller to decide with the rest of its family. Two speculative windows at one load send
+    the same prompts too, so they pair by repeat.
 
     They ran on two servers, so the spread between server starts belongs in the interval, as
     in :func:`compare_points`: measured by restarted repeats, or added from an A/A sweep. With
@@ -306,8 +321,7 @@ def between_points(
     shared = not all(restarted)
     if shared and (opts.server_spread is None or opts.server_spread.for_metric(TPOT) is None):
         return None
-    ratio = stats.paired_ratio(TPOT, runs[0], runs[1], opts, shared_servers=shared)  # type: ignore[arg-type]
-    return decisions.decide([ratio], opts)[0]
+    return stats.paired_ratio(TPOT, runs[0], runs[1], opts, shared_servers=shared)  # type: ignore[arg-type]
 
 
 def is_aa(frame: pd.DataFrame) -> bool:

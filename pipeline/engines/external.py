@@ -29,6 +29,25 @@ from pipeline.load.client import RequestRecord
 ROLE_KEYS = {"speculative": "engine.url", "baseline": "engine.baseline_url"}
 
 
+@dataclass(frozen=True)
+class LoadLimit:
+    """The load a sweep may send a running server without a yes (engine.external_ok_to_load)."""
+
+    rate: float  # requests per second at the peak
+    requests: int  # in all, warm-ups and probes included
+
+    def holds(self, rate: float, requests: int) -> bool:
+        return rate <= self.rate and requests <= self.requests
+
+    @property
+    def text(self) -> str:
+        return f"{self.rate:g} req/s or {self.requests} requests"
+
+
+# A production server shrugs this off: one request a second, a hundred in all.
+SMALL_LOAD = LoadLimit(1.0, 100)
+
+
 def url_problem(key: str, url: str | None) -> str | None:
     """Why ``url`` cannot be a server's address, or None. Pure, for the config check."""
     if not url:
@@ -36,9 +55,11 @@ def url_problem(key: str, url: str | None) -> str | None:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return f"{key}={url!r} is not an http(s) address; e.g. {key}=http://10.0.0.5:8000"
-    credentials = SERVER_URL.problem(key, url)  # the declared rule, which validate() applies first
-    if credentials:
-        return credentials
+    declared = SERVER_URL.problem(
+        key, url
+    )  # the declared rules (credentials, a port in range), which validate() applies first
+    if declared:
+        return declared
     if parts.query or parts.fragment or parts.path.rstrip("/") not in ("", "/v1"):
         return f"{key}={url!r}: give the server's root (http://host:port), without a path or query"
     return None
@@ -211,11 +232,12 @@ class ExternalEngine:
                 "engine=external compares the speculative server at engine.url with engine.baseline_url; set spec "
                 "to the method engine.url runs, e.g. spec=eagle3 spec.k=3 (aa=true needs two servers specsweep starts)"
             )
-        if engine.prefix_cache != "as_is":
+        if engine.prefix_cache not in ("as_is", "warm"):
             raise ConfigError(
                 f"engine.prefix_cache={engine.prefix_cache} needs a cache reset or a server flag, which a server "
-                f"that is not ours does not give; engine=external measures the cache as it is: "
-                f"engine.prefix_cache=as_is"
+                f"that is not ours does not give; engine=external measures the cache as it is "
+                f"(engine.prefix_cache=as_is), or warms both servers with each window's prompts first "
+                f"(engine.prefix_cache=warm)"
             )
         ignored = [name for name in ("extra_args", "env", "env_from", "python") if getattr(engine, name)]
         if ignored:

@@ -31,3 +31,10 @@ def report_note(name: str) -> str | None:
 def emits_k_schedule(name: str) -> bool:
     engine = ENGINES.get(name)
     return bool(engine and engine.emits_k_schedule)
+
+
+def starts_servers(name: str) -> bool:
+    """Whether specsweep starts this engine's servers (False: servers that already run; a
+    recorded name no engine has now counts as started)."""
+    engine = ENGINES.get(name)
+    return engine.starts_servers if engine else True

@@ -37,7 +37,7 @@ from pipeline.record.tracking import (
     CONFIRMATION_TAG,
     TrackingError,
 )
-from pipeline.record.windows import spread_fingerprint, stored_server_spread, window_requests, window_sample
+from pipeline.record.windows import server_spread_for, window_requests, window_sample
 
 EXIT_CODES = {"pass": ExitCode.OK, "fail": ExitCode.REGRESSED, "insufficient": ExitCode.INCOMPLETE}
 GATE_DIR = "gate"
@@ -155,45 +155,68 @@ def after_steps(
     current: Sequence[GatedRun],
     past: Mapping[str, list[GatedRun]],
     series: Mapping[str, list[GatedRun]] | None = None,
-    metric: str = "median_tpot_ms",
 ) -> tuple[dict[str, list[GatedRun]], tuple[str, ...]]:
-    """Each point's reference across its last sustained step (at least two past nights on its far
-    side: tonight alone is what the gate judges, not a step), and a line for each step found,
-    with the run it began at. A step for the worse leaves the nights after it out, so that a
-    persistent slowdown is not absorbed into the median of the last nights; a step for the
-    better leaves the nights before it out, so that the slower level it left does not hide a
-    later return to it."""
-    from pipeline.analysis.change_points import last_step
-
-    higher_is_better = next(m.higher_is_better for m in GATED if m.column == metric)
+    """Each point's reference across the last sustained step of each gated metric (at least two
+    past nights on its far side: tonight alone is what the gate judges, not a step), and a line
+    for each step found, with the run it began at. Each metric is searched and trimmed on its
+    own: a step in throughput or acceptance alone moves only that metric's reference. A step for
+    the worse leaves the nights after it out, so that a persistent slowdown is not absorbed into
+    the median of the last nights; a step for the better leaves the nights before it out, so that
+    the slower level it left does not hide a later return to it. A night left out of one metric's
+    reference stays in the others', with that metric's value blanked (NaN)."""
     trimmed, said = {}, []
     for point in current:
         runs = past.get(point.key, [])  # the reference's runs, newest first
         oldest_first = list(reversed((series if series is not None else past).get(point.key, runs)))
-        step = last_step([r.values.get(metric, math.nan) for r in oldest_first])
-        if step is None or not 0 < step.night < len(oldest_first):
-            trimmed[point.key] = runs
-            continue
-        began = oldest_first[step.night]
-        worse = (step.change < 0) if higher_is_better else (step.change > 0)
-        if worse:
-            kept = [r for r in runs if r.started_ms < began.started_ms]
-            left_out = f"the {len(runs) - len(kept)} night(s) since"
-            # The window keeps its length with the nights before it, from the series (values
-            # only; the reference's own runs, which carry their requests, first).
-            have = {r.parent_id for r in kept}
-            before = [r for r in reversed(oldest_first) if r.started_ms < began.started_ms and r.parent_id not in have]
-            kept = (kept + before)[: max(len(runs), 1)]
-        else:
-            kept = [r for r in runs if r.started_ms >= began.started_ms]
-            left_out = f"the {len(runs) - len(kept)} night(s) before it"
-        said.append(
-            f"{point.label}: a sustained step {'for the worse' if worse else 'for the better'} of "
-            f"{step.change:+.1%} in {metric} began at sweep run {began.parent_id}; {left_out} are left out of "
-            f"its reference"
-        )
-        trimmed[point.key] = kept or runs
+        kept_by_metric = {}
+        for metric in GATED:
+            kept, line = _across_step(point, runs, oldest_first, metric.column, metric.higher_is_better)
+            kept_by_metric[metric.column] = {r.run_id for r in kept}
+            if line:
+                said.append(line)
+            for run in kept:  # a run joins the reference through a metric it has a value of
+                measured = math.isfinite(run.values.get(metric.column, math.nan))
+                if measured and run.run_id not in {r.run_id for r in trimmed.get(point.key, [])}:
+                    trimmed.setdefault(point.key, []).append(run)
+        union = sorted(trimmed.get(point.key, []), key=lambda r: r.started_ms, reverse=True)
+        trimmed[point.key] = [
+            replace(
+                r, values={m: v if r.run_id in kept_by_metric.get(m, ()) else math.nan for m, v in r.values.items()}
+            )
+            for r in union
+        ] or runs
     return trimmed, tuple(said)
+
+
+def _across_step(
+    point: GatedRun, runs: list[GatedRun], oldest_first: list[GatedRun], metric: str, higher_is_better: bool
+) -> tuple[list[GatedRun], str]:
+    """One metric's reference runs across its last sustained step (all of ``runs`` where there
+    is none), and the summary's line for the step ("" where there is none)."""
+    from pipeline.analysis.change_points import last_step
+
+    step = last_step([r.values.get(metric, math.nan) for r in oldest_first])
+    if step is None or not 0 < step.night < len(oldest_first):
+        return runs, ""
+    began = oldest_first[step.night]
+    worse = (step.change < 0) if higher_is_better else (step.change > 0)
+    if worse:
+        kept = [r for r in runs if r.started_ms < began.started_ms]
+        left_out = f"the {len(runs) - len(kept)} night(s) since"
+        # The window keeps its length with the nights before it, from the series (values only;
+        # the reference's own runs, which carry their requests, first).
+        have = {r.parent_id for r in kept}
+        before = [r for r in reversed(oldest_first) if r.started_ms < began.started_ms and r.parent_id not in have]
+        kept = (kept + before)[: max(len(runs), 1)]
+    else:
+        kept = [r for r in runs if r.started_ms >= began.started_ms]
+        left_out = f"the {len(runs) - len(kept)} night(s) before it"
+    line = (
+        f"{point.label}: a sustained step {'for the worse' if worse else 'for the better'} of "
+        f"{step.change:+.1%} in {metric} began at sweep run {began.parent_id}; {left_out} are left out of "
+        f"its reference"
+    )
+    return kept or runs, line
 
 
 def record_verdicts(
@@ -249,7 +272,7 @@ def judge_sweep(
         children = reader.children(parent_id)
         current = point_runs(reader, parent_id, measured_points(children), work)
         ref = reference_for(reader, parent_id, current, config.history, work)
-        aa = stored_server_spread(reader, spread_fingerprint(children))
+        aa = server_spread_for(reader, parent_id)
         result = judge_against_history(current, ref.runs, opts, floors, aa, spread_from=ref.spread_from)
         remeasured = [c for c in children if CONFIRMATION_TAG in c.tags and c.tags.get("status") == "finished"]
         if remeasured:
@@ -267,24 +290,29 @@ def judge_sweep(
     return result, summary
 
 
+def night_windows(reader: HistoryReader, parent_id: str, work: Path) -> list[NightWindow]:
+    """A paired night's measured windows, each with its build, pair and requests (downloaded
+    into ``work``): what the night's decision reads, and what a calibration re-reads."""
+    return [
+        NightWindow(
+            c.tags.get("gate.pair_key", c.tags["gate.pair_label"]),
+            c.tags["gate.pair_label"],
+            c.tags.get("role", ""),
+            c.tags["gate.build"],
+            int(c.tags["gate.pair"]),
+            window_sample(reader, c.run_id, c.metrics.get("duration", math.nan), work),
+            c.metrics,
+        )
+        for c in measured_points(reader.children(parent_id))
+        if "gate.build" in c.tags and "gate.pair_label" in c.tags
+    ]
+
+
 def judge_paired(reader: HistoryReader, parent_id: str, config: GateConfig, out_dir: Path) -> tuple[PairedResult, str]:
     """gate.mode=paired: tonight's candidate against the reference build measured beside it,
     pair by pair; the summary and the decision go to the parent run."""
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        windows = [
-            NightWindow(
-                c.tags.get("gate.pair_key", c.tags["gate.pair_label"]),
-                c.tags["gate.pair_label"],
-                c.tags.get("role", ""),
-                c.tags["gate.build"],
-                int(c.tags["gate.pair"]),
-                window_sample(reader, c.run_id, c.metrics.get("duration", math.nan), work),
-                c.metrics,
-            )
-            for c in measured_points(reader.children(parent_id))
-            if "gate.build" in c.tags and "gate.pair_label" in c.tags
-        ]
+        windows = night_windows(reader, parent_id, Path(tmp))
     result = judge_night(
         windows,
         config.pairs,
@@ -305,8 +333,13 @@ def judge_paired(reader: HistoryReader, parent_id: str, config: GateConfig, out_
     if result.power is not None:
         tags["gate.power"] = result.power.text()[:5000]
     reader.set_tags(parent_id, tags)
+    counts = {
+        "gate.paired.pairs_planned": float(result.account.planned),
+        "gate.paired.pairs_measured": float(result.account.measured),
+    }
     if math.isfinite(result.primary.change):
-        reader.log_metrics(parent_id, {f"gate.paired.{result.primary.metric}.change": result.primary.change})
+        counts[f"gate.paired.{result.primary.metric}.change"] = result.primary.change
+    reader.log_metrics(parent_id, counts)
     folder = out_dir / GATE_DIR
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "summary.md").write_text(summary)
@@ -334,7 +367,7 @@ def speculation_verdicts(
         return {}
     frame = pd.read_csv(path)
     samples = {run: Sample.from_requests(t, d) for run, (t, d) in window_requests(reader, frame, folder).items()}
-    spread = stored_server_spread(reader, spread_fingerprint(reader.children(parent_id)))
+    spread = server_spread_for(reader, parent_id)
     comparisons = verdicts.compare_points(
         frame, samples, opts if spread is None else replace(opts, server_spread=spread)
     )

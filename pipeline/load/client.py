@@ -145,7 +145,8 @@ def request_body(req: Request, opts: ClientOptions) -> tuple[str, dict[str, Any]
         params: dict[str, Any] = {"max_new_tokens": req.max_tokens, "temperature": opts.temperature}
         if opts.ignore_eos:
             params["ignore_eos"] = True
-        return "/generate", {"text": req.prompt, "sampling_params": params, "stream": True}
+        prompt: dict[str, Any] = {"input_ids": list(req.prompt_ids)} if req.prompt_ids else {"text": req.prompt}
+        return "/generate", {**prompt, "sampling_params": params, "stream": True}
     body: dict[str, Any] = {
         "model": opts.model,
         "max_tokens": req.max_tokens,
@@ -159,7 +160,8 @@ def request_body(req: Request, opts: ClientOptions) -> tuple[str, dict[str, Any]
         # Raw prompt: the server applies the chat template, once.
         body["messages"] = list(req.messages) or [{"role": "user", "content": req.prompt}]
         return "/v1/chat/completions", body
-    body["prompt"] = req.prompt
+    # A lengths-only trace line's token ids, as vLLM's bench sends them: exactly its length.
+    body["prompt"] = list(req.prompt_ids) if req.prompt_ids else req.prompt
     return "/v1/completions", body
 
 

@@ -47,16 +47,35 @@ def _jsonl(path: Path) -> list[tuple[str, Any]]:
     return rows
 
 
+OUTPUT_FIELDS = ("output_length", "output_tokens")  # one length, two names: vLLM's and Mooncake's, and ours
+
+
+def output_length(where: str, record: dict) -> int | None:
+    """A line's output length under either name (both given must agree), or None: sent as
+    it is, whatever workload.max_tokens says (that is for lines that give none)."""
+    given = {name: _field(record, name, int, where, required=False) for name in OUTPUT_FIELDS}
+    found = {name: value for name, value in given.items() if value is not None}
+    if len(set(found.values())) > 1:
+        both = " and ".join(f"{name}={value}" for name, value in found.items())
+        raise DatasetError(
+            f"{where}: {both} disagree; they name one length (output_length as vLLM's timed_trace and Mooncake "
+            f"write it, output_tokens as ours): keep one"
+        )
+    value = next(iter(found.values()), None)
+    if value is not None and value < 1:
+        raise DatasetError(f"{where}: field {next(iter(found))!r} must be >= 1, found {value}")
+    return value
+
+
 def read_jsonl(path: Path) -> list[Item]:
-    """One object a line: ``prompt`` (required), ``output_tokens`` and ``category`` (optional)."""
+    """One object a line: ``prompt`` (required), ``output_tokens`` (or ``output_length``) and
+    ``category`` (optional)."""
     items = []
     for where, record in _jsonl(path):
         prompt = _field(record, "prompt", str, where)
         if not prompt.strip():
             raise DatasetError(f"{where}: field 'prompt' is empty; every request needs text to send: drop the line")
-        output = _field(record, "output_tokens", int, where, required=False)
-        if output is not None and output < 1:
-            raise DatasetError(f"{where}: field 'output_tokens' must be >= 1, found {output}")
+        output = output_length(where, record)
         category = _field(record, "category", str, where, required=False) or "jsonl"
         items.append(Item(prompt, category, output))
     return items
@@ -92,7 +111,7 @@ def read_sharegpt(path: Path, tokenizer: Tokenizer | None) -> list[Item]:
                 raise DatasetError(f"{where}: conversations[{i}] needs a string field 'value'")
         prompt, reply = turns[0]["value"], turns[1]["value"]
         output = len(tokenizer.encode(reply, add_special_tokens=False)) if tokenizer is not None else None
-        items.append(Item(prompt, "sharegpt", output or None))
+        items.append(Item(prompt, "sharegpt", output or None, capped=True))
     if not items:
         raise DatasetError(f"{path}: no conversation with a prompt and a reply")
     return items

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,14 @@ class Item:
     conversation: str = ""
     turn: int = 0
     delay_s: float | None = None
+    # A lengths-only trace line: the token ids to send (exactly input_length of them), the
+    # completions endpoint takes them as they are; ``prompt`` is then their text, built so that
+    # the server's tokenizer counts input_length tokens on the chat endpoint (traces.py).
+    prompt_ids: tuple[int, ...] = ()
+    input_length: int | None = None
+    # A length read from a file the source caps at workload.max_tokens (ShareGPT's reply: a
+    # reference, not a length the user wrote); any other stated length is sent as it is.
+    capped: bool = False
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,14 @@ class Request:
     # this turn's history), and the think time after it.
     after: int | None = None
     delay_s: float = 0.0
+    prompt_ids: tuple[int, ...] = ()  # sent instead of the text on the completions endpoint (Item.prompt_ids)
+    # What the source stated, for the window's check that the server kept to it: an input
+    # length (a lengths-only line), and whether max_tokens is a stated output length.
+    input_length: int | None = None
+    stated_length: bool = False
+    # Tokens of the prompt, as the server sees it, that an earlier request of the window shares:
+    # the most an emptied prefix cache can serve it (analysis/trust.py); None: not counted.
+    shared_prefix_tokens: int | None = None
 
     def alone(self) -> Request:
         """This request as one of its own, outside its window: a conversation's later turn is
@@ -47,6 +63,7 @@ class Request:
 class Tokenizer(Protocol):
     def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
     def decode(self, ids: Sequence[int]) -> str: ...
+    def apply_chat_template(self, conversation: Sequence[dict[str, str]], **kwargs: Any) -> Any: ...
 
     @property
     def vocab_size(self) -> int: ...

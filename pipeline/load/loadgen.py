@@ -73,7 +73,7 @@ def schedule(load: LoadConfig, seed: int) -> list[float]:
     """A point's arrival times, from the seed alone: baseline and speculation get the same ones."""
     if load.duration_s is not None:
         return arrivals_within(load.duration_s, load.request_rate, load.burstiness, seed)
-    return arrival_offsets(load.num_requests, load.request_rate, load.burstiness, seed)
+    return arrival_offsets(load.requests_in_window, load.request_rate, load.burstiness, seed)
 
 
 @dataclass(frozen=True)

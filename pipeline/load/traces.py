@@ -23,19 +23,19 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 
 from pipeline.config import ConfigError, WorkloadConfig
-from pipeline.load import bundled
-from pipeline.load.datasets import DatasetError, _field, _jsonl
+from pipeline.load import bundled, synthetic
+from pipeline.load.datasets import OUTPUT_FIELDS, DatasetError, _field, _jsonl, output_length
 from pipeline.load.items import Item, Tokenizer
 
 TIMESTAMP_UNITS = {"s": 1.0, "ms": 1e-3}
 BUNDLED_PATH = "bundled"  # workload.path=bundled: the trace built from Python's own text
-MOONCAKE_BLOCK_TOKENS = 512  # tokens per hash id, as Mooncake's traces count them
 RATE_BUCKET_S = 10.0  # the trace's peak rate is its busiest bucket of this many seconds
 
 
@@ -55,8 +55,9 @@ class TraceLine:
     input_length: int | None = None  # Mooncake lines: the prompt's length in tokens
     hash_ids: tuple[int, ...] = ()
     conversation: str = ""  # conversation_id; "" for a request of its own
-    turn: int = 0  # its turn in the conversation, from 1 (read_trace numbers them)
+    turn: int = 0  # its place in the conversation, from 1 (read_trace numbers them)
     delay_s: float | None = None  # think time after the previous turn's answer, as the trace says
+    given_turn: int | None = None  # the turn number the line gave, as read (any increasing numbers)
 
     @property
     def synthetic(self) -> bool:
@@ -86,6 +87,16 @@ class Replay:
         return any(line.synthetic for line in self.lines)
 
 
+# The fields a line may carry; anything else is listed before launch (read_trace's ignored
+# fields) unless workload.metadata_fields declares it.
+TEXT_FIELDS = ("prompt", "messages")
+LENGTH_FIELDS = ("input_length", "hash_ids")
+CONVERSATION_FIELDS = ("conversation_id", "turn", "delay_s")
+KNOWN_FIELDS = frozenset(("timestamp", "category", *TEXT_FIELDS, *LENGTH_FIELDS, *OUTPUT_FIELDS, *CONVERSATION_FIELDS))
+# The roles a chat template knows; a server refuses another at run time, so it is refused here.
+ROLES = ("system", "user", "assistant", "tool")
+
+
 def _line(where: str, record: object, unit: str) -> TraceLine:
     line = _request(where, record, unit)
     assert isinstance(record, dict)  # _request refused anything else
@@ -98,26 +109,39 @@ def _line(where: str, record: object, unit: str) -> TraceLine:
     if isinstance(conversation, bool) or not isinstance(conversation, (str, int)) or str(conversation) == "":
         raise TraceError(f"{where}: field 'conversation_id' must be a non-empty string or an integer")
     turn = _field(record, "turn", int, where, required=False)
-    if turn is not None and turn < 1:
-        raise TraceError(f"{where}: turn={turn} must be >= 1 (the first turn is 1)")
     delay = record.get("delay_s")
     if delay is not None and (
         isinstance(delay, bool) or not isinstance(delay, (int, float)) or not delay >= 0 or math.isinf(delay)
     ):
         raise TraceError(f"{where}: field 'delay_s' must be a number of seconds >= 0, found {delay!r}")
     return replace(
-        line, conversation=str(conversation), turn=turn or 0, delay_s=None if delay is None else float(delay)
+        line, conversation=str(conversation), given_turn=turn, delay_s=None if delay is None else float(delay)
     )
 
 
 def _request(where: str, record: object, unit: str) -> TraceLine:
     if not isinstance(record, dict):
         raise TraceError(f"{where}: expected a JSON object, found {type(record).__name__}")
-    mooncake = "input_length" in record or "hash_ids" in record
+    texts = [name for name in TEXT_FIELDS if name in record]
+    lengths = [name for name in LENGTH_FIELDS if name in record]
+    if len(texts) > 1:
+        raise TraceError(
+            f"{where}: the line gives both 'prompt' and 'messages'; a request is one or the other: keep 'messages' "
+            f"(the whole chat, its last user turn included) or 'prompt' (one user text)"
+        )
+    if texts and lengths:
+        raise TraceError(
+            f"{where}: the line gives its text ('{texts[0]}') and '{lengths[0]}', which says how long a text "
+            f"specsweep should make up; keep the text (sent as it is) or the lengths, not both"
+        )
+    mooncake = bool(lengths)
     factor = TIMESTAMP_UNITS["ms" if unit == "auto" and mooncake else ("s" if unit == "auto" else unit)]
     at = _timestamp(where, record) * factor
     category = _field(record, "category", str, where, required=False) or ("synthetic" if mooncake else "trace")
-    return _by_length(where, record, at, category) if mooncake else _by_text(where, record, at, category)
+    output = output_length(where, record)
+    if mooncake:
+        return _by_length(where, record, at, category, output)
+    return _by_text(where, record, at, category, output)
 
 
 def _timestamp(where: str, record: dict) -> float:
@@ -131,23 +155,19 @@ def _timestamp(where: str, record: dict) -> float:
     return float(stamp)
 
 
-def _by_length(where: str, record: dict, at: float, category: str) -> TraceLine:
+def _by_length(where: str, record: dict, at: float, category: str, output: int | None) -> TraceLine:
     """A Mooncake-style line: the prompt's length and its prefix blocks, no text."""
     length = _field(record, "input_length", int, where)
-    output = _field(record, "output_length", int, where, required=False)
     hashes = _field(record, "hash_ids", list, where, required=False) or []
-    if length < 1 or (output is not None and output < 1):
-        raise TraceError(f"{where}: input_length and output_length must be >= 1")
+    if length < 1:
+        raise TraceError(f"{where}: input_length={length} must be >= 1")
     if not all(isinstance(h, int) and not isinstance(h, bool) for h in hashes):
         raise TraceError(f"{where}: field 'hash_ids' must be a list of integers")
     return TraceLine(at, category, output_tokens=output, input_length=length, hash_ids=tuple(hashes))
 
 
-def _by_text(where: str, record: dict, at: float, category: str) -> TraceLine:
+def _by_text(where: str, record: dict, at: float, category: str, output: int | None) -> TraceLine:
     """A line with its text: a prompt, or chat messages."""
-    output = _field(record, "output_tokens", int, where, required=False)
-    if output is not None and output < 1:
-        raise TraceError(f"{where}: output_tokens={output} must be >= 1")
     if "messages" in record:
         messages = _field(record, "messages", list, where)
         ok = all(
@@ -156,6 +176,12 @@ def _by_text(where: str, record: dict, at: float, category: str) -> TraceLine:
         )
         if not messages or not ok:
             raise TraceError(f"{where}: 'messages' must be a non-empty list of {{'role': ..., 'content': ...}} objects")
+        strange = next((m["role"] for m in messages if m["role"] not in ROLES), None)
+        if strange is not None:
+            raise TraceError(
+                f"{where}: a message has role {strange!r}, which a chat template does not know; use one of "
+                f"{', '.join(ROLES)}"
+            )
         kept = tuple({"role": m["role"], "content": m["content"]} for m in messages)
         return TraceLine(at, category, messages=kept, output_tokens=output)
     prompt = record.get("prompt")
@@ -169,10 +195,29 @@ def _by_text(where: str, record: dict, at: float, category: str) -> TraceLine:
     return TraceLine(at, category, prompt=prompt, output_tokens=output)
 
 
-def read_trace(workload: WorkloadConfig) -> tuple[tuple[TraceLine, ...], int]:
-    """The trace's lines in time order, and how many ``workload.sort`` moved (0 unsorted)."""
+@dataclass(frozen=True)
+class TraceFile:
+    """A trace as read: its lines in time order, how many ``workload.sort`` moved, and the
+    fields it carries that specsweep does not read (name, lines), metadata included."""
+
+    lines: tuple[TraceLine, ...]
+    moved: int = 0
+    extra_fields: tuple[tuple[str, int], ...] = ()
+
+    def ignored(self, metadata: Sequence[str]) -> tuple[tuple[str, int], ...]:
+        """The extra fields not declared as metadata (``workload.metadata_fields``)."""
+        return tuple((name, count) for name, count in self.extra_fields if name not in metadata)
+
+
+def ignored_text(ignored: Sequence[tuple[str, int]]) -> str:
+    """ "user_id on 41 lines, region on 3 lines": what the trace carries that is not replayed."""
+    return ", ".join(f"{name} on {count} line{'s' if count != 1 else ''}" for name, count in ignored)
+
+
+def read_trace(workload: WorkloadConfig) -> TraceFile:
+    """The trace's lines in time order, how many ``workload.sort`` moved, and its extra fields."""
     if workload.path == BUNDLED_PATH:
-        return bundled_trace(), 0
+        return TraceFile(bundled_trace())
     if not workload.path:
         raise ConfigError(
             f"workload.name=trace replays a file: set workload.path=/path/to/trace.jsonl "
@@ -181,9 +226,11 @@ def read_trace(workload: WorkloadConfig) -> tuple[tuple[TraceLine, ...], int]:
     path = Path(workload.path).expanduser()
     if not path.is_file():
         raise TraceError(f"workload.path={workload.path}: no such file")
-    lines = [_line(where, record, workload.timestamp_unit) for where, record in _jsonl(path)]
+    rows = _jsonl(path)
+    lines = [_line(where, record, workload.timestamp_unit) for where, record in rows]
     if not lines:
         raise TraceError(f"{path}: the trace has no request")
+    extra = Counter(name for _, record in rows for name in record if name not in KNOWN_FIELDS)
     moved = 0
     for number, (before, after) in enumerate(zip(lines, lines[1:], strict=False), start=2):
         if after.timestamp_s < before.timestamp_s and not workload.sort:
@@ -196,32 +243,33 @@ def read_trace(workload: WorkloadConfig) -> tuple[tuple[TraceLine, ...], int]:
         ordered = sorted(lines, key=lambda line: line.timestamp_s)  # stable: ties keep file order
         moved = sum(a is not b for a, b in zip(lines, ordered, strict=True))
         lines = ordered
-    return _number_turns(lines, path), moved
+    return TraceFile(_number_turns(lines, path), moved, tuple(sorted(extra.items())))
 
 
 def _number_turns(lines: Sequence[TraceLine], path: Path) -> tuple[TraceLine, ...]:
-    """Each conversation's turns numbered 1, 2, ... in time order, where the trace did not
-    number them; a numbering that contradicts the timestamps, or repeats, is refused."""
-    last: dict[str, int] = {}  # conversation -> its latest turn so far
+    """Each conversation's turns numbered 1, 2, ... in time order. Numbers a trace gives need
+    only increase within a conversation (from 0, from 1, with gaps): a numbering that repeats
+    or contradicts the timestamps is refused."""
+    last: dict[str, tuple[int, int | None]] = {}  # conversation -> (its latest place, its given number)
     out = []
     for line in lines:
         if not line.conversation:
             out.append(line)
             continue
-        before = last.get(line.conversation)
-        turn = line.turn or (before + 1 if before else 1)
-        if before and turn <= before:
+        place, given = last.get(line.conversation, (0, None))
+        if given is not None and line.given_turn is not None and line.given_turn <= given:
             raise TraceError(
-                f"{path}: conversation {line.conversation!r}: turn {turn} is due at {line.timestamp_s:g} s, after "
-                f"turn {before}; a conversation's turns must be numbered once each, in time order"
+                f"{path}: conversation {line.conversation!r}: turn {line.given_turn} is due at "
+                f"{line.timestamp_s:g} s, after turn {given}; a conversation's turn numbers must increase in time "
+                f"order, each used once"
             )
-        if before and line.messages:
+        if place and line.messages:
             raise TraceError(
-                f"{path}: conversation {line.conversation!r}: turn {turn} gives 'messages'; a later turn gives "
+                f"{path}: conversation {line.conversation!r}: turn {place + 1} gives 'messages'; a later turn gives "
                 f"only its new user text as 'prompt' (its history is the earlier turns and the server's answers)"
             )
-        last[line.conversation] = turn
-        out.append(replace(line, turn=turn))
+        last[line.conversation] = (place + 1, line.given_turn if line.given_turn is not None else given)
+        out.append(replace(line, turn=place + 1))
     return tuple(out)
 
 
@@ -295,55 +343,39 @@ def _delays(lines: Sequence[TraceLine], workload: WorkloadConfig, scale: float) 
 
 
 def load_replay(workload: WorkloadConfig, rate: float | None) -> Replay:
-    lines, moved = _read_cached(workload)
-    return replay(lines, workload, rate, moved)
+    read = read_file(workload)
+    return replay(read.lines, workload, rate, read.moved)
 
 
-def _read_cached(workload: WorkloadConfig) -> tuple[tuple[TraceLine, ...], int]:
-    # One read per file and settings in a process: the sweeper, the driver's check and every
-    # point of a group read the same trace.
+def read_file(workload: WorkloadConfig) -> TraceFile:
+    """The trace, read once per file and settings in a process: the sweeper, the driver's
+    check and every point of a group read the same trace."""
     path = Path(workload.path).expanduser() if workload.path and workload.path != BUNDLED_PATH else None
     stamp = path.stat().st_mtime_ns if path is not None and path.is_file() else 0
     return _read(workload.path, workload.timestamp_unit, workload.sort, stamp)
 
 
 @cache
-def _read(path: str | None, unit: str, sort: bool, _mtime: int) -> tuple[tuple[TraceLine, ...], int]:
+def _read(path: str | None, unit: str, sort: bool, _mtime: int) -> TraceFile:
     return read_trace(WorkloadConfig(name="trace", path=path, timestamp_unit=unit, sort=sort))
 
 
-def _vocab(tokenizer: Tokenizer) -> list[int]:
-    special = set(getattr(tokenizer, "all_special_ids", []) or [])
-    return [i for i in range(tokenizer.vocab_size) if i not in special]
-
-
-def synthesize_prompt(line: TraceLine, tokenizer: Tokenizer, vocab: Sequence[int] | None = None) -> str:
-    """Deterministic text from the line's hash ids: ``input_length`` token ids, decoded; block i
-    is 512 ids drawn by a generator seeded with hash id i, so lines that share hash ids share a
-    prefix (and hit the prefix cache) as Mooncake's requests do. ``vocab``: the tokenizer's ids
-    less its special ones, made once per replay by the caller."""
-    length = line.input_length or 1
-    vocab = vocab if vocab is not None else _vocab(tokenizer)
-    ids: list[int] = []
-    for block, hash_id in enumerate(line.hash_ids or (length,)):
-        rng = random.Random(f"trace-block:{hash_id}:{block}")
-        ids += [vocab[rng.randrange(len(vocab))] for _ in range(MOONCAKE_BLOCK_TOKENS)]
-    while len(ids) < length:  # more tokens than the hash ids cover: a tail of its own
-        rng = random.Random(f"trace-tail:{line.hash_ids}:{len(ids)}")
-        ids += [vocab[rng.randrange(len(vocab))] for _ in range(MOONCAKE_BLOCK_TOKENS)]
-    return tokenizer.decode(ids[:length])
-
-
-def replay_items(replayed: Replay, tokenizer: Tokenizer | None) -> list[Item]:
-    """The replay's requests as prompt items, text synthesised where the trace gives lengths."""
+def replay_items(replayed: Replay, tokenizer: Tokenizer | None, workload: WorkloadConfig | None = None) -> list[Item]:
+    """The replay's requests as prompt items. A lengths-only line's prompt is ``input_length``
+    token ids (synthetic.py): sent as ids on the completions and generate endpoints, and as text
+    the tokenizer counts to exactly that length on the chat endpoint (``workload.endpoint``)."""
+    workload = workload or WorkloadConfig(name="trace")
     out = []
     vocab: list[int] | None = None
-    for line, delay in zip(replayed.lines, replayed.delays or [None] * len(replayed.lines), strict=True):
+    for number, (line, delay) in enumerate(
+        zip(replayed.lines, replayed.delays or [None] * len(replayed.lines), strict=True), start=1
+    ):
+        ids: list[int] = []
         if line.synthetic:
             if tokenizer is None:
                 raise ConfigError("a trace with input_length lines needs the model's tokenizer to build its prompts")
-            vocab = vocab if vocab is not None else _vocab(tokenizer)  # one scan of the vocabulary per replay
-            prompt = synthesize_prompt(line, tokenizer, vocab)
+            vocab = vocab if vocab is not None else synthetic.vocabulary(tokenizer)  # one scan per replay
+            ids, prompt = _lengths_only(line, tokenizer, vocab, workload, number)
         else:
             prompt = line.prompt or line.messages[-1]["content"]
         out.append(
@@ -355,9 +387,24 @@ def replay_items(replayed: Replay, tokenizer: Tokenizer | None) -> list[Item]:
                 conversation=line.conversation,
                 turn=line.turn,
                 delay_s=delay,
+                prompt_ids=tuple(ids) if workload.endpoint != "chat" else (),
+                input_length=line.input_length,
             )
         )
     return out
+
+
+def _lengths_only(
+    line: TraceLine, tokenizer: Tokenizer, vocab: Sequence[int], workload: WorkloadConfig, number: int
+) -> tuple[list[int], str]:
+    length = line.input_length or 1
+    ids = synthetic.prompt_ids(length, line.hash_ids, vocab, workload.hash_block_tokens)
+    if workload.endpoint != "chat":
+        return ids, tokenizer.decode(ids)
+    try:
+        return ids, synthetic.chat_text(ids, length, tokenizer, vocab)
+    except synthetic.LengthError as exc:
+        raise TraceError(f"the slice's request {number} (due at {line.timestamp_s:g} s): {exc}") from exc
 
 
 # The bundled trace: about 150 s at 1x, bursts between lulls, three kinds of text (code
@@ -416,6 +463,40 @@ def bundled_trace() -> tuple[TraceLine, ...]:
         item = pools[name][i]
         lines.append(TraceLine(t, item.category, prompt=item.prompt, output_tokens=item.output_tokens))
     return tuple(sorted([*lines, *_bundled_conversations()], key=lambda line: line.timestamp_s))
+
+
+def over_context(
+    lines: Sequence[TraceLine],
+    max_model_len: int,
+    max_tokens: int,
+    count: Callable[[TraceLine], int] | None = None,
+) -> list[TraceLine]:
+    """The lines whose prompt plus output exceeds ``max_model_len``, which a server refuses at
+    run time: a lengths-only line by its input_length, a text line by ``count`` (the model's
+    tokenizer; without it, by its output length and one prompt token, the least it can be). A
+    conversation's later turn carries its history: the earlier turns' prompts and outputs too."""
+    history: dict[str, int] = {}
+    over = []
+    for line in lines:
+        prompt = line.input_length if line.synthetic else (count(line) if count is not None else 1)
+        assert prompt is not None
+        output = line.output_tokens or max_tokens
+        context = history.get(line.conversation, 0) + prompt
+        if line.conversation:
+            history[line.conversation] = context + output
+        if context + output > max_model_len:
+            over.append(line)
+    return over
+
+
+def over_context_text(over: Sequence[TraceLine], max_model_len: int, counted: str) -> str:
+    """The refusal of :func:`over_context`'s lines: how many, the first, and the fix."""
+    return (
+        f"{len(over)} line(s) of the trace ask for more tokens than engine.max_model_len={max_model_len} holds "
+        f"({counted} plus the output length; the first is due at {over[0].timestamp_s:g} s); a server would "
+        f"refuse them at run time: raise engine.max_model_len (the servers' --max-model-len), or remove those "
+        f"lines from the trace"
+    )
 
 
 def with_rate(workload: WorkloadConfig, rate: float | None) -> float:

@@ -28,7 +28,7 @@ def load_items(workload: WorkloadConfig, count: int, seed: int, tokenizer: Token
         replayed = traces.load_replay(workload, None)  # read and checked, slice included
         if replayed.synthetic and tokenizer is None:
             return []  # lengths only: the text needs the model's tokenizer
-        return traces.replay_items(replayed, tokenizer)[:count]
+        return traces.replay_items(replayed, tokenizer, workload)[:count]
     if workload.name == "random":
         if tokenizer is None:
             raise ConfigError("workload.name=random needs the model's tokenizer to build prompts of exact lengths")
@@ -72,26 +72,39 @@ def to_requests(items: Sequence[Item], workload: WorkloadConfig, tokenizer: Toke
     requests = []
     last_turn: dict[str, int] = {}  # conversation -> index of its latest turn so far
     for i, item in enumerate(items):
-        # A dataset's reference length is honoured, but never above the configured cap.
-        cap = min(item.output_tokens, workload.max_tokens) if item.output_tokens else workload.max_tokens
-        length = len(tokenizer.encode(item.prompt, add_special_tokens=False)) if tokenizer is not None else None
+        length = item.input_length if item.input_length is not None else _count(item.prompt, tokenizer)
         requests.append(
             Request(
                 index=i,
                 prompt=item.prompt,
                 category=item.category,
-                max_tokens=max(cap, 1),
+                max_tokens=max_tokens(item, workload),
                 prompt_tokens=length,
                 messages=item.messages,
                 conversation=item.conversation,
                 turn=item.turn,
                 after=last_turn.get(item.conversation) if item.delay_s is not None else None,
                 delay_s=item.delay_s or 0.0,
+                prompt_ids=item.prompt_ids,
+                input_length=item.input_length,
+                stated_length=item.output_tokens is not None and not item.capped,
             )
         )
         if item.conversation:
             last_turn[item.conversation] = i
     return requests
+
+
+def max_tokens(item: Item, workload: WorkloadConfig) -> int:
+    """A stated length is sent as it is (a trace's or a JSONL file's line); workload.max_tokens
+    is for items that state none, and caps a source's reference length (ShareGPT's reply)."""
+    if item.output_tokens is None:
+        return workload.max_tokens
+    return min(item.output_tokens, workload.max_tokens) if item.capped else item.output_tokens
+
+
+def _count(prompt: str, tokenizer: Tokenizer | None) -> int | None:
+    return len(tokenizer.encode(prompt, add_special_tokens=False)) if tokenizer is not None else None
 
 
 def build_requests(

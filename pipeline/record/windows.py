@@ -17,29 +17,43 @@ import pandas as pd
 from pipeline.analysis import verdicts
 from pipeline.analysis.samples import Sample, ServerSpread, StatsOptions, server_spread
 from pipeline.config import StatsConfig
-from pipeline.engines.hardware import HARDWARE_KEYS
+from pipeline.identity import Identity
 from pipeline.record.readers import ChildRun, SweepReader
 
 AA_PREFIX = "aa_sd_"
 AA_COUNT = "aa_comparisons"
 AA_FINGERPRINT = "aa.fingerprint"  # on the A/A sweep's parent: what its spread was measured on
+# The identity's parts an A/A spread is not specific to: it is the noise between two fresh
+# servers of one hardware and model, whatever the settings, engine build, draft or prompts.
+SPREAD_VARIES = ("settings", "engine", "draft", "data")
+
+
+def measured_children(children: Sequence[ChildRun]) -> list[ChildRun]:
+    """A sweep's measured windows: finished points, not search=predict's predicted ones (which
+    carry no hardware tags and no requests)."""
+    return [c for c in children if c.tags.get("status") == "finished" and c.tags.get("predicted") != "true"]
 
 
 def spread_fingerprint(children: Sequence[ChildRun]) -> str:
-    """What a spread between fresh servers depends on, as a short key: the hardware, the model's
-    weights and the windows' size (requests per window). A spread measured on other hardware,
-    with another model or over windows of another size is another setting's noise: it is not
-    used for this sweep's comparisons."""
-    hardware = sorted({",".join(f"{k}={c.tags[k]}" for k in HARDWARE_KEYS if k in c.tags) for c in children})
-    models = sorted({c.tags.get("model.revision", "") for c in children})
+    """What a spread between fresh servers depends on, as a short key: the identities' hardware
+    and model (:meth:`pipeline.identity.Identity.key`, the other parts left out) and the
+    windows' size (requests per window), of the sweep's measured windows. A spread measured on
+    other hardware, with another model or over windows of another size is another setting's
+    noise: it is not used for this sweep's comparisons. A window whose identity does not record
+    its hardware or model makes the key "", which matches nothing."""
+    children = measured_children(children)
+    systems = sorted({Identity.from_tags(c.tags).key(without=SPREAD_VARIES) for c in children})
+    if not systems or "" in systems:
+        return ""
     sizes = sorted({int(c.metrics.get("completed", 0) + c.metrics.get("failed", 0)) for c in children})
-    text = f"{';'.join(hardware)}|{';'.join(models)}|{','.join(map(str, sizes))}"
+    text = f"{';'.join(systems)}|{','.join(map(str, sizes))}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def with_server_spread(reader: SweepReader, parent_id: str, frame: pd.DataFrame, opts: StatsOptions) -> StatsOptions:
-    """An A/A sweep records the spread between fresh servers on its parent run; every other
-    sweep of the store adds the newest such spread to its one-server comparisons."""
+    """An A/A sweep records the spread between fresh servers on its parent run, with the
+    fingerprint of what it measured; every other sweep of the store adds the newest such spread
+    of its own fingerprint to its one-server comparisons."""
     key = spread_fingerprint(reader.children(parent_id))
     if verdicts.is_aa(frame):
         spread = server_spread(verdicts.aa_log_ratios(frame), reader.title(parent_id))
@@ -47,16 +61,24 @@ def with_server_spread(reader: SweepReader, parent_id: str, frame: pd.DataFrame,
             reader.log_metrics(
                 parent_id, {AA_COUNT: float(spread.comparisons), **{AA_PREFIX + m: v for m, v in spread.sd.items()}}
             )
-            reader.set_tags(parent_id, {AA_FINGERPRINT: key})
+            if key:
+                reader.set_tags(parent_id, {AA_FINGERPRINT: key})
         return opts
     spread = stored_server_spread(reader, key)
     return opts if spread is None else replace(opts, server_spread=spread)
 
 
-def stored_server_spread(reader: SweepReader, fingerprint: str | None = None) -> ServerSpread | None:
-    """The newest A/A spread between fresh servers recorded in the store: the newest whose
-    fingerprint (:func:`spread_fingerprint`) is ``fingerprint``, where one is given."""
-    found = reader.newest_with_metric(AA_COUNT, (AA_FINGERPRINT, fingerprint) if fingerprint else None)
+def server_spread_for(reader: SweepReader, parent_id: str) -> ServerSpread | None:
+    """The A/A spread between fresh servers for what this sweep measured: the one lookup the
+    report, the gate and search=predict make (the newest A/A sweep of the same fingerprint)."""
+    return stored_server_spread(reader, spread_fingerprint(reader.children(parent_id)))
+
+
+def stored_server_spread(reader: SweepReader, fingerprint: str) -> ServerSpread | None:
+    """The newest A/A spread between fresh servers recorded in the store whose fingerprint
+    (:func:`spread_fingerprint`) is ``fingerprint``. There is no lookup without one: the
+    newest spread from any hardware, model or window size is another setting's noise."""
+    found = reader.newest_with_metric(AA_COUNT, (AA_FINGERPRINT, fingerprint)) if fingerprint else None
     if found is None:
         return None
     _, metrics, title = found
@@ -73,14 +95,10 @@ def window_sample(reader: SweepReader, run_id: str, duration: float, work: Path)
     return Sample.from_requests(pd.read_csv(path), duration)
 
 
-def stats_options(stats: StatsConfig, reader: SweepReader) -> StatsOptions:
-    """The sweep's decision settings, with the store's newest A/A spread between fresh servers."""
-    return StatsOptions(
-        confidence=stats.confidence,
-        floor=stats.floor,
-        resamples=stats.resamples,
-        server_spread=stored_server_spread(reader),
-    )
+def stats_options(stats: StatsConfig) -> StatsOptions:
+    """The sweep's decision settings. The A/A spread between fresh servers is added once the
+    sweep has measured windows to fingerprint (:func:`server_spread_for`)."""
+    return StatsOptions(confidence=stats.confidence, floor=stats.floor, resamples=stats.resamples)
 
 
 def window_requests(reader: SweepReader, frame: pd.DataFrame, work: Path) -> dict[str, tuple[pd.DataFrame, float]]:

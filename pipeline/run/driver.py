@@ -25,9 +25,10 @@ from pipeline import startup
 from pipeline.analysis.search_report import PREDICTIONS_CSV
 from pipeline.config import ConfigError, JobConfig, RayConfig, SloConfig, SweepSettings
 from pipeline.engines.engine import EngineNotInstalled
+from pipeline.engines.external import SMALL_LOAD
 from pipeline.engines.models import ModelError
 from pipeline.engines.registry import engine_of
-from pipeline.exitcode import ExitCode
+from pipeline.exitcode import ExitCode, sweep_exit
 from pipeline.identity import Identity, reusable
 from pipeline.load.workloads import load_items
 from pipeline.record.journal import JOURNAL_NAME, JournaledTracker
@@ -41,6 +42,8 @@ from pipeline.run.plan import (
     SweepPlan,
     describe,
     estimate_s,
+    external_load,
+    external_load_text,
     plan_sweep,
 )
 from pipeline.run.plumbing import cluster, diskfull
@@ -104,6 +107,19 @@ def _server_line(target: Target, job: JobConfig, ray_config: RayConfig) -> Serve
     inherited = {name: "<from the environment>" for name in spec.env_from}
     ray = cluster.request_text(cluster.group_request(ray_config, target.engine_gpus(job)))
     return ServerLine(label, version, tuple(args), redact_mapping(spec.env) | inherited, ray)
+
+
+def _say_ignored(workload: Any) -> None:
+    """A trace's fields that are not replayed, listed once before launch (the runs record them too)."""
+    from pipeline.load import traces
+
+    ignored = traces.read_file(workload).ignored(workload.metadata_fields)
+    if ignored:
+        names = ",".join(name for name, _ in ignored)
+        print(
+            f"trace {workload.path}: fields not replayed, ignored: {traces.ignored_text(ignored)} (declare your own "
+            f"fields with workload.metadata_fields=[{names}] to keep this quiet)"
+        )
 
 
 def _error(message: str) -> int:
@@ -188,6 +204,8 @@ class Sweep:
         for workload in {repr(j.workload): j.workload for j in jobs}.values():
             if workload.name != "random":  # a missing or malformed file is refused here, not in a worker
                 load_items(workload, 1, 0, None)
+            if workload.name == "trace":
+                _say_ignored(workload)
         return Sweep(settings, slo, project_root, kind, plan)
 
     def show(self) -> None:
@@ -197,6 +215,8 @@ class Sweep:
         targets = [resolve_target(g.server_job, build=False, plan_only=True) for g in shown.groups]
         lines = [_server_line(t, g.server_job, self.settings.ray) for t, g in zip(targets, shown.groups, strict=True)]
         print(describe(shown, lines, self.on_gpu or any(t.on_gpu for t in targets)))
+        if loads := external_load(shown, self.settings.lossless.prompts):
+            print(external_load_text(loads))
         print(self.kind.note(self.settings))
         if more := self.kind.describe(shown):
             print(more)
@@ -241,7 +261,33 @@ class Sweep:
                 self.done = self.same
                 for reason, count in changed.items():
                     print(f"{reason}: {count} point(s) measured again")
+        try:
+            self._confirm_external_load()
+        except ConfigError as exc:
+            return _error(str(exc))
         return None
+
+    def _confirm_external_load(self) -> None:
+        """engine=external: what the sweep will send each running server, said before the first
+        request; above a small load, sent only with a yes (engine.external_ok_to_load)."""
+        loads = external_load(self.plan.without(self.done), self.settings.lossless.prompts)
+        if not loads:
+            return
+        text = external_load_text(loads)
+        print(text)
+        allowed = any(p.job.engine.external_ok_to_load for p in self.plan.points)
+        if allowed or all(SMALL_LOAD.holds(load.peak_rate, load.requests) for load in loads):
+            return
+        if sys.stdin.isatty() and input("send this load to servers that may be serving users? [y/N] ").strip() in (
+            "y",
+            "yes",
+        ):
+            return
+        raise ConfigError(
+            f"{text}: more than {SMALL_LOAD.text} to a server specsweep did not start, which may serve users; set "
+            f"engine.external_ok_to_load=true to send it (or answer yes at a terminal), or lower the load "
+            f"(load.request_rate, load.num_requests, load.min_duration_s)"
+        )
 
     @property
     def resumed(self) -> int:
@@ -349,12 +395,14 @@ class Sweep:
         if not self.kind.reads_windows:
             return Context(resumed, settings=self.settings)
         from pipeline.record import readers
-        from pipeline.record.windows import stats_options
+        from pipeline.record.windows import server_spread_for, stats_options
 
         reader = readers.SweepReader(self.store.tracking_uri)
         log = functools.partial(predicting.log_predicted, self.tracker, self.parent)
-        opts = stats_options(self.settings.stats, reader)
-        return Context(resumed, predicting.download_samples(reader), log, opts, self.settings)
+        opts = stats_options(self.settings.stats)
+        # The A/A spread for what this sweep measures, looked up once its first windows are recorded.
+        spread = functools.partial(server_spread_for, reader, self.parent)
+        return Context(resumed, predicting.download_samples(reader), log, opts, self.settings, spread)
 
     def record(self, end: SearchEnd, started: float) -> tuple[Any, int]:
         """The sweep's table (summary.csv, the MLflow table), the speedups on each run, and the
@@ -428,7 +476,7 @@ class Sweep:
                 settings, self.store.tracking_uri, parent, end.plan, self.by_hash, executor, confirm_task, out_dir
             )
         report_sweep(self.store.tracking_uri, parent, out_dir, settings.stats)
-        return ExitCode.INCOMPLETE if failed else code
+        return sweep_exit(code, failed)
 
 
 def _confirm_task(

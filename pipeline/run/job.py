@@ -6,15 +6,17 @@ Everything that can be refused (engine install, device, methods, model paths) is
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from pipeline.config import JobConfig
+from pipeline.analysis.trust import shared_prefix_tokens
+from pipeline.config import ConfigError, JobConfig
 from pipeline.engines.base import ServerSpec
 from pipeline.engines.engine import Target
 from pipeline.engines.process import free_port
 from pipeline.engines.registry import engine_of
-from pipeline.load import traces
+from pipeline.load import synthetic, traces
 from pipeline.load.items import Request, Tokenizer
 from pipeline.load.loadgen import schedule
 from pipeline.load.workloads import split_warmup, to_requests
@@ -37,6 +39,7 @@ class PointRequests:
     requests: tuple[Request, ...]
     offsets: tuple[float, ...]  # seconds from the window start
     metrics: dict[str, float] = field(default_factory=dict)  # what the point records of its load's source
+    tags: dict[str, str] = field(default_factory=dict)  # and in words (a trace's fields not replayed)
 
 
 def point_requests(job: JobConfig, tokenizer: Tokenizer | None) -> PointRequests:
@@ -47,7 +50,31 @@ def point_requests(job: JobConfig, tokenizer: Tokenizer | None) -> PointRequests
     warmup, requests = split_warmup(job.workload, len(offsets), job.load.warmup_requests, seed, tokenizer)
     # Warm-up exercises the code paths (prefill, decode, drafting); a few tokens do that.
     capped = tuple(replace(r, max_tokens=min(r.max_tokens, WARMUP_MAX_TOKENS)) for r in warmup)
-    return PointRequests(capped, tuple(requests), tuple(offsets))
+    return PointRequests(capped, with_shared_prefixes(requests, tokenizer, job.workload.endpoint), tuple(offsets))
+
+
+def with_shared_prefixes(
+    requests: Sequence[Request], tokenizer: Tokenizer | None, endpoint: str
+) -> tuple[Request, ...]:
+    """Each request with the tokens of its prompt, as the server sees it (the chat template
+    applied on the chat endpoint), that an earlier request of the window shares. A later turn
+    of a conversation carries answers not known yet: its share is left to the window's check
+    (all of its history may be served from the cache)."""
+    if tokenizer is None or (endpoint == "chat" and not hasattr(tokenizer, "apply_chat_template")):
+        return tuple(requests)
+
+    def seen_by_server(r: Request) -> list[int]:
+        if r.prompt_ids:
+            return list(r.prompt_ids)
+        if endpoint == "chat":
+            messages = list(r.messages) or [{"role": "user", "content": r.prompt}]
+            rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return tokenizer.encode(str(rendered), add_special_tokens=False)
+        return tokenizer.encode(r.prompt, add_special_tokens=True)
+
+    own = [r for r in requests if r.after is None]
+    shares = dict(zip((r.index for r in own), shared_prefix_tokens([seen_by_server(r) for r in own]), strict=True))
+    return tuple(replace(r, shared_prefix_tokens=shares.get(r.index)) for r in requests)
 
 
 def _trace_requests(job: JobConfig, tokenizer: Tokenizer | None) -> PointRequests:
@@ -55,12 +82,13 @@ def _trace_requests(job: JobConfig, tokenizer: Tokenizer | None) -> PointRequest
     it). Every repeat replays the same requests at the same offsets. The warm-up sends the
     slice's last prompts; under the default cold policy the cache is reset after it."""
     replayed = traces.load_replay(job.workload, job.load.request_rate)
-    requests = to_requests(traces.replay_items(replayed, tokenizer), job.workload, tokenizer)
+    requests = to_requests(traces.replay_items(replayed, tokenizer, job.workload), job.workload, tokenizer)
     # A warm-up request stands alone: a conversation's turn is sent as its user text only.
     warmup = [
         replace(r.alone(), index=i, max_tokens=min(r.max_tokens, WARMUP_MAX_TOKENS))
         for i, r in enumerate(requests[::-1][: job.load.warmup_requests])
     ]
+    requests = list(with_shared_prefixes(requests, tokenizer, job.workload.endpoint))
     metrics = {
         "trace_requests": float(len(requests)),
         "trace_mean_rate": replayed.own_mean_rate,  # the slice's own, before scaling
@@ -70,7 +98,28 @@ def _trace_requests(job: JobConfig, tokenizer: Tokenizer | None) -> PointRequest
         "trace_sorted_lines": float(replayed.sorted_lines),
         "trace_conversations": float(replayed.conversations),
     }
-    return PointRequests(tuple(warmup), tuple(requests), replayed.offsets, metrics)
+    ignored = traces.read_file(job.workload).ignored(job.workload.metadata_fields)
+    tags = {"trace.ignored_fields": traces.ignored_text(ignored)} if ignored else {}
+    return PointRequests(tuple(warmup), tuple(requests), replayed.offsets, metrics, tags)
+
+
+def check_trace(job: JobConfig, tokenizer: Tokenizer) -> None:
+    """What a trace point needs the model's tokenizer to refuse, before any server starts: a
+    text line whose prompt plus output exceeds engine.max_model_len (compose.py refused the
+    lengths-only ones), and a lengths-only line whose chat text cannot be exactly its length."""
+    replayed = traces.load_replay(job.workload, job.load.request_rate)
+    chat = job.workload.endpoint == "chat"
+
+    def count(line: traces.TraceLine) -> int:
+        if chat:
+            return synthetic.chat_tokens(tokenizer, line.messages or line.prompt or "")
+        return len(tokenizer.encode(line.prompt or "", add_special_tokens=False))
+
+    over = traces.over_context(replayed.lines, job.engine.max_model_len, job.workload.max_tokens, count)
+    if over:
+        what = "the prompt's tokens, chat template included" if chat else "the prompt's tokens"
+        raise ConfigError(traces.over_context_text(over, job.engine.max_model_len, what))
+    traces.replay_items(replayed, tokenizer, job.workload)
 
 
 def server_spec(target: Target, job: JobConfig, log_path: Path, port: int | None = None) -> ServerSpec:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 
 import httpx
 
+from pipeline.analysis import trust
 from pipeline.config import JobConfig, LoadConfig
 from pipeline.engines.acceptance import (
     Acceptance,
@@ -52,6 +53,7 @@ class Measurement:
     prefix_cache: PrefixCacheWindow
     summary: dict[str, float]
     kv_capacity: dict[str, float] = field(default_factory=dict)  # vLLM's KV cache size (Scrape.kv_capacity)
+    validity: dict[str, float] = field(default_factory=dict)  # window.* facts and validity.* checks
 
 
 def scrape(base_url: str) -> Scrape:
@@ -90,20 +92,61 @@ def external_scrape(base_url: str) -> tuple[Scrape, str | None]:
         return Scrape(), f"acceptance not measured: GET {base_url}/metrics failed ({type(exc).__name__}: {exc})"
 
 
-def shared_counters(before: Scrape, after: Scrape, window: Window) -> str | None:
+# Time spent waiting in the engine's queue, per finished request (a histogram's sum and count).
+QUEUE_SUM = "vllm:request_queue_time_seconds_sum"
+QUEUE_COUNT = "vllm:request_queue_time_seconds_count"
+
+
+def _moved(before: Scrape, after: Scrape, name: str) -> float | None:
+    if after.get(name) is None:
+        return None
+    return (after.get(name) or 0.0) - (before.get(name) or 0.0)
+
+
+def server_facts(before: Scrape, after: Scrape, window: Window) -> dict[str, float]:
+    """What the server's counters say of the window: requests it finished beyond the window's
+    own (other traffic: other clients, or replicas behind one URL), and how long requests waited
+    in its queue (the time-average of vLLM's num_requests_waiting is their summed waits over
+    the window's length: Little's law on the queue)."""
+    out: dict[str, float] = {}
+    counted = _moved(before, after, FINISHED)
+    if counted is not None:
+        out["window.other_requests"] = counted - sum(1 for r in window.records if not trust.never_sent(r))
+    waited, queued = _moved(before, after, QUEUE_SUM), _moved(before, after, QUEUE_COUNT)
+    if waited is not None and window.duration_s > 0:
+        out["window.server_waiting_mean"] = waited / window.duration_s
+        if queued:
+            out["window.server_queue_ms"] = 1000.0 * waited / queued
+    return out
+
+
+def shared_counters(facts: dict[str, float], window: Window) -> str | None:
     """Whether the counters saw other traffic than the window's: behind a load balancer with
     several replicas, the /metrics one request reaches is one replica's, not the window's."""
-    if after.get(FINISHED) is None:
+    other = facts.get("window.other_requests")
+    if other is None or other <= 0:
         return None
-    counted = (after.get(FINISHED) or 0.0) - (before.get(FINISHED) or 0.0)
-    sent = sum(r.ok for r in window.records)
-    if counted == sent:
-        return None
+    sent = sum(1 for r in window.records if not trust.never_sent(r))
     return (
-        f"acceptance is not the window's alone: the server's counters finished {counted:g} request(s) during a "
-        f"window that finished {sent}; the URL reaches several replicas (a load balancer) or serves other "
+        f"acceptance is not the window's alone: the server's counters finished {sent + other:g} request(s) during "
+        f"a window that sent {sent}; the URL reaches several replicas (a load balancer) or serves other "
         f"traffic. Point engine.url at one replica with no other load for the window's own acceptance"
     )
+
+
+def request_facts(requests: Sequence[Request], window: Window, ignore_eos: bool) -> dict[str, float]:
+    """What the window's requests asked for against what the server did: requests cut short
+    (a stated length not kept to), and the prompt tokens an emptied prefix cache may serve."""
+    asked = {r.index: (r.max_tokens if r.stated_length and ignore_eos else None, r.input_length) for r in requests}
+    out = {"window.truncated": float(trust.truncated(window.records, asked))}
+    by_index = {r.index: r for r in requests}
+    if all(r.shared_prefix_tokens is not None for r in requests if r.after is None):
+        # A later turn's history (earlier turns and answers) may all come from the cache.
+        later = sum(rec.prompt_tokens or 0 for rec in window.records if by_index[rec.index].after is not None)
+        out["window.prefix_shareable_tokens"] = float(
+            sum(r.shared_prefix_tokens or 0 for r in requests if r.after is None) + later
+        )
+    return out
 
 
 def fill_prefix_cache(requests: Sequence[Request], opts: ClientOptions) -> None:
@@ -182,18 +225,42 @@ def measure(
         raise MeasurementError(WINDOW_STOPPED + window.stopped, window)
     after, unread_after = external_scrape(base_url) if external else (scrape(base_url), None)
     note = unread or unread_after
-    if external and not note and shared_counters(before, after, window):
+    counters = server_facts(before, after, window)
+    if not note and counters.get("window.other_requests", 0.0) != 0:
         time.sleep(1.0)  # a counter may lag the last answer by an engine step: read it once more
-        after, note = external_scrape(base_url)
-        note = note or shared_counters(before, after, window)
+        after, note = external_scrape(base_url) if external else (scrape(base_url), None)
+        counters = server_facts(before, after, window)
+    note = note or shared_counters(counters, window)
     acceptance = acceptance_between(before, after)
     if note:
         acceptance = Acceptance(source="none", note=note)
+    summary = summarize(window.records, window.duration_s, job.slo, job.load.request_rate)
+    prefix = prefix_cache_between(before, after)
     return Measurement(
         window=window,
         acceptance=acceptance,
         on_scale=engine.window_acceptance(window.records, acceptance, after, base_url),
-        prefix_cache=prefix_cache_between(before, after),
-        summary=summarize(window.records, window.duration_s, job.slo, job.load.request_rate),
+        prefix_cache=prefix,
+        summary=summary,
         kv_capacity=after.kv_capacity,
+        validity=window_validity(job, requests, window, summary | prefix.as_metrics() | counters),
     )
+
+
+def window_validity(
+    job: JobConfig, requests: Sequence[Request], window: Window, measured: dict[str, float]
+) -> dict[str, float]:
+    """The window's facts (``window.*``) and its checks (``validity.*``, analysis/trust.py)."""
+    shape = trust.WindowShape(
+        offered_rate=job.load.request_rate,
+        capped=job.load.max_concurrency is not None,
+        conversations=any(r.after is not None for r in requests),
+        duration_s=window.duration_s,
+    )
+    facts = (
+        {k: v for k, v in measured.items() if k.startswith("window.")}
+        | request_facts(requests, window, job.workload.ignore_eos)
+        | trust.window_facts(window.records, shape)
+    )
+    found = trust.judge_window(measured | facts, job.engine.prefix_cache)
+    return facts | trust.validity_metrics(found)

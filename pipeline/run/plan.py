@@ -157,15 +157,98 @@ def point_offsets(job: JobConfig) -> list[float] | tuple[float, ...]:
     return schedule(job.load, job.seed + job.repeat)
 
 
+def output_lengths_text(job: JobConfig) -> str:
+    """The output lengths a point asks for: a trace's own (median, p90, max over its lines, a
+    line without one at workload.max_tokens), else the cap every request shares."""
+    workload = job.workload
+    if workload.name != "trace":
+        return f"up to {workload.max_tokens} tokens"
+    lines = traces.load_replay(workload, job.load.request_rate).lines
+    lengths = sorted(line.output_tokens or workload.max_tokens for line in lines)
+    stated = sum(line.output_tokens is not None for line in lines)
+    p90 = lengths[min(len(lengths) - 1, math.ceil(0.9 * len(lengths)) - 1)]
+    text = (
+        f"output lengths median {lengths[(len(lengths) - 1) // 2]}, p90 {p90}, max {lengths[-1]} tokens; "
+        f"{stated} of {len(lines)} lines give their own"
+    )
+    if stated < len(lines):
+        text += f", the rest workload.max_tokens={workload.max_tokens}"
+    if stated and not workload.ignore_eos:
+        text += "; a server may stop a request at EOS before its length: workload.ignore_eos=true keeps to them"
+    return text
+
+
 def point_estimate_s(job: JobConfig, on_gpu: bool) -> float:
     """Arrivals plus the last request's decode; speculation is assumed no faster (an upper bound)."""
     tpot = CPU_TPOT_S if not on_gpu else CPU_TPOT_S / 4
     offsets = point_offsets(job)
     span = offsets[-1] if offsets and math.isfinite(offsets[-1]) else 0.0
-    unsaturated = span + job.workload.max_tokens * tpot
+    lengths = _output_lengths(job, len(offsets))
+    unsaturated = span + max(lengths, default=0) * tpot
     if on_gpu:
         return unsaturated
-    return max(unsaturated, len(offsets) * job.workload.max_tokens / CPU_CAPACITY_TOK_S)
+    return max(unsaturated, sum(lengths) / CPU_CAPACITY_TOK_S)
+
+
+def _output_lengths(job: JobConfig, count: int) -> list[int]:
+    if job.workload.name == "trace":
+        return [
+            line.output_tokens or job.workload.max_tokens
+            for line in traces.load_replay(job.workload, job.load.request_rate).lines
+        ]
+    return [job.workload.max_tokens] * count
+
+
+@dataclass(frozen=True)
+class UrlLoad:
+    """What a sweep sends one running server (engine=external): every request, warm-ups and
+    cache primers and the losslessness probe included, and the highest rate it offers."""
+
+    key: str  # engine.url or engine.baseline_url
+    url: str
+    requests: int
+    peak_rate: float  # requests per second; inf: a window sent all at once
+
+
+def point_peak_rate(job: JobConfig) -> float:
+    """A point's highest offered rate: its rate, or a trace's busiest 10 s, scaled to it."""
+    rate = job.load.request_rate
+    if job.workload.name != "trace" or not math.isfinite(rate):
+        return rate
+    replayed = traces.load_replay(job.workload, rate)
+    if not math.isfinite(replayed.own_mean_rate) or replayed.own_mean_rate <= 0:
+        return math.inf
+    return max(rate, replayed.own_peak_rate * rate / replayed.own_mean_rate)
+
+
+def external_load(plan: SweepPlan, probe_prompts: int) -> list[UrlLoad]:
+    """Per running server a sweep measures (engine=external), what it will send there."""
+    from pipeline.engines.external import external_url
+
+    loads: dict[str, UrlLoad] = {}
+    for group in plan.groups:
+        job = group.server_job
+        if _starts_servers(job):
+            continue
+        key, url = external_url(job)
+        windows = [len(point_offsets(p.job)) for p in group.points]
+        primed = sum(windows) if job.engine.prefix_cache == "warm" else 0  # each window's prompts once more
+        sent = sum(windows) + primed + job.load.warmup_requests + probe_prompts
+        peak = max(point_peak_rate(p.job) for p in group.points)
+        before = loads.get(url)
+        if before is not None:
+            sent, peak = sent + before.requests, max(peak, before.peak_rate)
+        loads[url] = UrlLoad(key, url, sent, peak)
+    return list(loads.values())
+
+
+def external_load_text(loads: Sequence[UrlLoad]) -> str:
+    """What a sweep will send each running server, one clause per URL."""
+    parts = []
+    for load in loads:
+        peak = "all at once" if math.isinf(load.peak_rate) else f"up to {load.peak_rate:.3g} req/s"
+        parts.append(f"{load.requests} requests, {peak}, to {load.url} ({load.key})")
+    return "engine=external: this sweep will send " + "; ".join(parts)
 
 
 def group_estimate_s(group: ServerGroup, on_gpu: bool) -> float:
@@ -220,7 +303,7 @@ def describe(plan: SweepPlan, servers: Sequence[ServerLine], on_gpu: bool) -> st
             count = len(point_offsets(point.job))
             lines.append(
                 f"  - point {point.label}: {count} requests at {rate} ({point.job.workload.name}, "
-                f"up to {point.job.workload.max_tokens} tokens), ~{point_estimate_s(point.job, on_gpu):.0f} s"
+                f"{output_lengths_text(point.job)}), ~{point_estimate_s(point.job, on_gpu):.0f} s"
             )
         lines.append("")
     warm = plan.groups[0].server_job.load.warmup_requests if plan.groups else 0

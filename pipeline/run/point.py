@@ -62,6 +62,7 @@ def point_metrics(measurement: Measurement, k: int, startup_s: float | None) -> 
         **normalized(on_scale.length, k_eff),
         **measurement.prefix_cache.as_metrics(),
         **measurement.kv_capacity,
+        **measurement.validity,
         **({"server_startup_s": startup_s} if startup_s is not None else {}),
     }
 
@@ -113,6 +114,8 @@ def measure_point(
         tracker.log_metrics(run_id, metrics)  # MLflow may live on another disk: the numbers are kept there
         return PointOutcome(point.hash, run_id, metrics, error=message)
     _log_point(tracker, run_id, point, measurement, metrics, point_dir)
+    if sends.tags:
+        tracker.set_tags(run_id, sends.tags)
     # The window's requests travel with the outcome: a search reads them from here, not back
     # from MLflow or the disk (the same table as requests.csv).
     rows = pd.DataFrame([r.as_row() for r in measurement.window.records])
@@ -168,6 +171,11 @@ def _log_point(
         tags["acceptance.note"] = measurement.acceptance.note
     tags["prefix_cache.policy"] = point.job.engine.prefix_cache
     tracker.set_tags(run_id, tags)
+    failed = [
+        k.removeprefix("validity.") for k, v in measurement.validity.items() if k.startswith("validity.") and not v
+    ]
+    if failed:
+        print(f"[{point.label}] validity checks failed: {', '.join(failed)} (the report says why, and what to do)")
 
 
 def write_requests(folder: Path, window: Window) -> Path:

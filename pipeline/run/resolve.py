@@ -4,7 +4,7 @@ The driver plans; it resolves nothing of a real run (it may be a laptop or a Ray
 GPU, an engine or the model). Each executor resolves its groups where they will run: the
 in-process one here, the Ray launcher in a task with the group's own resource request, so on a
 node of the kind the group gets. Resolving checks the engine's install, the device and the
-models (building an embedded one), then reads the system a point's identity holds
+models (building an embedded one) and a trace's lines against the model's tokenizer, then reads the system a point's identity holds
 (:class:`pipeline.identity.System`). The group does the same again on the node it lands on, and
 a point is measured only on the system it was planned for (:func:`mismatch`).
 """
@@ -21,7 +21,7 @@ from pipeline.engines.hardware import where_am_i
 from pipeline.engines.models import ModelError
 from pipeline.identity import Identity, System
 from pipeline.load.workloads import data_fingerprint
-from pipeline.run.job import resolve_target
+from pipeline.run.job import check_trace, resolve_target
 from pipeline.run.plan import Point, ServerGroup, SweepPlan
 
 REFUSED = (ConfigError, EngineNotInstalled, ModelError)  # what a resolution refuses, with the fix in its message
@@ -54,9 +54,25 @@ def resolve_here(group: ServerGroup) -> tuple[Target | None, Resolved]:
     """Resolve ``group`` on this machine: its target (None where refused) and what it resolved to."""
     try:
         target = resolve_target(group.server_job)
+        check_traces(group, target)
     except REFUSED as exc:
         return None, Resolved(None, node_name(), str(exc))
     return target, Resolved(target.system(), node_name())
+
+
+def check_traces(group: ServerGroup, target: Target) -> None:
+    """A trace's lines against the model's own tokenizer (job.check_trace), once per trace and
+    rate: on the node that holds the model, before any server starts."""
+    jobs = {
+        repr((p.job.workload, p.job.load.request_rate)): p.job for p in group.points if p.job.workload.name == "trace"
+    }
+    if not jobs:
+        return
+    from pipeline.engines.models import load_tokenizer
+
+    tokenizer = load_tokenizer(target.model_path, target.model_revision)
+    for job in jobs.values():
+        check_trace(job, tokenizer)
 
 
 def resolve_group(group: ServerGroup) -> Resolved:
@@ -104,10 +120,7 @@ def across_hardware(plan: SweepPlan, resolved: Mapping[int, Resolved], one_type:
     hardware = {i: r.system.hardware for i, r in resolved.items() if r.system is not None}
     group_of = {p.hash: g for g in plan.groups for p in g.points}
     pairs = {
-        (group_of[p.baseline_hash].index, g.index)
-        for g in plan.groups
-        for p in g.points
-        if p.baseline_hash in group_of
+        (group_of[p.baseline_hash].index, g.index) for g in plan.groups for p in g.points if p.baseline_hash in group_of
     }
     if one_type:
         first = plan.groups[0].index if plan.groups else 0

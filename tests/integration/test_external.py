@@ -11,9 +11,11 @@ import dataclasses
 import json
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -66,9 +68,36 @@ def _external(base: EngineServer, spec: EngineServer) -> list[str]:
     return ["engine=external", f"engine.url={spec.base_url}", f"engine.baseline_url={base.base_url}/v1"]
 
 
+@contextmanager
+def another_client(url: str) -> Iterator[list[int]]:
+    """A third client, sending the server a short request every 0.3 s until the block ends: the
+    users a production deployment serves while it is measured. Yields the count it sent."""
+    sent = [0]
+    stop = threading.Event()
+
+    def send() -> None:
+        with httpx.Client(trust_env=False, timeout=60) as client:
+            while not stop.wait(0.3):
+                client.post(
+                    url + "/v1/completions", json={"model": "embedded:smollm2-135m", "prompt": "Hi", "max_tokens": 2}
+                )
+                sent[0] += 1
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    try:
+        yield sent
+    finally:
+        stop.set()
+        thread.join()
+
+
 def test_two_running_servers_are_measured_on_the_same_requests_and_left_running(
     tmp_path: Path, no_leftover_servers: None, servers: tuple[EngineServer, EngineServer]
 ) -> None:
+    """The sweep starts and stops nothing, says what it will send each URL first (4 req/s is above
+    the small default: engine.external_ok_to_load=true sends it), and a third client's traffic on
+    the baseline during the window marks its latency ratios "shared with other traffic"."""
     base, spec = servers
     drafts_before = _drafts(spec.base_url)
     args = [
@@ -81,18 +110,23 @@ def test_two_running_servers_are_measured_on_the_same_requests_and_left_running(
         "spec=ngram",
         "spec.k=3",
         "load.num_requests=6",
+        "load.min_duration_s=0",
         "load.request_rate=4",
         "load.warmup_requests=1",
         "workload.max_tokens=48",
         "lossless.prompts=2",
+        "engine.external_ok_to_load=true",
     ]
-    sweep = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    started: list[str] = []  # any vLLM process under the sweep, sampled while it runs
-    deadline = time.monotonic() + 600
-    while sweep.poll() is None and time.monotonic() < deadline:
-        started += [" ".join(procs.cmdline(p)) for p in procs.matching([sweep.pid], procs.SERVER_PATTERN)]
-        time.sleep(0.5)
-    output = sweep.communicate(timeout=60)[0]
+    with another_client(base.base_url) as third:
+        sweep = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        started: list[str] = []  # any vLLM process under the sweep, sampled while it runs
+        deadline = time.monotonic() + 600
+        while sweep.poll() is None and time.monotonic() < deadline:
+            started += [" ".join(procs.cmdline(p)) for p in procs.matching([sweep.pid], procs.SERVER_PATTERN)]
+            time.sleep(0.5)
+        output = sweep.communicate(timeout=60)[0]
+    assert third[0] > 0
+    assert f"9 requests, up to 4 req/s, to {spec.base_url} (engine.url)" in output  # 6, 1 warm-up, 2 probes
     assert sweep.returncode == 0, output[-4000:]
     assert not started, f"the sweep started a server: {started[:2]}"
     # Nothing was stopped: both servers still serve, and the speculative one drafted for
@@ -119,9 +153,15 @@ def test_two_running_servers_are_measured_on_the_same_requests_and_left_running(
     assert window["spec_request_steps"] == window["spec_decode_num_drafts"]
     assert window["spec_decode_acceptance_length"] > 1.0
     assert "spec_decode_num_drafts" not in baseline.data.metrics
-    # The comparison and the report name the condition.
+    # The third client's requests on the baseline's counters: the window is not the server's alone.
+    assert baseline.data.metrics["window.other_requests"] > 0 and baseline.data.metrics["validity.other_traffic"] == 0
+    assert speculative.data.metrics["validity.other_traffic"] == 1
+    # The comparison and the report name the condition, and withhold the latency verdicts.
     report = next((tmp_path / "out").rglob("report.md")).read_text()
     assert "external servers" in report and "as it is" in report
+    assert "FAILED, no other traffic on the server" in report
+    rows = [line for line in report.splitlines() if line.startswith("| external ngram k=3 | median TPOT")]
+    assert rows and all("withheld: shared with other traffic (baseline: the server finished" in r for r in rows)
 
 
 def _runs(project: Path, experiment: str) -> list:
@@ -135,8 +175,11 @@ def test_a_trace_sweep_with_a_conversation_gets_its_verdicts_per_request_type_an
     tmp_path: Path, no_leftover_servers: None, servers: tuple[EngineServer, EngineServer]
 ) -> None:
     """The real entry point on a trace of two kinds of text and one 3-turn conversation, on this
-    module's baseline and ngram k=3 servers: the per-request acceptance, the losslessness probe (its 7th prompt a later turn, sent alone), the
-    report's 'By request type' and 'By conversation turn', and their metrics on the run."""
+    module's baseline and ngram k=3 servers: the per-request acceptance, the losslessness probe (its 7th prompt a
+    later turn, sent alone), the report's 'By request type' and 'By conversation turn', and their metrics on the
+    run. The trace is written as a user's export is: two lines ask for 150 output tokens (output_length, above
+    workload.max_tokens=48) and get them; two lengths-only lines (input_length, shared hash ids) reach the chat
+    endpoint at exactly their length; a later turn carries its history; a field of the user's own is listed."""
     code = "Add type hints to this function: def f{i}(a, b): return a * b + {i}"
     chat = "In one sentence, what is your favourite thing about the number {i}?"
     lines = [
@@ -169,6 +212,14 @@ def test_a_trace_sweep_with_a_conversation_gets_its_verdicts_per_request_type_an
             "category": "code_edit",
         },
     ]
+    lines[1] |= {"output_length": 150}
+    lines[4] |= {"output_tokens": 150}
+    lines += [
+        {"timestamp": 2.2, "input_length": 300, "output_length": 24, "hash_ids": [1, 2], "category": "synthetic"},
+        {"timestamp": 2.6, "input_length": 280, "output_length": 24, "hash_ids": [1, 3], "category": "synthetic"},
+    ]
+    for line in lines:
+        line["user_id"] = "u1"  # the user's own field: listed as not replayed
     trace = tmp_path / "trace.jsonl"
     trace.write_text("".join(json.dumps(line) + "\n" for line in sorted(lines, key=lambda x: x["timestamp"])))
     proc = run_sweep(
@@ -177,14 +228,18 @@ def test_a_trace_sweep_with_a_conversation_gets_its_verdicts_per_request_type_an
         "workload=trace",
         f"workload.path={trace}",
         "workload.max_tokens=48",
+        "workload.ignore_eos=true",
+        "workload.hash_block_tokens=128",
         "load.warmup_requests=1",
         "lossless.prompts=7",
         "lossless.max_tokens=16",  # the probe's subject here is a later turn sent alone, not its length
         *_external(*servers),
         "spec=ngram",
         "spec.k=3",
+        "engine.external_ok_to_load=true",  # the trace's busiest 10 s are above 1 req/s
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "fields not replayed, ignored: user_id on 15 lines" in proc.stdout
     report = next((tmp_path / "out").rglob("report.md")).read_text()
     by_type = report.split("## By request type", 1)[1].split("\n## ", 1)[0]
     assert "chat " in by_type and "code_edit " in by_type
@@ -200,6 +255,63 @@ def test_a_trace_sweep_with_a_conversation_gets_its_verdicts_per_request_type_an
     assert spec.data.metrics["trace_conversations"] == 1
     rows = pd.read_csv(next(p for p in (tmp_path / "out").rglob("requests.csv") if "ngram" in str(p)))
     assert sorted(rows.loc[rows["conversation_id"] == "c", "turn"]) == [1, 2, 3] and rows["error"].isna().all()
+    # Every stated length, as the server counted it: 150 output tokens past workload.max_tokens=48,
+    # and the lengths-only prompts at exactly their input_length through the chat template.
+    assert sorted(rows["output_tokens"])[-2:] == [150, 150] and (rows["output_tokens"] == 48).sum() == 11
+    synthetic = rows[rows["category"] == "synthetic"].sort_values("index")
+    assert list(synthetic["prompt_tokens"]) == [300, 280] and list(synthetic["output_tokens"]) == [24, 24]
+    # A later turn carries its history: the first turn's prompt and the server's answer to it.
+    turns = rows[rows["conversation_id"] == "c"].set_index("turn")
+    assert turns.loc[2, "prompt_tokens"] > turns.loc[1, "prompt_tokens"] + turns.loc[1, "output_tokens"]
+    assert spec.data.tags["trace.ignored_fields"] == "user_id on 15 lines"
+    assert spec.data.metrics["validity.failed"] == 1  # nothing cut short: every stated length was kept
+
+
+def test_a_window_too_short_for_its_rate_is_not_steady_and_a_rate_beyond_the_server_is_overloaded(
+    tmp_path: Path, servers: tuple[EngineServer, EngineServer]
+) -> None:
+    """On this module's two servers: 2 req/s for 3 s of 64-token answers ends before its steady
+    state (each answer takes longer than the window), and 16 req/s is more than a 2-core CPU
+    streams. Neither gets a latency verdict; the report says why, and the overloaded point keeps
+    its throughput ratio (a capacity comparison)."""
+    args = [
+        "-m",
+        f"hydra.sweep.dir={tmp_path}/multi",
+        "hydra/launcher=basic",
+        *_external(*servers),
+        "spec=ngram",
+        "spec.k=3",
+        "sweep_name=steady",
+        "load.request_rate=2,16",
+        "load.num_requests=4",
+        "load.min_duration_s=3",
+        "load.warmup_requests=1",
+        "workload.max_tokens=64",
+        "workload.ignore_eos=true",
+        "lossless.prompts=0",
+        "engine.external_ok_to_load=true",
+    ]
+    proc = start_sweep(args, tmp_path)
+    out = rest_of_output(proc)
+    assert proc.returncode == 0, out[-4000:]
+    report = next((tmp_path / "multi").rglob("report.md")).read_text()
+    trust = report.split("## Can you trust this run?", 1)[1].split("\n## ", 1)[0]
+    steady = next(line for line in trust.splitlines() if "steady state" in line)
+    overload = next(line for line in trust.splitlines() if "keeps up with the offered rate" in line)
+    assert "FAILED" in steady and "-r2:" in steady and "load.min_duration_s=" in steady, trust
+    assert "FAILED" in overload and "-r16:" in overload and "-r2:" not in overload, trust
+    rows = {
+        line.split(" | ")[1]: line.split(" | ")[-1]
+        for line in report.splitlines()
+        if line.startswith("| external ngram")
+    }
+    assert rows["median TPOT, low load (2/s)"].startswith("withheld: not steady"), rows
+    assert rows["median TPOT, high load (16/s)"].startswith("withheld: overloaded"), rows
+    assert not rows["throughput, high load (16/s)"].startswith("withheld"), rows
+    by_name = {r.info.run_name: r.data.metrics for r in _runs(tmp_path, "steady") if r.data.tags.get("role") != "sweep"}
+    assert by_name["external-baseline-r16"]["validity.overload"] == 0
+    assert by_name["external-baseline-r16"]["window.sent"] == 48  # 3 s of arrivals at 16/s: load.min_duration_s
+    assert "validity.steady_state" not in by_name["external-baseline-r16"]  # no steady state to reach
 
 
 def test_a_tracking_server_gone_mid_sweep_loses_no_measurement(

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from tests import procs
-from tests.cluster import API_SERVER
+from tests.cluster import API_SERVER, ENGINE_CORE, served
 from tests.integration.conftest import (
     SERVER_PATTERN,
     TEST_SERVER,
@@ -31,6 +31,7 @@ pytestmark = pytest.mark.integration
 SMALL = [
     *TEST_SERVER,
     "load.num_requests=40",
+    "load.min_duration_s=0",
     "load.request_rate=1",
     "load.warmup_requests=1",
     "workload.max_tokens=32",
@@ -70,30 +71,15 @@ def test_sigkill_of_the_driver_stops_its_server(tmp_path: Path) -> None:
     assert not left, f"server processes outlived a SIGKILLed driver: {sorted(left)}"
 
 
-ENGINE_CORE = "VLLM::EngineCore"
-
-
 def _warmed_up(proc: subprocess.Popen[str], requests: int = 1, timeout_s: float = 300) -> None:
     """Until the sweep's server has answered its warm-up request(s) (its own request counter
     says so): the first window starts right after. On a slow machine that takes many seconds.
     After a restart the new server may not listen yet, and the old one may linger a moment."""
-    import httpx
-
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         ports = _api_ports(proc)
-        if len(ports) == 1:
-            try:
-                text = httpx.get(f"http://127.0.0.1:{ports.pop()}/metrics", timeout=10, trust_env=False).text
-            except httpx.HTTPError:
-                text = ""
-            done = sum(
-                float(line.rsplit(" ", 1)[1])
-                for line in text.splitlines()
-                if line.startswith("vllm:request_success_total")
-            )
-            if done >= requests:
-                return
+        if len(ports) == 1 and served(ports.pop()) >= requests:
+            return
         time.sleep(0.5)
     raise AssertionError(f"the warm-up did not finish in {timeout_s:g} s")
 

@@ -1,7 +1,12 @@
 """gate.mode=paired on the real engine: a candidate slowed about 6x (its own servers paused 85 %
 of the time, the reference's left alone) fails the night with exit 1 and names the point. The
 smallest grid that exercises the path: one server configuration (the baseline) and three pairs of
-fresh servers.
+fresh servers. And a night whose candidate server is killed mid-window (no config value makes a
+real engine crash) lost that pair: it is insufficient (exit 3), never a pass, and its summary says
+how many pairs were planned, measured and lost, and why. That night is an A/A night of three
+pairs, unslowed, so its windows are short: folded into the slowed night, the lost pair would leave the
+slowdown two pairs (one degree of freedom), and on a loaded 2-core machine (load average 8 from
+the suites beside it) such a night came out insufficient rather than failed.
 
 That an unchanged (A/A) night passes is not asserted here: one real A/A night is one draw of a rule
 whose false-alarm rate is what matters, and a test of it would cost four server starts (a fifth of
@@ -21,11 +26,12 @@ The test's floor is 10 % (the default is 1 %)."""
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 
-from tests.cluster import candidate_server, paired_night_args, stutter
+from tests.cluster import candidate_server, crash_nth, paired_night_args, stutter
 from tests.integration.conftest import FAST_START, read_until, start_sweep
 
 pytestmark = pytest.mark.integration
@@ -35,32 +41,50 @@ pytestmark = pytest.mark.integration
 # shows a 6x pause as plainly as one over 31, and the slowed night's windows are several times as long.
 FLOOR = [
     "gate.decision_floor=0.10",
+    "gate.detect=4",  # three pairs see only large slowdowns: refused unless said (about 0.7x more here)
     "load.num_requests=10",
     "workload.max_tokens=16",
     *(f"+engine.env.{k}={v}" for k, v in FAST_START.items()),
 ]
 
 
-def _night(project: Path, name: str, slow_candidate: bool, pairs: int) -> tuple[int, str]:
+def _night(project: Path, name: str, pairs: int, slow: bool, crash: int | None = None) -> tuple[int, str, list[int]]:
+    """A paired night; ``slow``: the candidate's servers paused 85 % of the time; ``crash``: the
+    candidate's nth server (from 1) killed mid-window."""
     night = [*paired_night_args(pairs=pairs), *FLOOR]
     proc = start_sweep([f"hydra.run.dir={project}/{name}", f"sweep_name={name}", *night], project)
     seen: list[str] = []
 
+    crashed: list[int] = []
     try:
-        if slow_candidate:
-            with stutter(lambda: [proc.pid], paused=0.85, only=candidate_server):
-                read_until(proc, None, seen, timeout_s=1500)
-        else:
-            read_until(proc, None, seen, timeout_s=1500)
-        return proc.wait(timeout=60), "".join(seen)
+        with ExitStack() as faults:
+            if slow:
+                faults.enter_context(stutter(lambda: [proc.pid], paused=0.85, only=candidate_server))
+            if crash is not None:
+                crashed = faults.enter_context(crash_nth(lambda: [proc.pid], crash, only=candidate_server))
+            read_until(proc, None, seen, timeout_s=1800)
+        return proc.wait(timeout=60), "".join(seen), crashed
     finally:
         if proc.poll() is None:
             proc.kill()
 
 
 def test_a_slowed_candidate_fails_the_paired_night_naming_the_point(tmp_path: Path, no_leftover_servers: None) -> None:
-    code, out = _night(tmp_path, "slowed-night", slow_candidate=True, pairs=3)
+    code, out, _ = _night(tmp_path, "slowed-night", pairs=3, slow=True)
     assert code == 1, out[-3000:]
-    assert "Regression gate (paired): ❌ regression" in out and "3 pair(s) over 1 point(s)" in out
+    assert "Regression gate (paired): ❌ regression" in out
+    assert "3 of 3 planned pair(s) measured, over 1 point(s)" in out
     assert "Power: this night's design (3 pairs" in out
     assert "Gated and regressed: median_tpot_ms; slowest point(s): baseline-r2" in out
+
+
+def test_a_night_whose_candidate_crashed_is_insufficient_and_says_which_pair_it_lost(
+    tmp_path: Path, no_leftover_servers: None
+) -> None:
+    code, out, crashed = _night(tmp_path, "crashed-night", pairs=3, slow=False, crash=1)
+    assert code == 3, out[-3000:]
+    assert crashed, "the candidate's server was never killed"
+    assert "Regression gate (paired): ⚠️ insufficient data" in out
+    # ABBA: the first candidate server is pair 1's second; its window was never recorded.
+    assert "2 of 3 planned pair(s) measured, 1 lost (pair 1: baseline-r2: no candidate window was recorded)" in out
+    assert "Insufficient: 2 of 3 planned pair(s) measured" in out and "gate.detect=4" in out

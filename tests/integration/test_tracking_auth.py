@@ -30,6 +30,7 @@ SMALL = [
     "spec=none",
     *TEST_SERVER,
     "load.num_requests=4",
+    "load.min_duration_s=0",
     "load.request_rate=2",
     "load.warmup_requests=1",
     "workload.max_tokens=16",

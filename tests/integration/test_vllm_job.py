@@ -41,6 +41,7 @@ pytestmark = pytest.mark.integration
 SMALL = [
     *TEST_SERVER,
     "load.num_requests=6",
+    "load.min_duration_s=0",
     "load.request_rate=2",
     "load.warmup_requests=1",
     "workload.max_tokens=64",

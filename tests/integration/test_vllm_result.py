@@ -93,7 +93,7 @@ def test_our_result_json_has_the_keys_of_vllm_bench_serve(tmp_path: Path, specul
     server.metrics_text = v1_text(0, 0, 0, [0, 0]) if speculative else ""
     job = JobConfig(
         engine=EngineConfig(prefix_cache="off"),
-        load=LoadConfig(num_requests=4, request_rate=8),
+        load=LoadConfig(num_requests=4, request_rate=8, min_duration_s=0),
         workload=WorkloadConfig(max_tokens=4),
         tracking=TrackingConfig(vllm_result="detailed"),
     )

@@ -263,7 +263,7 @@ def test_a_small_true_effect_is_inconclusive_with_the_window_that_would_resolve_
     row = data.points.iloc[0]
     assert row["verdict"] == "inconclusive"
     decision = data.comparisons.decision(row["point_key"], "speedup_median_tpot")  # type: ignore[union-attr]
-    assert decision is not None and "requests per window would likely resolve it" in decision.detail
+    assert decision is not None and "requests per window, an effect of" in decision.detail
 
 
 def test_the_report_advice_and_figures_read_each_verdict_from_its_decision_not_the_table() -> None:
@@ -399,6 +399,55 @@ def test_k_schedule_changes_k_only_where_the_difference_is_resolved() -> None:
     # Without a measured server spread, two one-run windows on two servers resolve nothing
     # (that rule called 30 % of A/A comparisons): the schedule keeps the band's k.
     assert ks((2.0, 1.3), OPTS) == [5, 5, 0]
+
+
+def test_k_schedule_keeps_the_previous_k_where_it_stops_helping_unless_another_is_resolved_better() -> None:
+    import dataclasses
+
+    from pipeline.analysis.samples import ServerSpread
+
+    frame, samples = _sweep({(3, 1.0): 1.8, (5, 1.0): 2.6, (3, 4.0): 1.10, (5, 4.0): 1.03}, seed=2)
+    spread = dataclasses.replace(OPTS, server_spread=ServerSpread({"speedup_median_tpot": 0.03}, 20, "aa"))
+    data = analyse("t", frame, [], [], samples, spread)
+    at_4 = data.comparisons.table[data.comparisons.table["request_rate"] == 4.0]  # type: ignore[union-attr]
+    labels = dict(zip(at_4["k"], data.comparisons.labels(at_4), strict=True))  # type: ignore[union-attr]
+    assert labels == {3: "helps", 5: "inconclusive"}
+    # k=5 stopped helping at 4/s and k=3 helps there, but not resolved faster than k=5 in their
+    # paired comparison: a switch would be on noise, so the band keeps k=5.
+    [schedule] = data.schedules
+    assert [band[2] for band in schedule["num_speculative_tokens_per_batch_size"]] == [5, 5]
+
+
+def test_the_k_schedules_comparisons_are_adjusted_as_one_family() -> None:
+    from pipeline.analysis.decisions import Decision
+    from pipeline.analysis.stats import Ratio
+    from pipeline.analysis.verdicts import Comparisons
+
+    def sweep(rates: tuple[float, ...]) -> Comparisons:
+        rows, found = [], {}
+        for rate in rates:
+            for k, speedup in ((3, 1.5), (5, 1.6 if rate == 1.0 else 1.45)):
+                key = f"k{k}@{rate:g}"
+                rows.append({"method": "ngram", "request_rate": rate, "k": k, "point_key": key, TPOT: speedup})
+                found[key] = {TPOT: Decision("helps", Ratio(TPOT, speedup, speedup / 1.1, speedup * 1.1))}
+        return Comparisons(pd.DataFrame(rows), found, OPTS)
+
+    asked: list[tuple[str, str]] = []
+
+    def compare(slower: str, faster: str) -> Ratio:
+        asked.append((slower, faster))
+        # k=3 over k=5 at 2/s clears the floor on its own (p about 0.04); the rest are null.
+        return Ratio(TPOT, 1.06, 1.021, 1.10) if slower == "k5@2" else Ratio(TPOT, 1.0, 0.95, 1.05)
+
+    def ks(rates: tuple[float, ...]) -> list[int]:
+        schedule = advisor.k_schedule(sweep(rates), dict.fromkeys(rates, 1.0), "ngram", compare)
+        assert schedule is not None
+        return [band[2] for band in schedule["num_speculative_tokens_per_batch_size"]]
+
+    # Alone, the one comparison switches k at 2/s; as one of the schedule's three comparisons
+    # (Benjamini-Hochberg over them) it does not.
+    assert ks((1.0, 2.0)) == [5, 3]
+    assert ks((1.0, 2.0, 4.0, 8.0)) == [5, 5, 5, 5] and len(asked) >= 4
 
 
 def test_aa_report_counts_false_alarms_and_the_smallest_resolvable_effect() -> None:

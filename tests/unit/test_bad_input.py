@@ -59,7 +59,7 @@ CASES: list[tuple[str, bool, list[str], str]] = [
         "external-not-http",
         False,
         ["engine=external", "engine.url=10.0.0.5:8000", "engine.baseline_url=http://127.0.0.1:9"],
-        "is not an http(s) address",
+        "does not speak http or https",
     ),
     (
         "external-credential",
@@ -114,6 +114,15 @@ CASES: list[tuple[str, bool, list[str], str]] = [
         "cannot be reached",
     ),
     ("url-without-external", False, ["engine.url=http://127.0.0.1:9"], "engine.url is for engine=external"),
+    # every address parsed whole: its scheme, a host, a port in range (a traceback, or a dry run that passed, before)
+    (
+        "external-port-out-of-range",
+        False,
+        ["engine=external", "engine.url=http://127.0.0.1:99999", "engine.baseline_url=http://127.0.0.1:9"],
+        "engine.url='http://127.0.0.1:99999' has a port outside 1-65535",
+    ),
+    ("tracking-uri-without-host", False, ["tracking.uri=http://:5000", "dry_run=true"], "names no host"),
+    ("ray-address-without-port", True, ["ray.address=10.0.0.5"], "names no host and port"),
     (
         "as-is-without-external",
         False,
@@ -234,6 +243,32 @@ CASES: list[tuple[str, bool, list[str], str]] = [
         "use load.client_workers=1",
     ),
     ("think-time-without-trace", False, ["workload.think_time_s=2"], "needs workload=trace"),
+    (
+        "trace-prompt-and-messages",
+        False,
+        ["workload=trace", "workload.path={tmp}/both.jsonl"],
+        "gives both 'prompt' and 'messages'",
+    ),
+    ("trace-unknown-role", False, ["workload=trace", "workload.path={tmp}/robot.jsonl"], "role 'robot'"),
+    (
+        "trace-two-output-lengths",
+        False,
+        ["workload=trace", "workload.path={tmp}/lengths.jsonl"],
+        "output_length=600 and output_tokens=128 disagree",
+    ),
+    (
+        "trace-beyond-the-context",
+        False,
+        ["workload=trace", "workload.path={tmp}/long.jsonl"],
+        "2 line(s) of the trace ask for more tokens than engine.max_model_len=2048 holds",
+    ),
+    (
+        "trace-messages-on-completions",
+        False,
+        ["workload=trace", "workload.path={tmp}/chat.jsonl", "workload.endpoint=completions"],
+        "would drop all but the last message: use workload.endpoint=chat",
+    ),
+    ("min-duration", False, ["load.min_duration_s=-1"], "load.min_duration_s=-1.0 must be >= 0"),
     # decisions
     ("confidence", False, ["stats.confidence=1.5"], "stats.confidence=1.5 must lie in (0.5, 1)"),
     ("repeats", False, ["repeats.count=0"], "repeats.count=0 must be >= 1"),
@@ -315,6 +350,13 @@ def _prepare(case: tuple[str, bool, list[str], str], root: Path) -> tuple[Path, 
         "negative": '{"timestamp": -2, "prompt": "a"}\n',
         "backwards": '{"timestamp": 5, "prompt": "a"}\n{"timestamp": 1, "prompt": "b"}\n',
         "noprompt": '{"timestamp": 0, "output_tokens": 8}\n',
+        "both": '{"timestamp": 0, "prompt": "a", "messages": [{"role": "user", "content": "a"}]}\n',
+        "robot": '{"timestamp": 0, "messages": [{"role": "robot", "content": "beep"}]}\n',
+        "lengths": '{"timestamp": 0, "prompt": "a", "output_length": 600, "output_tokens": 128}\n',
+        "long": '{"timestamp": 0, "input_length": 2000, "output_length": 100, "hash_ids": [1]}\n'
+        '{"timestamp": 5, "prompt": "a", "output_length": 4000}\n{"timestamp": 9, "prompt": "b"}\n',
+        "chat": '{"timestamp": 0, "messages": [{"role": "system", "content": "Be brief."}, '
+        '{"role": "user", "content": "Hi"}]}\n',
     }
     for name, text in traces.items():
         (folder / f"{name}.jsonl").write_text(text)

@@ -155,3 +155,16 @@ def test_each_group_carries_its_verdict_as_a_decision_and_the_report_reads_it_fr
     assert categories.group_lines(blank) == categories.group_lines(groups)
     assert f"code_edit {decided['code_edit'].ratio.text} helps" in "\n".join(categories.group_lines(blank))
     assert advisor.by_request_type(blank) == advisor.by_request_type(groups) != []
+
+
+def test_a_failed_request_stays_in_its_category_on_both_servers() -> None:
+    import dataclasses
+
+    base, spec = _window({"chat": 0.05, "code": 0.05}, 24, 1), _window({"chat": 0.05, "code": 0.05}, 24, 2)
+    code = spec.index[spec.category == "code"][:20]  # 20 of speculation's 24 code requests failed
+    kept = spec.with_index(np.setdiff1d(spec.index, code))
+    # Its log records no category for the failed ones: the prompt's own (the baseline's record) holds.
+    failed = dataclasses.replace(kept, failed=len(code), failed_index=code, failed_category=np.empty(0, object))
+    table = categories.compare_groups(_frame(), {"b": base, "s": failed}, StatsOptions(resamples=1000)).table
+    verdict = dict(zip(table["category"], table["verdict"], strict=True))
+    assert verdict["code"] == "hurts" and verdict["chat"] == "inconclusive"

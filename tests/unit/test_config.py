@@ -270,7 +270,34 @@ def test_every_address_declares_that_it_holds_no_credential() -> None:
     for key, field in found.items():
         rule = field.metadata[VALID]
         assert "holds a user name or password" in (rule.problem(key, "https://me:pw@host:1") or "")
-        assert rule.problem(key, "https://host:1") is None and rule.problem(key, "host:6379") is None
+        assert rule.problem(key, "host:6379" if key == "ray.address" else "https://host:1") is None
     assert "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD" in (
         found["tracking.uri"].metadata[VALID].problem("tracking.uri", "http://me:pw@h:5000") or ""
     )
+
+
+@pytest.mark.parametrize(
+    ("key", "kind", "value", "problem"),
+    [
+        ("engine.url", "server", "http://10.0.0.5:8000", None),
+        ("engine.url", "server", "http://10.0.0.5:99999", "a port outside 1-65535"),
+        ("engine.url", "server", "http://:8000", "names no host"),
+        ("engine.url", "server", "ftp://10.0.0.5:21", "does not speak http or https"),
+        ("tracking.uri", "store", "sqlite:////tmp/m/mlflow.db", None),
+        ("tracking.uri", "store", "sqlite:relative.db", "give a sqlite:///path/to/mlflow.db"),
+        ("tracking.uri", "store", "http://:5000", "names no host"),
+        ("tracking.uri", "store", "http://127.0.0.1:70000", "a port outside"),
+        ("tracking.uri", "store", "file:///tmp/store", "does not speak sqlite"),
+        ("ray.address", "ray", "auto", None),
+        ("ray.address", "ray", "10.0.0.5:6379", None),
+        ("ray.address", "ray", "ray://10.0.0.5:10001", None),
+        ("ray.address", "ray", "10.0.0.5", "names no host and port"),
+        ("ray.address", "ray", "10.0.0.5:port", "a port outside"),
+        ("ray.address", "ray", "http://10.0.0.5:8265", "does not speak ray"),
+    ],
+)
+def test_every_address_is_parsed_whole(key: str, kind: str, value: str, problem: str | None) -> None:
+    from pipeline.config import address_problem
+
+    found = address_problem(key, value, kind)
+    assert (found is None) if problem is None else (found is not None and problem in found), found

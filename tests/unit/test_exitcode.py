@@ -24,3 +24,14 @@ def test_a_report_of_no_sweep_is_bad_input(tmp_path: Path, capsys: pytest.Captur
         report.main(["no-such-sweep", "--project", str(tmp_path)])
     assert exit_.value.code == ExitCode.BAD_INPUT
     assert "'no-such-sweep' is neither an experiment" in capsys.readouterr().err
+
+
+def test_a_regression_the_gate_found_stands_over_a_failed_point() -> None:
+    from pipeline.exitcode import sweep_exit
+
+    # A paired night whose candidate crashed in one pair and is slower in the others: the
+    # regression is what CI must see; a failed point alone leaves the sweep incomplete.
+    assert sweep_exit(ExitCode.REGRESSED, failed=1) == ExitCode.REGRESSED
+    assert sweep_exit(ExitCode.OK, failed=1) == ExitCode.INCOMPLETE
+    assert sweep_exit(ExitCode.INCOMPLETE, failed=0) == ExitCode.INCOMPLETE
+    assert sweep_exit(ExitCode.OK, failed=0) == ExitCode.OK

@@ -75,7 +75,8 @@ def test_counters_that_saw_other_traffic_are_not_called_the_windows() -> None:
         m = measure(url, "m", _job(), (), _requests(3), [0.0, 0.01, 0.02], "p")
     assert m.acceptance.source == "none"
     assert m.acceptance.num_drafts is None
-    assert "finished 6 request(s) during a window that finished 3" in (m.acceptance.note or "")
+    assert "finished 6 request(s) during a window that sent 3" in (m.acceptance.note or "")
+    assert m.validity["window.other_requests"] == 3 and m.validity["validity.other_traffic"] == 0
     assert "load balancer" in (m.acceptance.note or "")
     assert m.summary["completed"] == 3  # the window itself is still measured
 
@@ -134,3 +135,31 @@ def test_an_api_key_from_the_environment_is_sent_as_vllm_bench_sends_it(monkeypa
         measure(url, "m", _job(), (), _requests(1), [0.0], "p")
     assert server.headers and server.headers[-1].get("Authorization") == "Bearer sk-sentinel"
     assert "sk-sentinel" not in repr(ClientOptions(base_url=url, model="m"))
+
+
+def test_a_load_above_the_small_default_is_sent_to_running_servers_only_when_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before the first request, what the sweep sends each URL is printed; above one request a
+    second or a hundred in all, it is refused (exit 2, naming the fix) unless
+    engine.external_ok_to_load=true (or a yes at a terminal). A small load goes through."""
+    from pipeline.exitcode import ExitCode
+    from pipeline.run.plan import external_load, plan_sweep
+    from tests.in_process import sweep_in_process
+
+    with FakeServer(lambda body: chat_script(["a"], 1)) as spec, FakeServer(lambda body: chat_script(["a"], 1)) as base:
+        args = ["engine=external", f"engine.url={spec}", f"engine.baseline_url={base}", f"model.id={tmp_path}"]
+        heavy = [*args, "load.request_rate=4", "load.num_requests=40"]
+        assert sweep_in_process(False, tmp_path, heavy) == ExitCode.BAD_INPUT
+        err = capsys.readouterr()
+        assert f"46 requests, up to 4 req/s, to {spec} (engine.url)" in err.out + err.err  # 40, 2 warm-ups, 4 probes
+        assert "set engine.external_ok_to_load=true to send it" in err.err
+        # The dry run says the same and sends nothing.
+        assert sweep_in_process(False, tmp_path, [*heavy, "dry_run=true"]) == ExitCode.OK
+        assert f"to {base} (engine.baseline_url)" in capsys.readouterr().out
+    job = _job()
+    loads = external_load(plan_sweep([job]), probe_prompts=4)
+    assert {(load.key, load.requests, load.peak_rate) for load in loads} == {
+        ("engine.url", 200 + 4, 50.0),
+        ("engine.baseline_url", 200 + 4, 50.0),
+    }  # 4 s of arrivals at 50/s (load.min_duration_s), no warm-up, 4 probes

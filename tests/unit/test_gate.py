@@ -154,6 +154,18 @@ def test_one_past_run_without_a_measured_spread_can_only_be_suspect() -> None:
     assert with_aa.points == {"run9-base": SUSPECT} and with_aa.overall == "pass"
 
 
+def test_one_past_run_keeps_the_hundred_request_rule_for_a_p99() -> None:
+    # A p99 from 24 requests is nearly the window's maximum: no verdict, as in the report,
+    # however far its ratio looks from 1 (the ratio is decided under the core's name).
+    rng = np.random.default_rng(5)
+    past = {"base": [night(0, "base", 200, sample=_sample(rng, 200, n=24))]}
+    result = judge_against_history([night(9, "base", 250, sample=_sample(rng, 250, n=24))], past, OPTS, Floors())
+    p99 = next(f for f in result.findings if f.metric == "p99_tpot_ms")
+    assert p99.ratio.resolved and p99.ratio.high is not None and p99.ratio.high < 0.9  # looks slower
+    assert p99.verdict != SUSPECT and "100 or more paired requests" in p99.note
+    assert p99.ratio.metric == "p99_tpot_ms"  # renamed after the decision, for the gate's table
+
+
 def test_a_regression_stands_only_if_the_confirmation_shows_it_again() -> None:
     rng = np.random.default_rng(4)
     past = history(rng)
@@ -441,13 +453,19 @@ def test_an_aa_spread_is_used_only_where_hardware_model_and_window_size_match(tm
     store = resolve_store(TrackingConfig(), tmp_path)
     tracker = Tracker(store, prepare(store, "aa"))
 
-    def sweep(cpu: str, requests: int, aa_sd: float | None) -> str:
+    def sweep(cpu: str, requests: int, aa_sd: float | None, predicted: bool = False) -> str:
         parent = tracker.start_run(f"sweep {cpu} {requests}", {"role": "sweep", "sweep_name": "s"})
         child = tracker.start_run(
-            "baseline-r1", {"role": "baseline", "hardware.cpu": cpu, "model.revision": "m"}, parent
+            "baseline-r1",
+            {"role": "baseline", "status": "finished", **recorded_identity("p", hardware=f"device=cpu; cpu={cpu}")},
+            parent,
         )
         tracker.log_metrics(child, {"completed": requests - 1.0, "failed": 1.0})
         tracker.end_run(child)
+        if predicted:  # search=predict's predicted point: a finished run with no hardware, no requests
+            guess = tracker.start_run("ngram-k2-r1 (predicted)", {"predicted": "true", "status": "predicted"}, parent)
+            tracker.log_metrics(guess, {"median_tpot_ms": 30.0})
+            tracker.end_run(guess)
         if aa_sd is not None:  # as an A/A sweep's report records it
             reader = HistoryReader(store.tracking_uri)
             tracker.log_metrics(parent, {windows.AA_COUNT: 6.0, windows.AA_PREFIX + "speedup_median_tpot": aa_sd})
@@ -463,7 +481,21 @@ def test_an_aa_spread_is_used_only_where_hardware_model_and_window_size_match(tm
     assert found is not None and found.sd["speedup_median_tpot"] == pytest.approx(0.05)
     longer = sweep("xeon", 64, None)  # windows of another size: no spread of its own
     assert windows.stored_server_spread(reader, windows.spread_fingerprint(reader.children(longer))) is None
-    assert windows.stored_server_spread(reader).sd["speedup_median_tpot"] == pytest.approx(0.09)  # type: ignore[union-attr]
+    # A predict sweep's fingerprint is its measured points': its predicted ones (no hardware,
+    # no requests) do not hide the A/A sweep it matches.
+    predict = sweep("xeon", 16, None, predicted=True)
+    found = windows.server_spread_for(reader, predict)
+    assert found is not None and found.sd["speedup_median_tpot"] == pytest.approx(0.05)
+    # A sweep whose windows recorded no identity (a store from before identities) matches no
+    # spread, not the one of another unrecorded machine.
+    bare = tracker.start_run("old", {"role": "sweep", "sweep_name": "s"})
+    old_child = tracker.start_run("baseline-r1", {"role": "baseline", "status": "finished"}, bare)
+    tracker.log_metrics(old_child, {"completed": 15.0, "failed": 1.0})
+    assert windows.spread_fingerprint(reader.children(bare)) == ""
+    assert windows.server_spread_for(reader, bare) is None
+    # The one lookup is fingerprinted: there is no "newest spread from anywhere".
+    with pytest.raises(TypeError):
+        windows.stored_server_spread(reader)  # type: ignore[call-arg]
 
 
 def test_each_points_spread_is_shrunk_toward_the_pooled_one_and_covers_its_own_noise() -> None:

@@ -105,17 +105,19 @@ def test_the_sweep_level_settings_are_the_sweep_role() -> None:
 
 # The settings hashes of the default sweep's points (sweeps/default.yaml: the baseline and ngram
 # k=3 and k=5 at 1, 4 and 16 req/s), as version 2 computes them. A change here orphans every
-# store's resume and gate history: it is a new version, never an edit.
+# store's resume and gate history: it is a new version, never an edit. The one edit so far is a
+# changed measurement, not a changed key: since load.min_duration_s (4 s by default) the 16 req/s
+# windows send 64 requests, not 16, and are rightly not the 16-request windows measured before.
 DEFAULT_SWEEP_V2 = {
     "baseline-r1": "02c9820f57ae3071",
     "baseline-r4": "1f1bd19a6884976a",
-    "baseline-r16": "ee09e16916beee80",
+    "baseline-r16": "2813d8f5249e0177",
     "ngram-k3-r1": "221ca0c809556f59",
     "ngram-k3-r4": "a2e082c7cd60d70b",
-    "ngram-k3-r16": "c0e3d3fcd670e251",
+    "ngram-k3-r16": "5dbfd174353c0e99",
     "ngram-k5-r1": "2dc6ab7661129a55",
     "ngram-k5-r4": "af933e5152dcd42e",
-    "ngram-k5-r16": "ce644069a8fbcaa8",
+    "ngram-k5-r16": "8add268155dbb758",
 }
 
 
@@ -272,3 +274,22 @@ def test_a_store_from_before_identities_is_no_points_gate_history(v1_project: Pa
     system = _target(point.job).system()
     tags = point_tags(point, _target(point.job), identity_of(point, system), "0.32.0")
     assert fingerprint(tags) != "" and tags["point_hash"] == point.hash
+
+
+def test_a_window_is_identified_by_the_requests_it_sends() -> None:
+    """load.min_duration_s enters the hash as the num_requests it makes: a window it leaves as it
+    was keeps its old hash, one it lengthens gets the hash of that many
+    requests, so resume and the gate's history never match two different windows."""
+    import dataclasses
+
+    from pipeline.config import LoadConfig
+    from pipeline.identity import point_hash
+
+    def job(rate: float, count: int, min_s: float) -> JobConfig:
+        return dataclasses.replace(
+            JobConfig(), load=LoadConfig(request_rate=rate, num_requests=count, min_duration_s=min_s)
+        )
+
+    assert point_hash(job(1.0, 16, 4.0)) == point_hash(job(1.0, 16, 0.0))  # 16 requests either way
+    assert point_hash(job(16.0, 16, 4.0)) != point_hash(job(16.0, 16, 0.0))  # 64 requests, not 16
+    assert point_hash(job(16.0, 16, 4.0)) == point_hash(job(16.0, 64, 0.0))  # the same window

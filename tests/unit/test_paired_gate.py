@@ -63,11 +63,13 @@ def test_holm_agrees_with_statsmodels_on_random_families(monkeypatch: pytest.Mon
 def test_the_power_statement_is_where_power_crosses_eighty_percent() -> None:
     sd = 0.062
     statement = paired.power_statement(sd, pairs=4, alpha=0.05, floor=0.01, target=0.15)
+    bound = statement.sd_bound
     assert statement.detectable is not None
-    assert paired.power_of(statement.detectable, sd, 4, 0.05, 0.01) == pytest.approx(paired.DESIGN_POWER, abs=1e-3)
-    needed = paired.power_statement(sd, pairs=2, alpha=0.05, floor=0.01, target=0.15).pairs_for_target
-    assert needed is not None and paired.power_of(0.15, sd, needed, 0.05, 0.01) >= paired.DESIGN_POWER
-    assert paired.power_of(0.15, sd, needed - 1, 0.05, 0.01) < paired.DESIGN_POWER or needed == 2
+    assert paired.power_of(statement.detectable, bound, 4, 0.05, 0.01) == pytest.approx(paired.DESIGN_POWER, abs=1e-3)
+    short = paired.power_statement(sd, pairs=2, alpha=0.05, floor=0.01, target=0.15)
+    needed = short.pairs_for_target
+    assert needed is not None and paired.power_of(0.15, short.sd_bound, needed, 0.05, 0.01) >= paired.DESIGN_POWER
+    assert paired.power_of(0.15, short.sd_bound, needed - 1, 0.05, 0.01) < paired.DESIGN_POWER or needed == 2
     # A Monte Carlo of the same test agrees with statsmodels' power.
     rng = np.random.default_rng(1)
     hits = [
@@ -225,6 +227,7 @@ def test_the_dry_run_prints_the_abba_order_naming_each_server_as_reference_or_ca
         "gate.enabled=true",
         "gate.mode=paired",
         "gate.pairs=2",
+        "gate.detect=4",  # two pairs see only a slowdown of about 4x: said, or refused
         "load.request_rate=1",
         "gate.reference=['+engine.env.BUILD=previous']",
     ]
@@ -277,8 +280,42 @@ def test_the_nights_after_a_sustained_step_leave_the_history_reference() -> None
         )
         for r in runs
     ]
-    trimmed, said = after_steps([tonight], {"k": list(reversed(up))}, metric="output_throughput")
+    trimmed, said = after_steps([tonight], {"k": list(reversed(up))})
     assert [r.run_id for r in trimmed["k"]] == ["r9", "r8", "r7"] and "for the better" in said[0]
+
+
+def test_change_points_are_searched_and_trimmed_per_metric() -> None:
+    from pipeline.analysis.regression import GatedRun
+    from pipeline.finish.judge import after_steps
+
+    # The median TPOT is flat; throughput alone drops by 20 % three nights ago (for the worse).
+    rng = np.random.default_rng(8)
+    runs = [
+        GatedRun(
+            f"r{i}",
+            f"p{i}",
+            "k",
+            "base-r1",
+            {
+                "median_tpot_ms": 40 * math.exp(0.02 * wobble),
+                "output_throughput": (100 if i < 7 else 80) * math.exp(rng.normal(0, 0.02)),
+            },
+            started_ms=i,
+        )
+        for i, wobble in enumerate((0.5, -0.3, 0.1, -0.6, 0.4, -0.2, 0.3, -0.4, 0.2, -0.1))
+    ]
+    tonight = GatedRun(
+        "now", "tonight", "k", "base-r1", {"median_tpot_ms": 40.0, "output_throughput": 80.0}, started_ms=99
+    )
+    trimmed, said = after_steps([tonight], {"k": list(reversed(runs))})
+    kept = {r.run_id: r.values for r in trimmed["k"]}
+    # Throughput's reference leaves the nights since its step out, so the drop is not absorbed;
+    # the median TPOT's keeps every night (no step in it).
+    throughput = [run for run, v in kept.items() if math.isfinite(v.get("output_throughput", math.nan))]
+    tpot = [run for run, v in kept.items() if math.isfinite(v.get("median_tpot_ms", math.nan))]
+    assert sorted(throughput) == [f"r{i}" for i in range(7)]
+    assert sorted(tpot) == sorted(f"r{i}" for i in range(10))
+    assert len(said) == 1 and "output_throughput" in said[0] and "for the worse" in said[0]
 
 
 def test_review_fixes_secrets_plus_keys_missing_nights_and_a_window_past_the_step() -> None:
@@ -321,8 +358,14 @@ def test_a_candidate_that_fails_requests_is_slower_by_them_and_fails_the_night()
     answered = paired.pair_log_ratio("median_tpot_ms", ref, cand.with_index(np.setdiff1d(cand.index, fastest)))
     censored = paired.pair_log_ratio("median_tpot_ms", ref, _failing(cand, fastest))
     assert censored > answered  # dropping the failures would have judged it on its slow answers only
-    # Half its prompts failed: its median is past what it answered, so no ratio; the failures decide.
-    assert math.isnan(paired.pair_log_ratio("median_tpot_ms", ref, _failing(cand, list(range(16)))))
+    # Half its prompts failed: its median is past what it answered, censored (+inf), not dropped;
+    # the reference's failures the other way round; both builds' alike say nothing (NaN).
+    assert paired.pair_log_ratio("median_tpot_ms", ref, _failing(cand, list(range(16)))) == math.inf
+    assert paired.pair_log_ratio("median_tpot_ms", _failing(ref, list(range(16))), cand) == -math.inf
+    both_failed = paired.pair_log_ratio(
+        "median_tpot_ms", _failing(ref, list(range(16))), _failing(cand, list(range(14, 30)))
+    )
+    assert math.isnan(both_failed)
     # Every candidate window fails 3 of its 30 prompts; the reference's answer them all.
     failing = [
         dataclasses.replace(w, sample=_failing(w.sample, [2, 9, 17])) if w.build == "candidate" else w for w in aa
@@ -420,3 +463,117 @@ def test_a_gated_endpoints_interval_passes_the_floor_where_holm_rejects_it() -> 
             assert (head.low > 0.01) == head.regressed, (seed, slowdown, head)
             seen.add(head.regressed)
     assert seen == {True, False}  # both sides were tried
+
+
+def _without(windows: list[NightWindow], build: str, pair: int, label: str | None = None) -> list[NightWindow]:
+    """The night with one build's window(s) of one pair missing (at one point, or every point)."""
+    return [w for w in windows if not (w.build == build and w.pair == pair and label in (None, w.key))]
+
+
+def test_the_endpoint_averages_each_pair_over_the_points_it_has_and_keeps_censored_pairs() -> None:
+    per_point = {"a": [0.1, math.nan, math.inf, math.nan, math.inf], "b": [0.2, 0.3, 0.1, math.nan, math.nan]}
+    values = paired.endpoint(per_point)
+    assert values[0] == pytest.approx(0.15) and values[1] == pytest.approx(0.3)  # pair 2 keeps point b
+    assert values[2] == pytest.approx(0.1)  # censored at a (the night's account says so): keeps b
+    assert math.isnan(values[3]) and len(values) == 5  # a pair with no point at all is lost, and counted
+    assert values[4] == math.inf  # censored at every point it has: censored as a whole (ranked)
+
+
+def test_a_night_that_lost_pairs_is_insufficient_and_says_how_many_were_planned_measured_and_lost() -> None:
+    judge = functools.partial(paired.judge_night, pairs=5, primary="median_tpot_ms", gated=[], alpha=0.05)
+    aa = _night(0.0, pairs=5, seed=3)
+    assert judge(aa, floor=0.01, detect=0.15).overall == "pass"
+    lost = judge(_without(aa, "candidate", 2), floor=0.01, detect=0.15)
+    assert lost.overall == "insufficient" and lost.primary.pairs == 4
+    assert (lost.account.planned, lost.account.measured, len(lost.account.lost)) == (5, 4, 1)
+    text = gate_summary.night_markdown(lost, "nightly", "the previous build", 0.05)
+    assert "4 of 5 planned pair(s) measured" in text and "pair 3" in text and "no candidate window" in text
+    # One point of a pair lost: the pair keeps its other point (not deleted everywhere), and the
+    # night still cannot pass on what is left of it.
+    partial = judge(_without(aa, "candidate", 1, "ngram-k3-r1"), floor=0.01, detect=0.15)
+    assert partial.primary.pairs == 5 and partial.account.measured == 5 and partial.overall == "insufficient"
+    assert any("pair 2" in line and "ngram-k3-r1" in line for line in partial.account.partial)
+    # A slowdown the pairs left show is still a failure: a lost pair never hides one.
+    slowed = judge(_without(_night(0.3, pairs=5, seed=3), "reference", 4), floor=0.01, detect=0.15)
+    assert slowed.overall == "fail"
+
+
+def _crashing_night(rng: np.random.Generator, slowdown: float, crash_after: int | None) -> list[NightWindow]:
+    """The issue's night: 2 points x 16 requests, 5 pairs, a candidate ``slowdown`` slower that
+    (with ``crash_after``) fails every request after that many at one point in pairs 2-4."""
+    out = []
+    for label in ("baseline-r1", "ngram-k3-r1"):
+        for j in range(5):
+            for build in ("reference", "candidate"):
+                scale = math.exp(rng.normal(0, 0.05)) * ((1 + slowdown) if build == "candidate" else 1.0)
+                sample = _window(scale, int(rng.integers(1 << 30)), n=16)
+                if crash_after is not None and build == "candidate" and label == "ngram-k3-r1" and j in (1, 2, 3):
+                    sample = _failing(sample, list(range(crash_after, 16)))
+                metrics = {"output_throughput": 100 / scale}
+                role = "baseline" if label.startswith("baseline") else "speculative"
+                out.append(NightWindow(label, label, role, build, j, sample, metrics))
+    return out
+
+
+def test_a_candidate_that_crashes_mid_window_never_passes() -> None:
+    rng = np.random.default_rng(11)
+    outcomes = [
+        paired.judge_night(_crashing_night(rng, 0.4, 6), 5, "median_tpot_ms", [], 0.05, 0.01, 0.15).overall
+        for _ in range(25)
+    ]
+    # 120 of 200 such nights passed before. Its pairs keep the point it did not crash at, where
+    # it is 40 % slower: the night fails; one that did not show it would be insufficient, never a pass.
+    assert "pass" not in outcomes and outcomes.count("fail") >= 20
+    crashed = paired.judge_night(_crashing_night(rng, 0.0, 6), 5, "median_tpot_ms", [], 0.05, 0.01, 0.15)
+    assert crashed.overall in ("insufficient", "fail")
+    assert "pair 2 lacks ngram-k3-r1: the candidate's median tpot reached its failed requests" in crashed.account.text()
+    # Its window missing instead (the server died before the window was recorded): never a pass.
+    missing = [
+        paired.judge_night(
+            _without(
+                _without(
+                    _without(_crashing_night(rng, 0.4, None), "candidate", 1, "ngram-k3-r1"),
+                    "candidate",
+                    2,
+                    "ngram-k3-r1",
+                ),
+                "candidate",
+                3,
+                "ngram-k3-r1",
+            ),
+            5,
+            "median_tpot_ms",
+            [],
+            0.05,
+            0.01,
+            0.15,
+        ).overall
+        for _ in range(10)
+    ]
+    assert "pass" not in missing
+
+
+def test_the_power_statement_sizes_from_an_upper_bound_of_the_nights_spread() -> None:
+    sd, pairs = 0.064, 5
+    statement = paired.power_statement(sd, pairs=pairs, alpha=0.025, floor=0.01, target=0.15)
+    bound = sd * math.sqrt((pairs - 1) / scipy_stats.chi2.ppf(1 - paired.DESIGN_POWER, pairs - 1))
+    assert statement.sd_bound == pytest.approx(bound)
+    assert statement.detectable is not None
+    assert paired.power_of(statement.detectable, bound, pairs, 0.025, 0.01) == pytest.approx(
+        paired.DESIGN_POWER, abs=1e-3
+    )
+    # At the point estimate 5 pairs would see 15 %; at the bound they do not, and the line says so.
+    assert paired.power_of(0.15, sd, pairs, 0.025, 0.01) >= paired.DESIGN_POWER
+    assert not statement.met and "misses gate.detect=0.15" in statement.text()
+    assert "upper bound" in statement.text()
+
+
+def test_fewer_than_four_pairs_are_refused_unless_gate_detect_is_what_they_can_see() -> None:
+    with pytest.raises(ConfigError, match=r"gate.pairs=3 .*gate.detect=0.15.*gate.detect=") as refused:
+        validate(_job(pairs=3))
+    # The message names the fix: the slowdown 3 pairs can see, which is then accepted.
+    seen = float(re.search(r"set gate.detect=(\d+\.\d+)", str(refused.value)).group(1))  # type: ignore[union-attr]
+    assert seen > 0.15
+    validate(_job(pairs=3, detect=seen))
+    assert paired.design_detectable(3, 0.05, 0.01) == pytest.approx(seen, abs=0.01)
+    validate(_job(pairs=4))  # four and more pairs are the gate's own to judge each night

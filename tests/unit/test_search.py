@@ -444,6 +444,27 @@ def test_predict_runs_whole_with_a_fake_executor_within_its_confirmation_cap(cap
     assert len(logged) == len(result.predicted) == len(curve.final)
 
 
+def test_predict_looks_up_the_aa_spread_of_what_it_measured_once_the_first_windows_are_recorded() -> None:
+    from pipeline.run.search.strategy import Context
+
+    plan = grid((1, 2, 3, 4), (1.0, 8.0))
+    run, samples, calls = _fake_executor(plan)
+    looked: list[int] = []
+    spread = ServerSpread({"speedup_median_tpot": 0.05}, 10, "aa")
+
+    def lookup() -> ServerSpread:
+        looked.append(len(calls))  # how many plans had been measured when the spread was read
+        return spread
+
+    search = predicting.PredictSearch(plan, Context({}, samples, lambda p, m: "x", OPTS, server_spread=lookup), 1)
+    outcomes: list = []
+    while (part := search.next_plan(outcomes)) is not None:
+        outcomes = run(part)
+    search.finish()
+    # Read once, after the first phase measured the windows whose fingerprint it matches.
+    assert looked == [1] and search.opts.server_spread is spread
+
+
 def test_the_model_error_is_stored_as_a_number_and_widens_the_final_intervals_by_it() -> None:
     # k=3 is a candidate at 1 req/s only (at 50 req/s k=4 leads by 8 %), and its confirmation
     # comes out 25 % slower than the model says: the model's error, measured on one point.

@@ -139,24 +139,33 @@ def _noisy(
 
 
 def test_to_resolve_sizes_the_window_for_80_percent_power_from_the_within_window_spread() -> None:
-    # se^2 = within^2 * n0 / n: the margin beyond the floor must be (z_0.975 + z_0.8) standard errors.
-    margin = math.log(1.10) - math.log(1.02)
+    # se^2 = within^2 * n0 / n: the margin beyond the floor must be (z_0.975 + z_0.8) standard errors,
+    # the margin of the effect the hint names: the interval's bound on the estimate's side (1.21),
+    # never the estimate itself (post-hoc power at the estimate is circular).
+    margin = math.log(1.21) - math.log(1.02)
     need = margin / (1.959964 + 0.841621)
-    n = math.ceil(0.05**2 * 50 / need**2)
-    assert f"~{n} requests per window would likely resolve it" in decisions.to_resolve(_noisy(1.10, 0.05, 50), 0.02)
-    # The old rule (half-width = margin: about 50 % power) asked for about half as many.
-    assert n > 1.9 * 50 * (1.96 * 0.05 / margin) ** 2
-    inside = stats.Ratio("speedup_median_tpot", 1.01, 0.95, 1.07, 0.95, 1, 50)
-    assert "within the ±2% floor" in decisions.to_resolve(inside, 0.02)
+    n = math.ceil(0.1**2 * 50 / need**2)
+    hint = decisions.to_resolve(_noisy(1.10, 0.1, 50), 0.02)
+    assert f"at ~{n} requests per window, an effect of 1.21x or more resolves with 80% power" in hint
+    # The hint's size does not follow the estimate: the same interval, another estimate, the same hint.
+    moved = dataclasses.replace(_noisy(1.10, 0.1, 50), estimate=1.04)
+    assert f"at ~{n} requests per window" in decisions.to_resolve(moved, 0.02)
+    # "No window size would" only where the whole interval lies inside the floor; an estimate
+    # inside it with a wide interval still names a size.
+    inside = stats.Ratio("speedup_median_tpot", 1.01, 0.99, 1.015, 0.95, 1, 50)
+    assert "within the ±2% floor: no window size would" in decisions.to_resolve(inside, 0.02)
+    wide = dataclasses.replace(_noisy(1.01, 0.05, 50), low=0.95, high=1.08)
+    assert "no window size" not in decisions.to_resolve(wide, 0.02)
+    assert "an effect of 1.08x or more resolves" in decisions.to_resolve(wide, 0.02)
 
 
 def test_to_resolve_says_more_requests_cannot_help_when_the_server_spread_alone_is_too_wide() -> None:
     hint = decisions.to_resolve(_noisy(1.10, 0.01, 50, server=0.05), 0.02)
-    assert hint.startswith("more requests cannot resolve this") and "repeats.restart=true with repeats.count >=" in hint
-    runs = int(hint.rsplit(">= ", 1)[1].split()[0])
+    assert hint.startswith("more requests cannot resolve this") and "repeats.restart=true and repeats.count >=" in hint
+    runs = int(hint.rsplit(">= ", 1)[1].split()[0].rstrip(","))
     # The design is sized by the A/A spread's one-sided 80 % upper bound (9 degrees of freedom here).
     server = 0.05 * math.sqrt(9 / scipy_stats.chi2.ppf(0.2, 9))
-    per_run, margin = math.hypot(0.01, server), math.log(1.10 / 1.02)
+    per_run, margin = math.hypot(0.01, server), math.log(1.21 / 1.02)  # the interval's upper bound
     t = scipy_stats.t
     assert (t.ppf(0.975, runs - 1) + t.ppf(0.8, runs - 1)) * per_run / math.sqrt(runs) <= margin
     assert (t.ppf(0.975, runs - 2) + t.ppf(0.8, runs - 2)) * per_run / math.sqrt(runs - 1) > margin
@@ -164,11 +173,11 @@ def test_to_resolve_says_more_requests_cannot_help_when_the_server_spread_alone_
 
 def test_to_resolve_counts_repeats_with_the_t_quantiles_shrinking_in_r_and_caps_the_hint() -> None:
     hint = decisions.to_resolve(_noisy(1.10, 0.02, 50, server=0.04, runs=3, restarted=True, run_sd=0.045), 0.02)
-    assert hint.startswith("~") and hint.endswith("repeats would likely resolve it")
-    assert decisions.to_resolve(_noisy(1.03, 0.5, 50), 0.02).startswith("not resolvable at practical sizes")
+    assert hint.startswith("at ~") and "repeats, an effect of 1.21x or more resolves with 80% power" in hint
+    assert decisions.to_resolve(_noisy(1.03, 1.5, 50), 0.02).startswith("not resolvable at practical sizes")
     # A stricter level (the family's adjustment) asks for more.
-    loose, strict = (decisions.to_resolve(_noisy(1.10, 0.05, 50), 0.02, level) for level in (0.05, 0.005))
-    assert int(strict.split()[0][1:]) > int(loose.split()[0][1:])
+    loose, strict = (decisions.to_resolve(_noisy(1.10, 0.1, 50), 0.02, level) for level in (0.05, 0.005))
+    assert int(strict.split()[1][1:]) > int(loose.split()[1][1:])
 
 
 def test_benjamini_hochberg_can_withdraw_a_lone_borderline_call() -> None:
@@ -346,6 +355,30 @@ def test_failed_requests_count_as_censored_latencies_not_as_missing_ones() -> No
     assert ratio.estimate < 0.85 and ratio.high < 0.98  # type: ignore[operator]  # censored, they count against it
     p99 = paired_ratio("speedup_p99_tpot", [base], [spec], OPTS)
     assert p99.estimate == 0.0  # its p99 is a failure: +inf
+
+
+def _failing_spec(spec: Sample, prompts: np.ndarray) -> Sample:
+    """The speculative window with these prompts failed: gone from the answers, listed as failures."""
+    kept = spec.with_index(np.setdiff1d(spec.index, prompts))
+    return dataclasses.replace(kept, failed=len(prompts), failed_index=np.asarray(prompts, dtype=int))
+
+
+def test_censored_p99_ratios_get_an_interval_and_are_decided_by_their_share_of_infinite_replicates() -> None:
+    (base,), (spec,) = pair(4, 128, 1.5)
+    fastest = spec.index[np.argsort(spec.values["tpot"])]
+    one = paired_ratio("speedup_p99_tpot", [base], [_failing_spec(spec, fastest[:1])], OPTS)
+    # One failure: the estimate stays finite; replicates that draw it twice reach it (-inf).
+    assert one.resolved and one.low is not None and not math.isnan(one.low) and not math.isnan(one.high)  # type: ignore[arg-type]
+    assert one.low == 0.0 and 1.0 < one.high < 3.0 and "nan" not in one.text  # type: ignore[operator]
+    two = paired_ratio("speedup_p99_tpot", [base], [_failing_spec(spec, fastest[:2])], OPTS)
+    # Two: the p99 itself is a failure (a ratio of 0), censored, with its interval.
+    assert two.estimate == 0.0 and two.resolved and "no interval" not in two.text
+    many = paired_ratio("speedup_p99_tpot", [base], [_failing_spec(spec, fastest[:8])], OPTS)
+    labels = [d.label for d in decide([one, two, many], OPTS, 0.10)]
+    # Half of the replicates of two failures reach them, half show 1.5x: neither side is clear.
+    # Eight failures reach the p99 in every replicate: speculation's tail is worse, resolved.
+    assert labels == [decisions.INCONCLUSIVE, decisions.INCONCLUSIVE, decisions.HURTS]
+    assert all(d.p_adjusted is not None and not math.isnan(d.p_adjusted) for d in decide([one, two], OPTS, 0.10))
 
 
 def test_a_p99_from_fewer_than_100_requests_is_shown_but_gets_no_verdict() -> None:

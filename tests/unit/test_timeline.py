@@ -128,3 +128,36 @@ def test_each_stretch_carries_its_verdict_as_a_decision_and_the_report_reads_it_
         return [p.hover for s in chart.series for p in s.points]
 
     assert hovers(blank) == hovers(stretches) and any(h.endswith(": hurts") for h in hovers(blank))
+
+
+def _fail(window: Sample, prompts: np.ndarray) -> Sample:
+    """The window with these prompts failed, each still with its scheduled send time."""
+    import dataclasses
+
+    kept = window.with_index(np.setdiff1d(window.index, prompts))
+    return dataclasses.replace(
+        kept,
+        failed=len(prompts),
+        failed_index=np.asarray(prompts, dtype=int),
+        failed_scheduled=window.scheduled[np.isin(window.index, prompts)],
+        failed_category=np.full(len(prompts), "chat", dtype=object),
+    )
+
+
+def test_failures_count_alike_on_both_servers_and_the_stretch_edges_are_the_schedules() -> None:
+    same = {0: 0.05, 1: 0.05, 2: 0.05, 3: 0.05}
+    base, spec = _window(same, 1), _window(same, 2)  # truth: 1x everywhere
+    failing = np.arange(12, 22)  # 10 of the 12 prompts of the second stretch (30-60 s)
+    opts = StatsOptions(resamples=1000)
+
+    def verdicts(b: Sample, s: Sample) -> dict[str, str]:
+        table = timeline.compare_stretches(_frame(), {"b": b, "s": s}, opts).table
+        return dict(zip(table["bucket"], table["verdict"], strict=True))
+
+    # The stretches are the schedule's, whoever failed: four, at the same edges.
+    spec_failed, base_failed = verdicts(base, _fail(spec, failing)), verdicts(_fail(base, failing), spec)
+    assert list(spec_failed) == list(base_failed) == ["0-29 s", "29-59 s", "59-88 s", "88-118 s"]
+    # A failed request is slower than any answer on either side: speculation's failures count
+    # against it as the baseline's count for it.
+    assert spec_failed["29-59 s"] == "hurts" and base_failed["29-59 s"] == "helps"
+    assert [v for k, v in spec_failed.items() if k != "29-59 s"] == ["inconclusive"] * 3

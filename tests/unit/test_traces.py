@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.compose import resolve_trace_rate
-from pipeline.config import ConfigError, JobConfig, LoadConfig, WorkloadConfig
-from pipeline.load import traces
+from pipeline.config import ConfigError, EngineConfig, JobConfig, LoadConfig, WorkloadConfig
+from pipeline.load import synthetic, traces
 from pipeline.load.client import ClientOptions, request_body
 from pipeline.run.job import point_requests
 from pipeline.run.plan import point_offsets
@@ -28,6 +28,10 @@ class WordTokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return " ".join(f"w{i}" for i in ids)
+
+    def apply_chat_template(self, messages: Sequence[dict], add_generation_prompt: bool, tokenize: bool) -> str:
+        # Four tokens of its own around one message: "<s> user ... </s> assistant".
+        return " ".join(f"<s> {m['role']} {m['content']} </s>" for m in messages) + " assistant"
 
 
 def _write(path: Path, rows: list[dict]) -> str:
@@ -96,18 +100,27 @@ def test_mooncake_lines_are_in_ms_and_their_text_is_built_from_the_hash_ids(tmp_
         {"timestamp": 0, "input_length": 600, "output_length": 20, "hash_ids": [7, 8]},
         {"timestamp": 2500, "input_length": 700, "output_length": 5, "hash_ids": [7, 9]},
     ]
-    job = _job(_write(tmp_path / "mooncake.jsonl", rows))
+    path = _write(tmp_path / "mooncake.jsonl", rows)
     tok = WordTokenizer()
-    sends = point_requests(job, tok)
+    # The completions endpoint: the token ids themselves, exactly the stated lengths (as vLLM sends them).
+    sends = point_requests(_job(path, endpoint="completions"), tok)
     assert sends.offsets == (0.0, 2.5)  # auto: ms for Mooncake lines
-    first, second = (tok.encode(r.prompt) for r in sends.requests)
-    assert (len(first), len(second)) == (600, 700)  # the stated lengths, by the model's tokenizer
+    first, second = (list(r.prompt_ids) for r in sends.requests)
+    assert (len(first), len(second)) == (600, 700)
+    assert [r.prompt_tokens for r in sends.requests] == [600, 700]
     assert first[:512] == second[:512] and first[512:600] != second[512:600]  # hash id 7: a shared prefix block
-    assert 0 not in first  # no special token in the text
+    assert 0 not in first  # no special token
     assert [r.max_tokens for r in sends.requests] == [20, 5] and sends.metrics["trace_synthetic"] == 1.0
-    again = point_requests(job, tok)
-    assert [r.prompt for r in again.requests] == [r.prompt for r in sends.requests]  # deterministic
+    _, body = request_body(sends.requests[0], ClientOptions(base_url="http://x", model="m", endpoint="completions"))
+    assert body["prompt"] == first
+    again = point_requests(_job(path, endpoint="completions"), tok)
+    assert [r.prompt_ids for r in again.requests] == [r.prompt_ids for r in sends.requests]  # deterministic
     assert {r.category for r in sends.requests} == {"synthetic"}
+    # The chat endpoint: text whose templated prompt the tokenizer counts at exactly the stated length.
+    chat = point_requests(_job(path), tok)
+    assert [synthetic.chat_tokens(tok, r.prompt) for r in chat.requests] == [600, 700]
+    assert not any(r.prompt_ids for r in chat.requests)
+    assert tok.encode(chat.requests[0].prompt)[:512] == first[:512]  # the same shared block, as text
 
 
 def test_ms_timestamps_on_our_lines(tmp_path: Path) -> None:
@@ -140,7 +153,11 @@ def test_sort_replays_a_backwards_file_in_time_order_and_counts_the_moves(tmp_pa
         ({"timestamp": 0, "messages": [{"role": "user"}]}, "non-empty list"),
         ({"timestamp": 0, "input_length": 0, "hash_ids": [1]}, "must be >= 1"),
         ({"timestamp": 0, "input_length": 5, "hash_ids": ["x"]}, "list of integers"),
-        ({"timestamp": 0, "prompt": "a", "output_tokens": 0}, "output_tokens=0 must be >= 1"),
+        ({"timestamp": 0, "prompt": "a", "output_tokens": 0}, "'output_tokens' must be >= 1, found 0"),
+        ({"timestamp": 0, "prompt": "a", "output_tokens": 600, "output_length": 60}, "disagree"),
+        ({"timestamp": 0, "prompt": "a", "messages": [{"role": "user", "content": "b"}]}, "both 'prompt' and"),
+        ({"timestamp": 0, "messages": [{"role": "robot", "content": "b"}]}, "role 'robot'.*system, user"),
+        ({"timestamp": 0, "prompt": "a", "input_length": 5}, "keep the text .* or the lengths"),
     ],
 )
 def test_a_line_that_cannot_be_replayed_is_refused_with_its_number(tmp_path: Path, row: dict, message: str) -> None:
@@ -238,14 +255,20 @@ def test_a_later_turn_is_sent_with_the_earlier_turns_and_the_servers_answers() -
     [
         ([{"timestamp": 0, "prompt": "a", "turn": 2}], "add its 'conversation_id'"),
         ([{"timestamp": 0, "prompt": "a", "conversation_id": ""}], "conversation_id' must be a non-empty"),
-        ([{"timestamp": 0, "prompt": "a", "conversation_id": "c", "turn": 0}], "turn=0 must be >= 1"),
+        (
+            [
+                {"timestamp": 0, "prompt": "a", "conversation_id": "c", "turn": 3},
+                {"timestamp": 1, "prompt": "b", "conversation_id": "c", "turn": 1},
+            ],
+            "turn numbers must increase in time order",
+        ),
         ([{"timestamp": 0, "prompt": "a", "conversation_id": "c", "delay_s": -1}], "'delay_s' must be a number"),
         (
             [
                 {"timestamp": 0, "prompt": "a", "conversation_id": "c", "turn": 2},
                 {"timestamp": 1, "prompt": "b", "conversation_id": "c", "turn": 2},
             ],
-            "numbered once each, in time order",
+            "must increase in time order, each used once",
         ),
         (
             [
@@ -286,3 +309,80 @@ def test_the_bundled_trace_holds_three_turn_conversations() -> None:
             by_conversation.setdefault(line.conversation, []).append(line.turn)
     assert all(turns == [1, 2, 3] for turns in by_conversation.values())
     assert len({line.category for line in replayed.lines}) >= 3
+
+
+def test_fields_not_replayed_are_listed_unless_declared_metadata(tmp_path: Path) -> None:
+    rows = [{"timestamp": i, "prompt": "a", "user_id": f"u{i}", "region": "eu"} for i in range(41)]
+    rows[0] |= {"region": "us", "tenant": "t"}
+    path = _write(tmp_path / "t.jsonl", rows)
+    read = traces.read_file(WorkloadConfig(name="trace", path=path))
+    assert traces.ignored_text(read.ignored([])) == "region on 41 lines, tenant on 1 line, user_id on 41 lines"
+    assert read.ignored(["user_id", "region"]) == (("tenant", 1),)
+    sends = point_requests(_job(path, metadata_fields=["region"]), WordTokenizer())
+    assert sends.tags == {"trace.ignored_fields": "tenant on 1 line, user_id on 41 lines"}
+
+
+def test_turns_numbered_from_zero_or_with_gaps_are_replayed_in_order(tmp_path: Path) -> None:
+    rows = [
+        {"timestamp": 0, "prompt": "a", "conversation_id": "c", "turn": 0},
+        {"timestamp": 1, "prompt": "b", "conversation_id": "c", "turn": 1},
+        {"timestamp": 2, "prompt": "x", "conversation_id": "d", "turn": 4},
+        {"timestamp": 3, "prompt": "y", "conversation_id": "d", "turn": 9},
+        {"timestamp": 4, "prompt": "z", "conversation_id": "d"},
+    ]
+    sends = point_requests(_job(_write(tmp_path / "t.jsonl", rows)), WordTokenizer())
+    assert [(r.conversation, r.turn) for r in sends.requests] == [("c", 1), ("c", 2), ("d", 1), ("d", 2), ("d", 3)]
+
+
+def test_a_lines_stated_output_length_is_sent_past_max_tokens_and_the_dry_run_says_so(tmp_path: Path) -> None:
+    from pipeline.run.plan import output_lengths_text
+
+    rows = [
+        {"timestamp": 0, "prompt": "a", "output_length": 600},
+        {"timestamp": 1, "prompt": "b", "output_tokens": 300},
+        {"timestamp": 2, "prompt": "c"},
+    ]
+    job = _job(_write(tmp_path / "t.jsonl", rows))
+    assert [r.max_tokens for r in point_requests(job, WordTokenizer()).requests] == [600, 300, 128]
+    text = output_lengths_text(job)
+    assert "output lengths median 300, p90 600, max 600 tokens; 2 of 3 lines give their own" in text
+    assert "the rest workload.max_tokens=128" in text and "workload.ignore_eos=true keeps to them" in text
+
+
+def test_a_line_longer_than_the_context_is_refused_with_the_count_and_the_fix(tmp_path: Path) -> None:
+    from pipeline.run.job import check_trace
+
+    rows = [{"timestamp": 0, "prompt": "w1 " * 60, "output_tokens": 50}, {"timestamp": 1, "prompt": "w2 w3"}]
+    job = dataclasses.replace(_job(_write(tmp_path / "t.jsonl", rows)), engine=EngineConfig(max_model_len=100))
+    with pytest.raises(
+        ConfigError, match=r"2 line\(s\) of the trace .*max_model_len=100 holds.*raise engine.max_model_len"
+    ):
+        check_trace(job, WordTokenizer())  # 60 words, 4 template tokens and 50 out: 114
+    check_trace(dataclasses.replace(job, engine=EngineConfig(max_model_len=140)), WordTokenizer())  # 6 + 128 the other
+
+
+class MergingTokenizer(WordTokenizer):
+    """Decoding then encoding is not one for one: "w7 w7" reads back as one token (id 63), as a
+    BPE tokenizer merges across the boundary of two random tokens."""
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return super().encode(text.replace("w7 w7", "w63"))
+
+
+def test_chat_text_is_grown_or_cut_until_the_templated_prompt_is_exactly_its_length() -> None:
+    tok = MergingTokenizer()
+    ids = [7] * 40 + list(range(1, 41))
+    text = synthetic.chat_text(ids, 30, tok, list(range(1, 64)))
+    assert synthetic.chat_tokens(tok, text) == 30  # four of the template's own, 26 of the text
+    with pytest.raises(
+        synthetic.LengthError, match="use workload.endpoint=completions|with workload.endpoint=completions"
+    ):
+        synthetic.chat_text(ids, 3, tok, list(range(1, 64)))  # shorter than the template itself
+
+
+def test_lengths_only_blocks_depend_on_the_hash_id_alone_and_the_block_size_is_a_setting() -> None:
+    vocab = list(range(1, 64))
+    a = synthetic.prompt_ids(40, [5, 6], vocab, 16)
+    b = synthetic.prompt_ids(40, [5, 9], vocab, 16)
+    assert len(a) == 40 and a[:16] == b[:16] and a[16:32] != b[16:32]
+    assert synthetic.prompt_ids(20, [], vocab, 16) == synthetic.prompt_ids(20, [], vocab, 16)  # a tail of its own

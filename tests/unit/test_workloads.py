@@ -57,11 +57,17 @@ def test_jsonl_with_output_lengths_and_categories(tmp_path: Path) -> None:
     path.write_text(
         '{"prompt": "x", "output_tokens": 40, "category": "code"}\n\n{"prompt": "y", "output_tokens": 999}\n'
     )
-    requests = build_requests(WorkloadConfig(name="jsonl", path=str(path), max_tokens=64), 2, seed=0)
+    path.write_text(path.read_text() + '{"prompt": "z"}\n{"prompt": "v", "output_length": 7}\n')
+    requests = build_requests(WorkloadConfig(name="jsonl", path=str(path), max_tokens=64), 4, seed=0)
     by_prompt = {r.prompt: r for r in requests}
     assert by_prompt["x"].max_tokens == 40 and by_prompt["x"].category == "code"
-    assert by_prompt["y"].max_tokens == 64  # capped by workload.max_tokens
-    assert by_prompt["y"].category == "jsonl"
+    assert by_prompt["y"].max_tokens == 999  # the length the line states, past workload.max_tokens
+    assert by_prompt["z"].max_tokens == 64  # a line without one: workload.max_tokens
+    assert by_prompt["v"].max_tokens == 7  # vLLM's and Mooncake's name for it
+    assert by_prompt["y"].category == "jsonl" and by_prompt["y"].stated_length and not by_prompt["z"].stated_length
+    path.write_text('{"prompt": "x", "output_tokens": 40, "output_length": 41}\n')
+    with pytest.raises(ConfigError, match="output_length=41 and output_tokens=40 disagree"):
+        build_requests(WorkloadConfig(name="jsonl", path=str(path)), 1, seed=0)
 
 
 def test_spec_bench_questions(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.analysis import kcurve, search_report
-from pipeline.analysis.samples import Sample, StatsOptions
+from pipeline.analysis.samples import Sample, ServerSpread, StatsOptions
 from pipeline.identity import point_key, setting_key
 from pipeline.record.readers import SweepReader
 from pipeline.record.tracking import Tracker, flatten_params
@@ -358,6 +358,7 @@ class PredictSearch:
         self.outcomes: list[GroupOutcome] = []
         self.phase = 0
         self.firsts: list[CurveResult] = []
+        self.spread_lookup = context.server_spread
 
     def next_plan(self, outcomes: Sequence[GroupOutcome]) -> SweepPlan | None:
         self.outcomes += outcomes
@@ -367,6 +368,7 @@ class PredictSearch:
             return first_phase(self.plan)
         if self.phase > 2:
             return None
+        self._with_measured_spread()
         predictor = Predictor(self.plan, self.opts, self.samples, self.check_model)
         self.firsts = [predictor.curve(s, pts, self.by_hash, None, self.cap) for s, pts in curves(self.plan).items()]
         for result in self.firsts:
@@ -374,6 +376,17 @@ class PredictSearch:
                 print(f"predict: {result.label}: confirming k={k} at {', '.join(f'{r:g}' for r in rates)} req/s")
         confirm = confirmation_plan(self.plan, self.firsts)
         return confirm if confirm.points else None
+
+    def _with_measured_spread(self) -> None:
+        """The A/A spread of the store for what the first phase measured (its fingerprint:
+        hardware, model, window size), once; the options' own where there is no lookup."""
+        if self.spread_lookup is None:
+            return
+        spread = self.spread_lookup()
+        self.spread_lookup = None
+        if spread is not None:
+            assert isinstance(spread, ServerSpread)
+            self.opts = dataclasses.replace(self.opts, server_spread=spread)
 
     def finish(self) -> SearchEnd:
         ran = self.result()
@@ -383,6 +396,7 @@ class PredictSearch:
         return SearchEnd(plan, ran.outcomes, ran.predicted, ran.table)
 
     def result(self) -> PredictRun:
+        self._with_measured_spread()
         curve = curves(self.plan)
         predictor = Predictor(self.plan, self.opts, self.samples, self.check_model)
         results = [predictor.curve(r.setting, curve[r.setting], self.by_hash, r.first, self.cap) for r in self.firsts]

@@ -42,6 +42,9 @@ class Context:
     log_predicted: Callable[[Point, dict[str, float]], str] | None = None
     opts: object | None = None  # StatsOptions: how intervals are drawn
     settings: SweepSettings | None = None  # the sweep-wide settings (predict.max_confirm, ...)
+    # The store's A/A spread for this sweep's measured windows (None: none): read once the first
+    # windows are recorded, since its fingerprint is theirs (record.windows.server_spread_for).
+    server_spread: Callable[[], object] | None = None
 
 
 class Search(Protocol):
