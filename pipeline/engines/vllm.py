@@ -160,6 +160,12 @@ def speculative_args(spec: SpecConfig, draft_path: str | None, version: Version)
     return args
 
 
+def compile_cache_dir() -> Path:
+    """vLLM's torch.compile cache for the servers specsweep starts (their VLLM_CACHE_ROOT, below):
+    one folder per compiled configuration, which the time estimate counts."""
+    return cache_root() / "vllm" / "torch_compile_cache"
+
+
 def build_launch(
     *,
     install: VllmInstall,

@@ -29,6 +29,7 @@ from pipeline.identity import in_this_version
 from pipeline.load.workloads import load_items
 from pipeline.record.journal import JOURNAL_NAME, JournaledTracker
 from pipeline.redact import redact_args, redact_mapping
+from pipeline.run.estimate import Estimate, estimate_here
 from pipeline.run.group import run_group
 from pipeline.run.job import Target, resolve_target, server_spec
 from pipeline.run.outcomes import Executor, GroupOutcome, GroupTask, PointOutcome
@@ -37,10 +38,9 @@ from pipeline.run.plan import (
     ServerLine,
     SweepPlan,
     describe,
-    estimate_s,
     plan_sweep,
 )
-from pipeline.run.plumbing import cluster, diskfull
+from pipeline.run.plumbing import cluster, confirm, diskfull
 from pipeline.run.plumbing.errors import LaunchError, Unreachable
 from pipeline.run.progress import screen
 from pipeline.run.search import predicting
@@ -128,6 +128,9 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
     if sweep.settings.dry_run:
         sweep.show()
         return ExitCode.OK
+    code = confirm.ask(sweep.estimate(sweep.kind.shown(sweep.plan)), sweep.settings.run)  # GPU-hours above the budget
+    if code is not None:
+        return code
     code = sweep.open(executor)
     if code is not None:
         return code
@@ -175,10 +178,14 @@ class Sweep:
     def show(self) -> None:
         shown = self.kind.shown(self.plan)
         lines = [_server_line(self.targets[g.index], g.server_job, self.settings.ray) for g in shown.groups]
-        print(describe(shown, lines, self.on_gpu))
+        print(describe(shown, lines, self.estimate(shown)))
         print(self.kind.note(self.settings))
         if more := self.kind.describe(shown):
             print(more)
+
+    def estimate(self, plan: SweepPlan) -> Estimate:
+        """How long ``plan`` takes and the GPU-hours it holds, with what this machine knows."""
+        return estimate_here(plan, self.on_gpu)
 
     def open(self, executor: Executor) -> int | None:
         """The store, the resumed points, the cluster and the built models; an exit code where
@@ -255,13 +262,12 @@ class Sweep:
                 )
                 return ExitCode.OK
         shown = self.kind.shown(self.plan).without(self.done)
-        self._announce(shown)
+        estimate = self.estimate(shown)
+        self._announce(shown, estimate)
         started = time.monotonic()
         self._open_parent(identity)
         try:
-            with screen.live(
-                self.channel, len(shown.points), estimate_s(shown, self.on_gpu), self.settings.progress_every_s
-            ):
+            with screen.live(self.channel, len(shown.points), estimate.wall_s, self.settings.progress_every_s):
                 end = self.execute(executor)
             frame, failed = self.record(end, started)
         except KeyboardInterrupt:
@@ -279,12 +285,12 @@ class Sweep:
             raise
         return self.finish(executor, end, frame, failed)
 
-    def _announce(self, shown: SweepPlan) -> None:
+    def _announce(self, shown: SweepPlan, estimate: Estimate) -> None:
         skipped, settings = self.resumed, self.settings
         print(
             f"plan: {len(shown.groups)} server(s), {len(shown.points)} point(s) to measure"
             + (f", {skipped} already finished (force=true re-measures them)" if skipped else "")
-            + f"; estimated ~{estimate_s(shown, self.on_gpu) / 60:.1f} min (rough)\n"
+            + f"; estimated {estimate.summary()} (rough)\n"
             + (f"{note}\n" if (note := self.kind.note(settings)) else "")
             + f"MLflow: {self.store.tracking_uri} (experiment {self.experiment!r})"
         )

@@ -1,4 +1,5 @@
-"""Planning a sweep, before anything runs: which servers, which points on each, how long.
+"""Planning a sweep, before anything runs: which servers, which points on each, and the dry
+run's text (how long it takes is pipeline/run/estimate.py's).
 
 Pure: no server, no MLflow, no engine install is touched here. A point is one measured
 window (a server configuration at one load); a group is the points that share one server.
@@ -12,6 +13,7 @@ import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pipeline.config import ConfigError, JobConfig, SweepSettings
 from pipeline.engines.registry import engine_of
@@ -19,14 +21,9 @@ from pipeline.identity import point_hash, server_key
 from pipeline.load import traces
 from pipeline.load.loadgen import schedule
 
-# Rough costs, measured with the embedded 135M model on 2 cores: eager CPU servers start in
-# 31-49 s; compiled start-ups take ~2 min. TPOT ~40 ms per token without speculation.
-STARTUP_S = {"cpu-eager": 45.0, "compiled": 130.0}
-CPU_TPOT_S = 0.04
-# Output tokens per second the embedded model's baseline sustains when saturated here
-# (136.6 tok/s at 16 req/s in the default sweep): a saturated window takes tokens / this.
-CPU_CAPACITY_TOK_S = 130.0
-STOP_S = 5.0
+if TYPE_CHECKING:
+    from pipeline.run.estimate import Estimate
+
 # Warm-up requests only need to exercise the code paths; they are capped at this many tokens.
 WARMUP_MAX_TOKENS = 32
 
@@ -143,11 +140,7 @@ def _one_external_server(points: Iterable[Point]) -> None:
         )
 
 
-# ---- Time estimate and the dry-run text ------------------------------------------------
-
-
-def _eager(job: JobConfig, on_gpu: bool) -> bool:
-    return job.engine.enforce_eager if job.engine.enforce_eager is not None else not on_gpu
+# ---- The dry-run text -------------------------------------------------------------------
 
 
 def point_offsets(job: JobConfig) -> list[float] | tuple[float, ...]:
@@ -155,30 +148,6 @@ def point_offsets(job: JobConfig) -> list[float] | tuple[float, ...]:
     if job.workload.name == "trace":
         return traces.load_replay(job.workload, job.load.request_rate).offsets
     return schedule(job.load, job.seed + job.repeat)
-
-
-def point_estimate_s(job: JobConfig, on_gpu: bool) -> float:
-    """Arrivals plus the last request's decode; speculation is assumed no faster (an upper bound)."""
-    tpot = CPU_TPOT_S if not on_gpu else CPU_TPOT_S / 4
-    offsets = point_offsets(job)
-    span = offsets[-1] if offsets and math.isfinite(offsets[-1]) else 0.0
-    unsaturated = span + job.workload.max_tokens * tpot
-    if on_gpu:
-        return unsaturated
-    return max(unsaturated, len(offsets) * job.workload.max_tokens / CPU_CAPACITY_TOK_S)
-
-
-def group_estimate_s(group: ServerGroup, on_gpu: bool) -> float:
-    job = group.server_job
-    startup = STARTUP_S["cpu-eager" if _eager(job, on_gpu) and not on_gpu else "compiled"]
-    start_stop = startup + STOP_S if _starts_servers(job) else 0.0  # external: already running
-    tpot = CPU_TPOT_S if not on_gpu else CPU_TPOT_S / 4
-    warmup = job.load.warmup_requests * min(job.workload.max_tokens, WARMUP_MAX_TOKENS) * tpot
-    return start_stop + warmup + sum(point_estimate_s(p.job, on_gpu) for p in group.points)
-
-
-def estimate_s(plan: SweepPlan, on_gpu: bool) -> float:
-    return sum(group_estimate_s(g, on_gpu) for g in plan.groups)
 
 
 @dataclass(frozen=True)
@@ -192,7 +161,9 @@ class ServerLine:
     ray: str = ""  # what its server group asks Ray for, under the default launcher
 
 
-def describe(plan: SweepPlan, servers: Sequence[ServerLine], on_gpu: bool) -> str:
+def describe(plan: SweepPlan, servers: Sequence[ServerLine], estimate: Estimate) -> str:
+    """The dry run's text: each server, its command and Ray request, its points, and the
+    estimate (pipeline/run/estimate.py) with what it guessed."""
     from pipeline.redact import shell_line
 
     lines = ["dry run: nothing was started.", ""]
@@ -220,7 +191,7 @@ def describe(plan: SweepPlan, servers: Sequence[ServerLine], on_gpu: bool) -> st
             count = len(point_offsets(point.job))
             lines.append(
                 f"  - point {point.label}: {count} requests at {rate} ({point.job.workload.name}, "
-                f"up to {point.job.workload.max_tokens} tokens), ~{point_estimate_s(point.job, on_gpu):.0f} s"
+                f"up to {point.job.workload.max_tokens} tokens), ~{estimate.point_s(point.hash):.0f} s"
             )
         lines.append("")
     warm = plan.groups[0].server_job.load.warmup_requests if plan.groups else 0
@@ -228,6 +199,7 @@ def describe(plan: SweepPlan, servers: Sequence[ServerLine], on_gpu: bool) -> st
     starts = f"{n - running} server start(s)" + (f", {running} running server(s) measured" if running else "")
     lines += [
         f"{starts}, {len(plan.points)} measured point(s); {warm} warm-up request(s) per server",
-        f"estimated time: ~{estimate_s(plan, on_gpu) / 60:.1f} min (rough: start-ups dominate on CPU)",
+        f"estimated: {estimate.summary()}, one server after another (rough):",
+        *estimate.lines(),
     ]
     return "\n".join(lines)
