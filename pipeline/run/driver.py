@@ -29,7 +29,7 @@ from pipeline.identity import in_this_version
 from pipeline.load.workloads import load_items
 from pipeline.record.journal import JOURNAL_NAME, JournaledTracker
 from pipeline.redact import redact_args, redact_mapping
-from pipeline.run.estimate import Estimate, estimate_here
+from pipeline.run.estimate import TimeEstimate, estimate_here
 from pipeline.run.group import run_group
 from pipeline.run.job import Target, resolve_target, server_spec
 from pipeline.run.outcomes import Executor, GroupOutcome, GroupTask, PointOutcome
@@ -40,7 +40,7 @@ from pipeline.run.plan import (
     describe,
     plan_sweep,
 )
-from pipeline.run.plumbing import cluster, confirm, diskfull
+from pipeline.run.plumbing import budget, cluster, diskfull
 from pipeline.run.plumbing.errors import LaunchError, Unreachable
 from pipeline.run.progress import screen
 from pipeline.run.search import predicting
@@ -128,7 +128,8 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
     if sweep.settings.dry_run:
         sweep.show()
         return ExitCode.OK
-    code = confirm.ask(sweep.estimate(sweep.kind.shown(sweep.plan)), sweep.settings.run)  # GPU-hours above the budget
+    cost = sweep.estimate(sweep.kind.shown(sweep.plan))
+    code = budget.ask(cost.gpu_hours, cost.summary(), cost.lines(), sweep.settings.run)  # above run.confirm_gpu_hours
     if code is not None:
         return code
     code = sweep.open(executor)
@@ -178,12 +179,13 @@ class Sweep:
     def show(self) -> None:
         shown = self.kind.shown(self.plan)
         lines = [_server_line(self.targets[g.index], g.server_job, self.settings.ray) for g in shown.groups]
-        print(describe(shown, lines, self.estimate(shown)))
+        cost = self.estimate(shown)
+        print(describe(shown, lines, cost.points_s, cost.lines()))
         print(self.kind.note(self.settings))
         if more := self.kind.describe(shown):
             print(more)
 
-    def estimate(self, plan: SweepPlan) -> Estimate:
+    def estimate(self, plan: SweepPlan) -> TimeEstimate:
         """How long ``plan`` takes and the GPU-hours it holds, with what this machine knows."""
         return estimate_here(plan, self.on_gpu)
 
@@ -285,7 +287,7 @@ class Sweep:
             raise
         return self.finish(executor, end, frame, failed)
 
-    def _announce(self, shown: SweepPlan, estimate: Estimate) -> None:
+    def _announce(self, shown: SweepPlan, estimate: TimeEstimate) -> None:
         skipped, settings = self.resumed, self.settings
         print(
             f"plan: {len(shown.groups)} server(s), {len(shown.points)} point(s) to measure"

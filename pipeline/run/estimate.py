@@ -96,7 +96,7 @@ class GroupEstimate:
 
 
 @dataclass(frozen=True)
-class Estimate:
+class TimeEstimate:
     groups: tuple[GroupEstimate, ...]
     notes: tuple[str, ...] = ()  # what was guessed, and what the figures assume
 
@@ -109,8 +109,10 @@ class Estimate:
     def gpu_hours(self) -> float:
         return sum(g.gpu_hours for g in self.groups)
 
-    def point_s(self, point_hash: str) -> float:
-        return next(g.points_s[point_hash] for g in self.groups if point_hash in g.points_s)
+    @property
+    def points_s(self) -> dict[str, float]:
+        """Each point's window, by hash."""
+        return {h: s for g in self.groups for h, s in g.points_s.items()}
 
     def summary(self) -> str:
         """One line: the wall time and, where servers hold GPUs, the GPU-hours."""
@@ -120,8 +122,8 @@ class Estimate:
         return text
 
     def lines(self) -> list[str]:
-        """The dry run's account: each group's start and windows, then what was guessed."""
-        out = []
+        """The account: the total, each group's start and windows, then what was guessed."""
+        out = [f"estimated time: {self.summary()}, one server after another (rough):"]
         for g in self.groups:
             s = g.start
             parts = [f"start ~{s.total_s / 60:.1f} min"]
@@ -174,7 +176,7 @@ def start_estimate(facts: StartFacts, *, fetched: float, compile_cold: bool) -> 
     return StartEstimate(fetched / DOWNLOAD_BYTES_S, size / LOAD_BYTES_S, startup, compiled)
 
 
-def estimate(plan: SweepPlan, facts: Mapping[int, StartFacts], notes: Sequence[str] = ()) -> Estimate:
+def estimate(plan: SweepPlan, facts: Mapping[int, StartFacts], notes: Sequence[str] = ()) -> TimeEstimate:
     """Every group of ``plan``, one after another, with ``facts[group.index]``. A model not on
     disk is downloaded once, by the first group that runs it (the nodes share a Hugging Face
     cache, as deploy/kubernetes/ sets up); each server configuration compiles cold once, by its
@@ -192,7 +194,7 @@ def estimate(plan: SweepPlan, facts: Mapping[int, StartFacts], notes: Sequence[s
             fetched |= set(models)
             compiled.add(config)
         groups.append(_group_estimate(group, f, start))
-    return Estimate(tuple(groups), tuple(notes))
+    return TimeEstimate(tuple(groups), tuple(notes))
 
 
 def _group_estimate(group: ServerGroup, facts: StartFacts, start: StartEstimate) -> GroupEstimate:
@@ -257,7 +259,7 @@ def _notes(facts: Iterable[StartFacts], on_gpu: bool, cache: Path, compiled: int
     return notes
 
 
-def estimate_here(plan: SweepPlan, on_gpu: bool) -> Estimate:
+def estimate_here(plan: SweepPlan, on_gpu: bool) -> TimeEstimate:
     """The estimate with what this machine knows (:func:`start_facts`)."""
     facts, notes = start_facts(plan, on_gpu)
     return estimate(plan, facts, notes)

@@ -11,18 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from pipeline.config import ConfigError, JobConfig, SweepSettings
 from pipeline.engines.registry import engine_of
 from pipeline.identity import point_hash, server_key
 from pipeline.load import traces
 from pipeline.load.loadgen import schedule
-
-if TYPE_CHECKING:
-    from pipeline.run.estimate import Estimate
 
 # Warm-up requests only need to exercise the code paths; they are capped at this many tokens.
 WARMUP_MAX_TOKENS = 32
@@ -161,9 +157,11 @@ class ServerLine:
     ray: str = ""  # what its server group asks Ray for, under the default launcher
 
 
-def describe(plan: SweepPlan, servers: Sequence[ServerLine], estimate: Estimate) -> str:
-    """The dry run's text: each server, its command and Ray request, its points, and the
-    estimate (pipeline/run/estimate.py) with what it guessed."""
+def describe(
+    plan: SweepPlan, servers: Sequence[ServerLine], points_s: Mapping[str, float], estimate: Sequence[str]
+) -> str:
+    """The dry run's text: each server, its command and Ray request, its points with their
+    windows' estimates (``points_s``, by hash), and the estimate's account (pipeline/run/estimate.py)."""
     from pipeline.redact import shell_line
 
     lines = ["dry run: nothing was started.", ""]
@@ -191,7 +189,7 @@ def describe(plan: SweepPlan, servers: Sequence[ServerLine], estimate: Estimate)
             count = len(point_offsets(point.job))
             lines.append(
                 f"  - point {point.label}: {count} requests at {rate} ({point.job.workload.name}, "
-                f"up to {point.job.workload.max_tokens} tokens), ~{estimate.point_s(point.hash):.0f} s"
+                f"up to {point.job.workload.max_tokens} tokens), ~{points_s[point.hash]:.0f} s"
             )
         lines.append("")
     warm = plan.groups[0].server_job.load.warmup_requests if plan.groups else 0
@@ -199,7 +197,6 @@ def describe(plan: SweepPlan, servers: Sequence[ServerLine], estimate: Estimate)
     starts = f"{n - running} server start(s)" + (f", {running} running server(s) measured" if running else "")
     lines += [
         f"{starts}, {len(plan.points)} measured point(s); {warm} warm-up request(s) per server",
-        f"estimated: {estimate.summary()}, one server after another (rough):",
-        *estimate.lines(),
+        *estimate,
     ]
     return "\n".join(lines)

@@ -17,7 +17,7 @@ from pipeline.engines.weights import Weights, draft_weights, model_weights, para
 from pipeline.exitcode import ExitCode
 from pipeline.run import estimate as est
 from pipeline.run.plan import plan_sweep
-from pipeline.run.plumbing import confirm
+from pipeline.run.plumbing import budget
 
 # Llama-3.3-70B-Instruct's config.json, the keys that size it (the hub's published file).
 LLAMA_70B = {
@@ -204,31 +204,36 @@ class _Tty(io.StringIO):
         return True
 
 
-def _costly() -> est.Estimate:
+def _costly() -> est.TimeEstimate:
     plan = plan_sweep(_jobs())
     return est.estimate(plan, _facts(plan))
 
 
+def _ask(cost: est.TimeEstimate, run: RunConfig, stdin: io.StringIO, out: io.StringIO | None = None) -> int | None:
+    return budget.ask(cost.gpu_hours, cost.summary(), cost.lines(), run, stdin, out or io.StringIO())
+
+
 def test_over_the_budget_off_a_terminal_is_refused_naming_the_fix() -> None:
     out = io.StringIO()
-    assert confirm.ask(_costly(), RunConfig(confirm_gpu_hours=1), io.StringIO(), out) == ExitCode.BAD_INPUT
+    assert _ask(_costly(), RunConfig(confirm_gpu_hours=1), io.StringIO(), out) == ExitCode.BAD_INPUT
     said = out.getvalue()
     assert "above run.confirm_gpu_hours=1" in said and "run.confirmed=true" in said and "GPU-hours" in said
-    assert confirm.ask(_costly(), RunConfig(confirm_gpu_hours=1, confirmed=True), io.StringIO(), out) is None
-    assert confirm.ask(_costly(), RunConfig(confirm_gpu_hours=100), io.StringIO(), out) is None
+    assert "download" in said  # the account: what the hours are made of
+    assert _ask(_costly(), RunConfig(confirm_gpu_hours=1, confirmed=True), io.StringIO()) is None
+    assert _ask(_costly(), RunConfig(confirm_gpu_hours=100), io.StringIO()) is None
 
 
 @pytest.mark.parametrize(("answer", "code"), [("y\n", None), ("yes\n", None), ("\n", ExitCode.BAD_INPUT), ("n\n", 2)])
 def test_on_a_terminal_it_asks(answer: str, code: int | None) -> None:
     out = io.StringIO()
-    assert confirm.ask(_costly(), RunConfig(confirm_gpu_hours=1), _Tty(answer), out) == code
+    assert _ask(_costly(), RunConfig(confirm_gpu_hours=1), _Tty(answer), out) == code
     assert "Start it? [y/N]" in out.getvalue()
 
 
 def test_a_run_that_holds_no_gpu_never_asks() -> None:
     plan = plan_sweep([JobConfig()])
     facts, _ = est.start_facts(plan, on_gpu=False)
-    assert confirm.ask(est.estimate(plan, facts), RunConfig(confirm_gpu_hours=0), io.StringIO()) is None
+    assert _ask(est.estimate(plan, facts), RunConfig(confirm_gpu_hours=0), io.StringIO()) is None
 
 
 def test_the_driver_asks_before_it_opens_anything(

@@ -70,7 +70,8 @@ def test_estimate_grows_with_servers_and_describe_lists_every_point() -> None:
     one, three = plan_sweep(_grid([3], [1.0])), plan_sweep(_grid([3, 5], [1.0, 2.0]))
     assert estimate_here(three, on_gpu=False).wall_s > estimate_here(one, on_gpu=False).wall_s > 60
     lines = [ServerLine("vLLM", "0.32.0", ("vllm", "--port", "<free port>"), {"A": "1"})] * len(three.groups)
-    text = describe(three, lines, estimate_here(three, on_gpu=False))
+    cost = estimate_here(three, on_gpu=False)
+    text = describe(three, lines, cost.points_s, cost.lines())
     assert "server 3/3 speculative (ngram k=5)" in text and "point ngram-k5-r2" in text
     assert "3 server start(s), 6 measured point(s)" in text and "--port <free port>" in text
 
