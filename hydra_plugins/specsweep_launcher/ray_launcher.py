@@ -88,7 +88,7 @@ class SpecsweepRayLauncher(Launcher):
                 [cluster.Need(t.group.label, t.gpus) for t in tasks], ray.cluster_resources(), cluster.node_gpus()
             )
         if tasks:
-            cluster.check_store(tasks[0].store.tracking_uri, len(cluster.node_gpus()))
+            cluster.check_store(tasks[0].store.tracking_uri, len(cluster.node_gpus()), cluster.node_hosts())
         paired = [t.group.label for t in tasks if t.settings.gate.enabled and t.settings.gate.paired]
         cluster.check_one_machine(paired, len(cluster.node_gpus()))
 

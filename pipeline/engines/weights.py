@@ -168,6 +168,23 @@ def _hub_bytes(repo: str, revision: str | None) -> float | None:
     return float(sum(chosen)) if chosen else None
 
 
+def model_config(ref: str, revision: str | None = None) -> dict[str, Any] | None:
+    """The model's config.json where this machine has it (a local folder, or the Hugging Face
+    cache's snapshot); None where it has not: a check that needs it is then left to the engine."""
+    path = Path(ref).expanduser()
+    folder = path if path.is_dir() else None
+    if folder is None and not ref.startswith(("/", "./", "../", "~", EMBEDDED_PREFIX)):
+        folder = _cached_snapshot(ref, revision)
+    config = folder / "config.json" if folder is not None else None
+    if config is None or not config.is_file():
+        return None
+    try:
+        values = json.loads(config.read_text())
+    except ValueError:
+        return None
+    return values if isinstance(values, dict) else None
+
+
 @functools.cache
 def model_weights(ref: str, revision: str | None = None, dtype: str = "auto") -> Weights:
     """How large ``ref`` (model.id or spec.draft_model) is, and whether it is on disk here.

@@ -28,6 +28,15 @@ def test_local_store_with_remote_workers_is_refused() -> None:
     check_store("http://mlflow:5000", alive_nodes=3)
 
 
+def test_a_loopback_tracking_address_is_refused_where_the_nodes_are_on_several_machines() -> None:
+    """make nightly once gave every worker http://127.0.0.1:5000: each would write to its own machine."""
+    for uri in ("http://127.0.0.1:5000", "http://localhost:5000", "http://[::1]:5000"):
+        with pytest.raises(LaunchError, match="is a loopback address, but the Ray cluster's nodes are on 2 machines"):
+            check_store(uri, alive_nodes=3, hosts=2)
+        check_store(uri, alive_nodes=3, hosts=1)  # several nodes on one machine (the tests' clusters) reach it
+    check_store("http://10.0.0.7:5000", alive_nodes=3, hosts=2)
+
+
 def test_a_paired_night_is_refused_on_a_cluster_of_several_nodes() -> None:
     with pytest.raises(LaunchError, match="gate.mode=paired measures both builds on one machine.*2 nodes"):
         check_one_machine(["01-baseline-r1"], alive_nodes=2)
