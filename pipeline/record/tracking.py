@@ -47,6 +47,14 @@ def resolve_store(tracking: TrackingConfig, project_root: Path) -> Store:
     return Store(tracking_uri=f"sqlite:///{mlruns / DB_NAME}", artifact_root=(mlruns / "artifacts").as_uri())
 
 
+def command_store(given: str | None, project_root: Path) -> Store:
+    """The store a command reads (pipeline.report, pipeline.gate, pipeline.ui): ``--tracking-uri``,
+    else MLFLOW_TRACKING_URI (as MLflow's own clients and sweeps/nightly.yaml read it), else the
+    project's own SQLite store."""
+    uri = given or os.environ.get("MLFLOW_TRACKING_URI")
+    return Store(uri, None) if uri else resolve_store(TrackingConfig(), project_root)
+
+
 def prepare(store: Store, experiment: str) -> str:
     """Create the store (migrations run here, once) and the experiment; return its id."""
     if not store.tracking_uri.startswith("sqlite:///"):
