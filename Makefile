@@ -103,9 +103,13 @@ run: install
 MLFLOW_HOST ?= 127.0.0.1
 MLFLOW_PORT ?= 5000
 MLFLOW_DIR ?= $(abspath mlflow-server)
+# The host names clients may call the server by (its DNS-rebinding guard): MLflow answers only
+# localhost and private IP addresses unless told, e.g. MLFLOW_ALLOWED_HOSTS=mlflow.internal:5000.
+MLFLOW_ALLOWED_HOSTS ?=
+ALLOWED_HOSTS_ARG := $(if $(MLFLOW_ALLOWED_HOSTS),--allowed-hosts $(MLFLOW_ALLOWED_HOSTS))
 tracking-server: $(NO_ENGINE_STAMP)
 	mkdir -p $(MLFLOW_DIR)
-	$(VENV)/bin/mlflow server --host $(MLFLOW_HOST) --port $(MLFLOW_PORT) \
+	$(VENV)/bin/mlflow server --host $(MLFLOW_HOST) --port $(MLFLOW_PORT) $(ALLOWED_HOSTS_ARG) \
 		--backend-store-uri sqlite:///$(MLFLOW_DIR)/mlflow.db --artifacts-destination $(MLFLOW_DIR)/artifacts
 
 # The same server for other machines: MLflow's basic-auth app in front of it. Its first start
@@ -117,7 +121,7 @@ tracking-server-auth: $(NO_ENGINE_STAMP)
 	test -s $(MLFLOW_DIR)/flask_secret_key || (umask 077 && $(PY) -c 'import secrets; print(secrets.token_hex(32))' > $(MLFLOW_DIR)/flask_secret_key)
 	cd $(MLFLOW_DIR) && MLFLOW_AUTH_CONFIG_PATH=$(abspath deploy/mlflow/basic_auth.ini) \
 		MLFLOW_FLASK_SERVER_SECRET_KEY=$$(cat $(MLFLOW_DIR)/flask_secret_key) \
-		$(abspath $(VENV))/bin/mlflow server --app-name basic-auth --host $(MLFLOW_HOST) --port $(MLFLOW_PORT) \
+		$(abspath $(VENV))/bin/mlflow server --app-name basic-auth --host $(MLFLOW_HOST) --port $(MLFLOW_PORT) $(ALLOWED_HOSTS_ARG) \
 		--backend-store-uri sqlite:///$(MLFLOW_DIR)/mlflow.db --artifacts-destination $(MLFLOW_DIR)/artifacts
 
 # A Ray head on this machine, token authentication on, dashboard on loopback. Its jobs run

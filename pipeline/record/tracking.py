@@ -140,6 +140,13 @@ def check_store_reachable(store: Store, timeout_s: float = 5.0) -> None:
             f"tracking.uri={store.tracking_uri} does not answer ({type(exc).__name__}: {exc}); start it with "
             f"`make tracking-server` (docs/cluster.md), fix the address, or drop tracking.uri for the local store"
         ) from exc
+    if search.status_code == 403 and "Invalid Host header" in search.text:
+        raise TrackingError(
+            f"tracking.uri={store.tracking_uri} refuses the host name it is called by: MLflow's server answers only "
+            f"the names in its --allowed-hosts (by default localhost and private IP addresses); start it with "
+            f"--allowed-hosts <this address's host:port> (make tracking-server-auth MLFLOW_ALLOWED_HOSTS=..., "
+            f"docs/cluster.md), or call it by its private IP address"
+        )
     if search.status_code in (401, 403):
         given = "refuses the credentials in" if _credentials() else "asks for credentials: set"
         raise TrackingError(

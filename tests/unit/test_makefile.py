@@ -169,3 +169,11 @@ def test_make_nightly_takes_the_tracking_address_from_the_environment(
     assert done.returncode == 0, done.stderr
     (line,) = [ln for ln in done.stdout.splitlines() if "submit-nightly.sh" in ln]
     assert expected in line and "RAY_DASHBOARD=http://10.0.0.5:8265" in line
+
+
+def test_the_tracking_server_takes_the_host_names_it_is_called_by(project: Path) -> None:
+    stamp(project, "cpu")
+    for target in ("tracking-server", "tracking-server-auth"):
+        named = make(project, "-n", target, "MLFLOW_ALLOWED_HOSTS=mlflow.internal:5000")
+        assert "--allowed-hosts mlflow.internal:5000" in named.stdout, named.stdout
+        assert "--allowed-hosts" not in make(project, "-n", target).stdout  # MLflow's own default

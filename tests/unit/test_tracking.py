@@ -209,3 +209,32 @@ def test_pipeline_ui_serves_a_database_the_environment_names(tmp_path: Path, mon
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/elsewhere/mlflow.db")
     with pytest.raises(SystemExit, match=f"no MLflow store at {tmp_path}/elsewhere/mlflow.db"):
         ui.main(["--project", str(tmp_path / "project")])
+
+
+def test_a_server_that_refuses_its_host_name_is_named_as_such_not_as_bad_credentials() -> None:
+    """MLflow 3.17's server answers 403 "Invalid Host header" to a name outside --allowed-hosts (a
+    Kubernetes Service's DNS name, mlflow.internal), seen here with a real `mlflow server`."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from pipeline.record.tracking import Store, TrackingError, check_store_reachable
+
+    class Guarded(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            health = self.path.startswith("/health")
+            body = b"OK" if health else b"Invalid Host header - possible DNS rebinding attack detected"
+            self.send_response(200 if health else 403)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Guarded)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(TrackingError, match="refuses the host name it is called by.*--allowed-hosts"):
+            check_store_reachable(Store(f"http://127.0.0.1:{server.server_port}", None))
+    finally:
+        server.shutdown()
