@@ -34,12 +34,15 @@ class NoLaunch:
 def sweep_in_process(multirun: bool, folder: Path, args: list[str]) -> int:
     """Compose as the entry point does, then convert and run the driver: the exit code."""
     register_schema()
-    if multirun:  # a sweep: one config per grid point, as the sweeper expands the command line
-        grid = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(args), None)[0]
-        points = [list(point) for point in grid]
-    else:
-        points = [args]
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        if multirun:  # a sweep: one config per grid point, as the sweeper expands its params and the command line
+            named = [a for a in args if a.startswith(("+sweep=", "hydra."))]  # where sweeper params come from
+            hydra = compose(config_name="config", overrides=named, return_hydra_config=True).hydra
+            params = [f"{k}={v}" for k, v in (hydra.sweeper.get("params") or {}).items()]
+            grid = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides([*params, *args]), None)[0]
+            points = [list(point) for point in grid]
+        else:
+            points = [args]
         cfgs = [compose(config_name="config", overrides=[*p, f"output_dir={folder}/out"]) for p in points]
     try:
         jobs = [to_job_config(cfg) for cfg in cfgs]
