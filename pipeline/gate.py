@@ -11,7 +11,6 @@ MLflow and records the verdicts (child tags ``gate.verdict``, metrics
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -19,16 +18,10 @@ from pipeline import startup
 from pipeline.analysis.paired import PairedResult
 from pipeline.analysis.regression import GateResult
 from pipeline.analysis.samples import StatsOptions
-from pipeline.config import TrackingConfig
 from pipeline.exitcode import ExitCode
 from pipeline.finish.judge import EXIT_CODES, judge_sweep, recorded_config
 from pipeline.record.readers import HistoryReader
-from pipeline.record.tracking import Store, TrackingError, TrackingUnreachable, check_store_reachable, resolve_store
-
-
-def _uri(given: str | None, project: Path) -> Store:
-    uri = given or os.environ.get("MLFLOW_TRACKING_URI")
-    return Store(uri, None) if uri else resolve_store(TrackingConfig(), project)
+from pipeline.record.tracking import TrackingError, TrackingUnreachable, check_store_reachable, command_store
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -55,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"give exactly one sweep name or run id (got {len(refs)}): e.g. python -m pipeline.gate nightly")
     if args.history is not None and args.history < 1:
         parser.error(f"--history={args.history} must be >= 1")
-    store = _uri(args.tracking_uri, args.project.resolve())
+    store = command_store(args.tracking_uri, args.project.resolve())
     try:
         check_store_reachable(store)
         reader = HistoryReader(store.tracking_uri)

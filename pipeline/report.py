@@ -16,18 +16,19 @@ from pathlib import Path
 
 from pipeline import startup
 from pipeline.analysis.samples import StatsError, StatsOptions
-from pipeline.config import TrackingConfig
 from pipeline.exitcode import ExitCode
 from pipeline.finish.report_build import build
 from pipeline.record.readers import SweepReader
-from pipeline.record.tracking import TrackingError, TrackingUnreachable, resolve_store
+from pipeline.record.tracking import TrackingError, TrackingUnreachable, command_store
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m pipeline.report", description=__doc__.splitlines()[0])
     parser.add_argument("ref", help="experiment (sweep) name, or a sweep's parent run id")
     parser.add_argument("--project", type=Path, default=Path.cwd(), help="folder holding mlruns/ (default: here)")
-    parser.add_argument("--tracking-uri", help="an MLflow server instead of the project's store")
+    parser.add_argument(
+        "--tracking-uri", help="the MLflow server (default: $MLFLOW_TRACKING_URI, else the project's ./mlruns)"
+    )
     parser.add_argument(
         "--out", type=Path, default=None, help="where to write report/ (default: ./outputs/report-<run>)"
     )
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--verbose", action="store_true", help="MLflow's download bars and library notices too")
     args = parser.parse_args(argv)
     startup.begin(args.verbose)
-    uri = args.tracking_uri or resolve_store(TrackingConfig(), args.project.resolve()).tracking_uri
+    uri = command_store(args.tracking_uri, args.project.resolve()).tracking_uri
     reader = SweepReader(uri)
     try:
         parent = reader.find_parent(args.ref)

@@ -1,7 +1,10 @@
-"""``python -m pipeline.ui``: the MLflow UI for this project's store, on 127.0.0.1.
+"""``python -m pipeline.ui``: the MLflow UI of the store the sweeps wrote to, on 127.0.0.1.
 
-Prints the URL of the runs table of a sweep's experiment (the newest one unless named) and
-serves until Ctrl-C. One worker: the UI is for one person, and each worker costs memory.
+The store is ``--tracking-uri``, else MLFLOW_TRACKING_URI, else the project's own ``mlruns/``.
+A tracking server (http/https) serves its own UI: the command prints the URL of the runs table
+there and starts nothing. Any other store (SQLite, PostgreSQL) is served here: it prints the URL
+of a sweep's runs table (the newest one unless named) and serves until Ctrl-C. One worker: the
+UI is for one person, and each worker costs memory.
 """
 
 from __future__ import annotations
@@ -13,11 +16,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from pipeline import startup
-from pipeline.config import TrackingConfig
 from pipeline.engines.process import free_port
 
 READY_TIMEOUT_S = 60.0
@@ -38,14 +41,20 @@ def _experiment_id(tracking_uri: str, name: str | None) -> str:
         raise SystemExit(f"error: {exc}") from exc
 
 
-def start(project_root: Path, host: str, port: int) -> tuple[subprocess.Popen[bytes], str, str]:
-    """Start the UI; return the process, its base URL and the tracking URI it serves."""
-    from pipeline.record.tracking import resolve_store
+def serves_itself(tracking_uri: str) -> bool:
+    """A tracking server has a UI of its own; a database needs one started here."""
+    return tracking_uri.startswith(("http://", "https://"))
 
-    store = resolve_store(TrackingConfig(), project_root)
-    db = Path(store.tracking_uri.removeprefix("sqlite:///"))
-    if not db.is_file():
-        raise SystemExit(f"error: no MLflow store at {db}; run a sweep from {project_root} first")
+
+def start(store: Any, project_root: Path, host: str, port: int) -> tuple[subprocess.Popen[bytes], str, str]:
+    """Start the UI over ``store`` (a record.tracking.Store); return the process, its base URL and
+    the tracking URI it serves."""
+    if store.tracking_uri.startswith("sqlite:///"):
+        db = Path(store.tracking_uri.removeprefix("sqlite:///"))
+        if not db.is_file():
+            raise SystemExit(f"error: no MLflow store at {db}; run a sweep from {project_root} first")
+    # A project's store names its artifact root; another database's runs carry their own.
+    root = store.artifact_root or (Path(store.tracking_uri.removeprefix("sqlite:///")).parent / "artifacts").as_uri()
     command = [
         sys.executable,
         "-m",
@@ -54,7 +63,7 @@ def start(project_root: Path, host: str, port: int) -> tuple[subprocess.Popen[by
         "--backend-store-uri",
         store.tracking_uri,
         "--default-artifact-root",
-        str(store.artifact_root),
+        str(root),
         "--host",
         host,
         "--port",
@@ -84,10 +93,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--experiment", help="sweep name (default: the most recently updated)")
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default: loopback only)")
     parser.add_argument("--port", type=int, default=0, help="port (default: a free one)")
+    parser.add_argument(
+        "--tracking-uri", help="the MLflow store or server (default: $MLFLOW_TRACKING_URI, else the project's)"
+    )
     parser.add_argument("--project", type=Path, default=Path.cwd(), help="folder holding mlruns/ (default: here)")
     args = parser.parse_args(argv)
     startup.begin(verbose=False)  # SIGTERM too: `finally` stops the UI's own process group
-    proc, base_url, uri = start(args.project.resolve(), args.host, args.port or free_port(args.host))
+    from pipeline.record.tracking import command_store
+
+    store = command_store(args.tracking_uri, args.project.resolve())
+    if serves_itself(store.tracking_uri):  # nothing to start: the server's own UI
+        base = store.tracking_uri.rstrip("/")
+        print(f"MLflow UI: {runs_table_url(base, _experiment_id(store.tracking_uri, args.experiment))}", flush=True)
+        return
+    proc, base_url, uri = start(store, args.project.resolve(), args.host, args.port or free_port(args.host))
     try:
         print(f"MLflow UI: {runs_table_url(base_url, _experiment_id(uri, args.experiment))}", flush=True)
         proc.wait()

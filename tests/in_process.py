@@ -39,12 +39,15 @@ def compose_jobs(args: list[str], multirun: bool, output_dir: str = "outputs") -
     """The jobs a command line composes to, as the entry point (or, for a sweep, the sweeper,
     one config per grid point) converts them; raises ConfigError."""
     register_schema()
-    if multirun:  # a sweep: one config per grid point, as the sweeper expands the command line
-        grid = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(args), None)[0]
-        points = [list(point) for point in grid]
-    else:
-        points = [args]
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        if multirun:  # a sweep: one config per grid point, as the sweeper expands its params and the command line
+            named = [a for a in args if a.startswith(("+sweep=", "hydra."))]  # where sweeper params come from
+            hydra = compose(config_name="config", overrides=named, return_hydra_config=True).hydra
+            params = [f"{k}={v}" for k, v in (hydra.sweeper.get("params") or {}).items()]
+            grid = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides([*params, *args]), None)[0]
+            points = [list(point) for point in grid]
+        else:
+            points = [args]
         cfgs = [compose(config_name="config", overrides=[*p, f"output_dir={output_dir}"]) for p in points]
     return [to_job_config(cfg) for cfg in cfgs]
 

@@ -83,7 +83,7 @@ class SpecsweepRayLauncher(Launcher):
             needs = [cluster.Need(t.group.label, int(r["num_gpus"])) for t, r in zip(tasks, requests, strict=True)]
             cluster.check_feasible(needs, ray.cluster_resources(), cluster.node_gpus())
         if tasks:
-            cluster.check_store(tasks[0].store.tracking_uri, len(cluster.node_gpus()))
+            cluster.check_store(tasks[0].store.tracking_uri, len(cluster.node_gpus()), cluster.node_hosts())
 
     def resolve(self, tasks: Sequence[GroupTask]) -> dict[int, Resolved]:
         """Each group resolved in a task with its own request, so on a node of the kind it gets."""

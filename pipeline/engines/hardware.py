@@ -64,6 +64,26 @@ def resolve_device(requested: str) -> bool:
     return found
 
 
+def numa_nodes(status: str | None = None) -> int:
+    """The NUMA nodes this process may allocate on (``Mems_allowed_list`` of /proc/self/status,
+    as vLLM's CPU backend reads it); 1 where that cannot be read."""
+    if status is None:
+        try:
+            with open("/proc/self/status") as fh:
+                status = fh.read()
+        except OSError:
+            return 1
+    for line in status.splitlines():
+        if line.startswith("Mems_allowed_list:"):
+            count = 0
+            for part in line.split(":", 1)[1].strip().split(","):
+                low, _, high = part.partition("-")
+                if low.strip().isdigit():
+                    count += int(high) - int(low) + 1 if high.strip().isdigit() else 1
+            return max(count, 1)
+    return 1
+
+
 def cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as fh:

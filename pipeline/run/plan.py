@@ -1,4 +1,5 @@
-"""Planning a sweep, before anything runs: which servers, which points on each, how long.
+"""Planning a sweep, before anything runs: which servers, which points on each, and the dry
+run's text (how long it takes is pipeline/run/estimate.py's).
 
 Pure: no server, no MLflow, no engine install is touched here. A point is one measured
 window (a server configuration at one load); a group is the points that share one server.
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pipeline.config import ConfigError, JobConfig, SweepSettings
@@ -19,14 +20,6 @@ from pipeline.identity import point_hash, server_key
 from pipeline.load import traces
 from pipeline.load.loadgen import schedule
 
-# Rough costs, measured with the embedded 135M model on 2 cores: eager CPU servers start in
-# 31-49 s; compiled start-ups take ~2 min. TPOT ~40 ms per token without speculation.
-STARTUP_S = {"cpu-eager": 45.0, "compiled": 130.0}
-CPU_TPOT_S = 0.04
-# Output tokens per second the embedded model's baseline sustains when saturated here
-# (136.6 tok/s at 16 req/s in the default sweep): a saturated window takes tokens / this.
-CPU_CAPACITY_TOK_S = 130.0
-STOP_S = 5.0
 # Warm-up requests only need to exercise the code paths; they are capped at this many tokens.
 WARMUP_MAX_TOKENS = 32
 
@@ -143,11 +136,7 @@ def _one_external_server(points: Iterable[Point]) -> None:
         )
 
 
-# ---- Time estimate and the dry-run text ------------------------------------------------
-
-
-def _eager(job: JobConfig, on_gpu: bool) -> bool:
-    return job.engine.enforce_eager if job.engine.enforce_eager is not None else not on_gpu
+# ---- The dry-run text -------------------------------------------------------------------
 
 
 def point_offsets(job: JobConfig) -> list[float] | tuple[float, ...]:
@@ -176,27 +165,6 @@ def output_lengths_text(job: JobConfig) -> str:
     if stated and not workload.ignore_eos:
         text += "; a server may stop a request at EOS before its length: workload.ignore_eos=true keeps to them"
     return text
-
-
-def point_estimate_s(job: JobConfig, on_gpu: bool) -> float:
-    """Arrivals plus the last request's decode; speculation is assumed no faster (an upper bound)."""
-    tpot = CPU_TPOT_S if not on_gpu else CPU_TPOT_S / 4
-    offsets = point_offsets(job)
-    span = offsets[-1] if offsets and math.isfinite(offsets[-1]) else 0.0
-    lengths = _output_lengths(job, len(offsets))
-    unsaturated = span + max(lengths, default=0) * tpot
-    if on_gpu:
-        return unsaturated
-    return max(unsaturated, sum(lengths) / CPU_CAPACITY_TOK_S)
-
-
-def _output_lengths(job: JobConfig, count: int) -> list[int]:
-    if job.workload.name == "trace":
-        return [
-            line.output_tokens or job.workload.max_tokens
-            for line in traces.load_replay(job.workload, job.load.request_rate).lines
-        ]
-    return [job.workload.max_tokens] * count
 
 
 @dataclass(frozen=True)
@@ -251,19 +219,6 @@ def external_load_text(loads: Sequence[UrlLoad]) -> str:
     return "engine=external: this sweep will send " + "; ".join(parts)
 
 
-def group_estimate_s(group: ServerGroup, on_gpu: bool) -> float:
-    job = group.server_job
-    startup = STARTUP_S["cpu-eager" if _eager(job, on_gpu) and not on_gpu else "compiled"]
-    start_stop = startup + STOP_S if _starts_servers(job) else 0.0  # external: already running
-    tpot = CPU_TPOT_S if not on_gpu else CPU_TPOT_S / 4
-    warmup = job.load.warmup_requests * min(job.workload.max_tokens, WARMUP_MAX_TOKENS) * tpot
-    return start_stop + warmup + sum(point_estimate_s(p.job, on_gpu) for p in group.points)
-
-
-def estimate_s(plan: SweepPlan, on_gpu: bool) -> float:
-    return sum(group_estimate_s(g, on_gpu) for g in plan.groups)
-
-
 @dataclass(frozen=True)
 class ServerLine:
     """A group's launch, already redacted: what the dry run prints."""
@@ -275,7 +230,11 @@ class ServerLine:
     ray: str = ""  # what its server group asks Ray for, under the default launcher
 
 
-def describe(plan: SweepPlan, servers: Sequence[ServerLine], on_gpu: bool) -> str:
+def describe(
+    plan: SweepPlan, servers: Sequence[ServerLine], points_s: Mapping[str, float], estimate: Sequence[str]
+) -> str:
+    """The dry run's text: each server, its command and Ray request, its points with their
+    windows' estimates (``points_s``, by hash), and the estimate's account (pipeline/run/estimate.py)."""
     from pipeline.redact import shell_line
 
     lines = ["dry run: nothing was started.", ""]
@@ -303,7 +262,7 @@ def describe(plan: SweepPlan, servers: Sequence[ServerLine], on_gpu: bool) -> st
             count = len(point_offsets(point.job))
             lines.append(
                 f"  - point {point.label}: {count} requests at {rate} ({point.job.workload.name}, "
-                f"{output_lengths_text(point.job)}), ~{point_estimate_s(point.job, on_gpu):.0f} s"
+                f"{output_lengths_text(point.job)}), ~{points_s[point.hash]:.0f} s"
             )
         lines.append("")
     warm = plan.groups[0].server_job.load.warmup_requests if plan.groups else 0
@@ -311,6 +270,6 @@ def describe(plan: SweepPlan, servers: Sequence[ServerLine], on_gpu: bool) -> st
     starts = f"{n - running} server start(s)" + (f", {running} running server(s) measured" if running else "")
     lines += [
         f"{starts}, {len(plan.points)} measured point(s); {warm} warm-up request(s) per server",
-        f"estimated time: ~{estimate_s(plan, on_gpu) / 60:.1f} min (rough: start-ups dominate on CPU)",
+        *estimate,
     ]
     return "\n".join(lines)

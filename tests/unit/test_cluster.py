@@ -55,6 +55,15 @@ def test_comparisons_are_refused_across_hardware_and_pass_across_nodes_of_one_ty
     assert "ray.resources_per_group" in crossed
 
 
+def test_a_loopback_tracking_address_is_refused_where_the_nodes_are_on_several_machines() -> None:
+    """make nightly once gave every worker http://127.0.0.1:5000: each would write to its own machine."""
+    for uri in ("http://127.0.0.1:5000", "http://localhost:5000", "http://[::1]:5000"):
+        with pytest.raises(LaunchError, match="is a loopback address, but the Ray cluster's nodes are on 2 machines"):
+            check_store(uri, alive_nodes=3, hosts=2)
+        check_store(uri, alive_nodes=3, hosts=1)  # several nodes on one machine (the tests' clusters) reach it
+    check_store("http://10.0.0.7:5000", alive_nodes=3, hosts=2)
+
+
 def test_dead_address_fails_within_the_deadline() -> None:
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))

@@ -7,8 +7,10 @@ import configparser
 import functools
 import gzip
 import os
+import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -142,26 +144,42 @@ def _unknown_fields(value: object, schema: dict, path: str = "") -> list[str]:
     return found
 
 
-MANIFESTS = {"raycronjob.yaml": "raycronjobs", "raycluster.yaml": "rayclusters", "cronjob-rayjob.yaml": None}
+CRDS = {"RayCronJob": "raycronjobs", "RayCluster": "rayclusters"}  # KubeRay's kinds; the rest are Kubernetes'
+MANIFESTS = sorted(p.name for p in (DEPLOY / "kubernetes").glob("*.yaml"))
 
 
-@pytest.mark.parametrize("name", sorted(MANIFESTS))
+def _docs(name: str) -> list[dict]:
+    return [d for d in yaml.safe_load_all((DEPLOY / "kubernetes" / name).read_text()) if d]
+
+
+def test_every_manifest_is_checked() -> None:
+    assert set(MANIFESTS) >= {
+        "namespace.yaml",
+        "volumes.yaml",
+        "mlflow.yaml",
+        "raycronjob.yaml",
+        "raycronjob-paired.yaml",
+        "raycluster.yaml",
+        "cronjob-rayjob.yaml",
+    }
+
+
+@pytest.mark.parametrize("name", MANIFESTS)
 def test_each_manifest_is_valid_against_its_published_schema(name: str) -> None:
     import jsonschema
     import kubernetes_validate
 
-    (doc,) = list(yaml.safe_load_all((DEPLOY / "kubernetes" / name).read_text()))
-    plural = MANIFESTS[name]
-    if plural is None:  # a Kubernetes kind: its own published schema, strictly
-        kubernetes_validate.validate(doc, KUBERNETES, strict=True)
-        return
-    schema = _crd_schema(plural)
-    jsonschema.validate(doc["spec"], schema["properties"]["spec"])
-    assert not _unknown_fields(doc, schema), _unknown_fields(doc, schema)
+    for doc in _docs(name):
+        if doc["kind"] not in CRDS:  # a Kubernetes kind: its own published schema, strictly
+            kubernetes_validate.validate(doc, KUBERNETES, strict=True)
+            continue
+        schema = _crd_schema(CRDS[doc["kind"]])
+        jsonschema.validate(doc["spec"], schema["properties"]["spec"])
+        assert not _unknown_fields(doc, schema), _unknown_fields(doc, schema)
 
 
 def test_the_strict_check_catches_a_misspelled_field() -> None:
-    (doc,) = list(yaml.safe_load_all((DEPLOY / "kubernetes" / "raycluster.yaml").read_text()))
+    (doc,) = _docs("raycluster.yaml")
     doc["spec"]["workerGroupSpecs"][0]["replica"] = 2
     assert _unknown_fields(doc, _crd_schema("rayclusters")) == [".spec.workerGroupSpecs[0].replica"]
 
@@ -172,11 +190,14 @@ def _containers(doc: dict) -> dict[str, dict]:
     return {name: g["template"]["spec"] for name, g in groups.items()}
 
 
-@pytest.mark.parametrize("name", ["raycronjob.yaml", "raycluster.yaml"])
+RAY_CLUSTERS = ["raycronjob.yaml", "raycronjob-paired.yaml", "raycluster.yaml"]
+
+
+@pytest.mark.parametrize("name", RAY_CLUSTERS)
 def test_the_ray_clusters_follow_the_projects_rules(name: str) -> None:
     """Token auth from a Secret on every node, GPU workers sized to the tensor-parallel size
     with /dev/shm and a model volume, and the workers' Ray processes at normal priority."""
-    (doc,) = list(yaml.safe_load_all((DEPLOY / "kubernetes" / name).read_text()))
+    (doc,) = _docs(name)
     spec = doc["spec"].get("jobTemplate", {}).get("rayClusterSpec") or doc["spec"]
     assert spec["authOptions"] == {"mode": "token", "secretName": "specsweep-ray-token"}
     entry = doc["spec"].get("jobTemplate", {}).get("entrypoint", "")
@@ -190,15 +211,214 @@ def test_the_ray_clusters_follow_the_projects_rules(name: str) -> None:
         assert "/models" in mounts
         if group != "head":
             assert container["resources"]["limits"]["nvidia.com/gpu"] == tp
+            assert container["resources"]["requests"]["nvidia.com/gpu"] == tp
+            assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
             assert "/dev/shm" in mounts
             (dshm,) = [v for v in pod["volumes"] if v["name"] == "dshm"]
             assert dshm["emptyDir"]["medium"] == "Memory"
 
 
 def test_the_submitting_pod_signs_in_to_ray_with_the_clusters_token_and_names_the_model() -> None:
-    (job,) = list(yaml.safe_load_all((DEPLOY / "kubernetes" / "cronjob-rayjob.yaml").read_text()))
+    (job,) = _docs("cronjob-rayjob.yaml")
     (container,) = job["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e for e in container["env"]}
     assert env["RAY_AUTH_MODE"]["value"] == "token"
     assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "specsweep-ray-token", "key": "auth_token"}
     assert env["SPECSWEEP_MODEL"]["value"] and "engine.tensor_parallel_size=8" in env["SPECSWEEP_ARGS"]["value"]
+
+
+# ---- manifests a team can apply as shipped ---------------------------------------------------
+
+NAMESPACE = "specsweep"
+TRACKING = "http://specsweep-mlflow.specsweep.svc.cluster.local:5000"
+
+
+def _all_docs() -> list[tuple[str, dict]]:
+    return [(name, doc) for name in MANIFESTS for doc in _docs(name)]
+
+
+def _pod_specs(doc: dict) -> list[dict]:
+    """Every pod template a manifest holds, whatever its kind."""
+    found = []
+
+    def walk(value: object) -> None:
+        if isinstance(value, dict):
+            if "containers" in value:
+                found.append(value)
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    walk(doc.get("spec", {}))
+    return found
+
+
+def _env(container: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def test_one_namespace_and_a_tracking_address_that_is_its_mlflow_service() -> None:
+    (namespace,) = _docs("namespace.yaml")
+    assert namespace["metadata"]["name"] == NAMESPACE
+    for name, doc in _all_docs():
+        if doc["kind"] != "Namespace":
+            assert doc["metadata"].get("namespace") == NAMESPACE, f"{name}: {doc['kind']} outside {NAMESPACE}"
+    (service,) = [d for d in _docs("mlflow.yaml") if d["kind"] == "Service"]
+    port = service["spec"]["ports"][0]["port"]
+    assert TRACKING == f"http://{service['metadata']['name']}.{NAMESPACE}.svc.cluster.local:{port}"
+    said = []
+    for name in MANIFESTS:
+        text = (DEPLOY / "kubernetes" / name).read_text()
+        said += [(name, u) for u in re.findall(r"(?:tracking\.uri=|value: )(http://[^\s\"']*:5000)", text)]
+    assert said and all(uri == TRACKING for _, uri in said), said
+    # ... and the server answers that name: MLflow refuses a Host it was not given (403).
+    (deployment,) = [d for d in _docs("mlflow.yaml") if d["kind"] == "Deployment"]
+    (server,) = deployment["spec"]["template"]["spec"]["containers"]
+    allowed = server["command"][server["command"].index("--allowed-hosts") + 1].split(",")
+    assert TRACKING.removeprefix("http://") in allowed
+
+
+def test_the_mlflow_server_is_basic_auth_on_a_volume_with_its_secrets_from_kubernetes() -> None:
+    docs = {d["kind"]: d for d in _docs("mlflow.yaml")}
+    assert docs["ConfigMap"]["data"]["basic_auth.ini"] == (DEPLOY / "mlflow" / "basic_auth.ini").read_text()
+    pod = docs["Deployment"]["spec"]["template"]["spec"]
+    (server,) = pod["containers"]
+    command = server["command"]
+    assert command[:4] == ["mlflow", "server", "--app-name", "basic-auth"]
+    store = command[command.index("--backend-store-uri") + 1]
+    artifacts = command[command.index("--artifacts-destination") + 1]
+    mounts = {m["mountPath"]: m["name"] for m in server["volumeMounts"]}
+    claims = {v["name"]: v.get("persistentVolumeClaim", {}).get("claimName") for v in pod["volumes"]}
+    assert (
+        store == "sqlite:////mlflow/mlflow.db"
+        and artifacts.startswith("/mlflow/")
+        and server["workingDir"] == "/mlflow"
+    )
+    assert claims[mounts["/mlflow"]] == docs["PersistentVolumeClaim"]["metadata"]["name"]
+    env = _env(server)
+    for name in ("MLFLOW_AUTH_ADMIN_PASSWORD", "MLFLOW_FLASK_SERVER_SECRET_KEY"):
+        assert "value" not in env[name] and env[name]["valueFrom"]["secretKeyRef"]["name"] == "specsweep-mlflow-server"
+    assert docs["Deployment"]["spec"]["strategy"]["type"] == "Recreate"  # SQLite: one writer
+
+
+SECRETS = {"specsweep-mlflow-server", "specsweep-mlflow", "specsweep-ray-token", "specsweep-hf"}
+
+
+def test_no_secret_is_in_a_file_and_every_secret_named_is_created_in_the_docs() -> None:
+    docs_text = (DEPLOY.parent / "docs" / "gpu.md").read_text()
+    for secret in SECRETS:
+        assert f"kubectl -n {NAMESPACE} create secret generic {secret} " in docs_text, secret
+    for name, doc in _all_docs():
+        assert doc["kind"] != "Secret", name
+        for pod in _pod_specs(doc):
+            for container in pod["containers"]:
+                for var in container.get("env", []):
+                    ref = var.get("valueFrom", {}).get("secretKeyRef")
+                    if ref:
+                        assert ref["name"] in SECRETS, (name, ref)
+                    elif any(w in var["name"] for w in ("PASSWORD", "TOKEN", "SECRET")):
+                        raise AssertionError(f"{name}: {var['name']} holds a value, not a Secret's")
+
+
+def test_images_are_pinned_to_the_engine_they_hold_and_ray_matches_the_project() -> None:
+    import tomllib
+
+    project = tomllib.loads((DEPLOY.parent / "pyproject.toml").read_text())["project"]
+    (vllm,) = [d for d in project["optional-dependencies"]["gpu"] if d.startswith("vllm==")]
+    (ray,) = [d for d in project["dependencies"] if d.startswith("ray[")]
+    for name, doc in _all_docs():
+        for pod in _pod_specs(doc):
+            for container in pod["containers"]:
+                image = container["image"]
+                assert ":" in image and not image.endswith(":latest"), (name, image)
+                assert f"-vllm{vllm.split('==')[1]}" in image, (name, image)
+                assert ("-ref" in image) == (name == "raycronjob-paired.yaml"), (name, image)
+        if doc["kind"] in CRDS:
+            spec = doc["spec"].get("jobTemplate", {}).get("rayClusterSpec") or doc["spec"]
+            assert spec["rayVersion"] == ray.split("==")[1]
+
+
+@pytest.mark.parametrize("name", RAY_CLUSTERS)
+def test_every_ray_pod_keeps_weights_compile_cache_and_outputs_on_shared_volumes(name: str) -> None:
+    """vLLM's compile cache lives under SPECSWEEP_CACHE (engines/vllm.py: VLLM_CACHE_ROOT), so a
+    volume there means a configuration compiles once, not every night on a new cluster."""
+    (doc,) = _docs(name)
+    volumes = _docs("volumes.yaml")
+    shared = {d["metadata"]["name"] for d in volumes}
+    for pod in _pod_specs(doc):
+        (container,) = pod["containers"]
+        claims = {v["name"]: v.get("persistentVolumeClaim", {}).get("claimName") for v in pod["volumes"]}
+        mounts = {m["mountPath"]: claims.get(m["name"]) for m in container["volumeMounts"]}
+        env = _env(container)
+        for var in ("HF_HOME", "SPECSWEEP_CACHE", "SPECSWEEP_OUTPUTS"):
+            path = env[var]["value"]
+            mount = next((m for m in mounts if path == m or path.startswith(m + "/")), None)
+            assert mount is not None and mounts[mount] in shared, (name, var, path)
+    for claim in volumes:
+        assert claim["spec"]["accessModes"] == ["ReadWriteMany"]  # the head and every worker at once
+
+
+def _entrypoint(name: str) -> list[str]:
+    """The RayCronJob's entrypoint as the shell KubeRay runs it through hands it to Python."""
+    import shlex
+
+    (doc,) = _docs(name)
+    words = shlex.split(doc["spec"]["jobTemplate"]["entrypoint"])
+    assert words[:4] == ["python", "-m", "pipeline.sweep", "+sweep=nightly"]
+    return words[3:]
+
+
+@pytest.mark.parametrize("name", ["raycronjob.yaml", "raycronjob-paired.yaml"])
+def test_the_nightly_entrypoint_plans_as_shipped_within_its_own_budget(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its dry run here (the head's environment: the model, the token, no hub), and its first
+    night's estimate (weights downloaded, every configuration compiled cold) under the budget
+    it names, so that the night is not refused by its own run.confirm_gpu_hours."""
+    import sys
+
+    from pipeline.engines.weights import model_weights
+    from tests.in_process import sweep_in_process
+
+    (doc,) = _docs(name)
+    head = _env(_containers(doc)["head"]["containers"][0])
+    monkeypatch.setenv("SPECSWEEP_MODEL", head["SPECSWEEP_MODEL"]["value"])
+    monkeypatch.setenv("HF_TOKEN", "hf_sentinel")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model_weights.cache_clear()
+    args = [a.replace("/opt/vllm-previous/bin/python", sys.executable) for a in _entrypoint(name)]
+    budget = float(next(a for a in args if a.startswith("run.confirm_gpu_hours=")).split("=")[1])
+    overrides = [a for a in args if a != "hydra/launcher=basic"]
+    code = sweep_in_process(True, tmp_path, [*overrides, "dry_run=true"])
+    out = capsys.readouterr()
+    assert code == 0, out.err[-3000:]
+    assert "--tensor-parallel-size 8" in out.out and "hf_sentinel" not in out.out + out.err
+    hours = float(re.search(r"estimated time: ~[\d.]+ min, ~([\d.]+) GPU-hours", out.out).group(1))
+    assert 1 < hours < budget, (hours, budget)
+    if name == "raycronjob-paired.yaml":
+        assert "hydra/launcher=basic" in args and doc["spec"]["jobTemplate"]["entrypointNumGpus"] == 8
+        assert "gate.reference=['engine.python=/opt/vllm-previous/bin/python']" in _entrypoint(name)  # quotes kept
+        assert "20 server start(s)" in out.out and "reference" in out.out
+
+
+def test_the_kuberay_version_is_stated_once_and_is_the_one_checked() -> None:
+    readme = (DEPLOY / "kubernetes" / "README.md").read_text()
+    assert f"**KubeRay {KUBERAY.removeprefix('v')}.**" in readme and f"--version {KUBERAY.removeprefix('v')}" in readme
+    elsewhere = [DEPLOY / "kubernetes" / n for n in MANIFESTS] + sorted((DEPLOY.parent / "docs").glob("*.md"))
+    for path in elsewhere:
+        assert not re.search(r"KubeRay\s*(>=\s*)?\d", path.read_text()), f"{path.name} names a KubeRay version"
+
+
+def test_the_image_is_built_from_the_projects_own_gpu_install_and_lints_clean() -> None:
+    dockerfile = DEPLOY / "docker" / "Dockerfile"
+    text = dockerfile.read_text()
+    assert "make install DEVICE=gpu" in text and "/opt/specsweep/.venv/bin:$PATH" in text
+    assert "python3 -m venv /opt/vllm-previous" in text and '"vllm==${REFERENCE_VLLM}"' in text
+    assert "SPECSWEEP_CACHE=/cache/specsweep" in text and "HF_HOME=/models/hf" in text
+    hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    done = subprocess.run([hadolint, str(dockerfile)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    ignored = (DEPLOY.parent / ".dockerignore").read_text().split()
+    assert ".venv/" in ignored and "mlruns/" in ignored  # the image makes its own venv

@@ -75,6 +75,7 @@ GROUPS = (
     "model",
     "aa",
     "search",
+    "run",
 )
 
 

@@ -91,6 +91,7 @@ def test_the_sweep_level_settings_are_the_sweep_role() -> None:
         "capacity",
         "verbose",
         "progress_every_s",
+        "run",
     }
     # The driver reads them once, as one record, with the sweep's folder beside them.
     from pipeline.config import ConfigError, SweepSettings

