@@ -9,6 +9,7 @@ from typing import Any
 import pandas as pd
 
 from pipeline.analysis.samples import Sample
+from pipeline.engines import synthetic
 from pipeline.engines.acceptance import normalized
 from pipeline.engines.base import Server
 from pipeline.engines.hardware import hardware_tags, where_am_i
@@ -34,6 +35,8 @@ def point_tags(point: Point, target: Target, version: str, confirms: str | None 
         "engine.version": version,
         "engine.distribution": target.install.distribution,
         "spec.method": point.job.spec.method,
+        # Never a drafter's own numbers: the report labels such points "synthetic acceptance L=...".
+        **({"spec.synthetic": label} if (label := synthetic.label(point.job.spec)) else {}),
         "point_hash": point.hash,
         **hash_tags(point.job),
         **({"baseline_hash": point.baseline_hash} if point.baseline_hash else {}),
