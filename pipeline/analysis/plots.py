@@ -124,6 +124,14 @@ def _heatmap(heat: Heatmap) -> bytes:
             if not cell.resolved:
                 ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", edgecolor="grey"))
             ax.text(j, i, cell.text.replace(" ?", "\n?"), ha="center", va="center", fontsize=9)
+    for overlay in heat.overlays:  # image coordinates: column j is x, row i is y
+        xs, ys = [x for x, _ in overlay.points], [y for _, y in overlay.points]
+        style = {"color": "black", "linestyle": "--", "marker": "."} if overlay.line else {"linestyle": "none"}
+        ax.plot(xs, ys, label=overlay.name, **({"marker": "D", "markersize": 7} | style))
+        for x, y, text in zip(xs, ys, overlay.labels, strict=False):
+            ax.annotate(text, (x, y), fontsize=7, textcoords="offset points", xytext=(4, 4))
+    if heat.overlays:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.25, 1))
     ax.set_xlabel(heat.x_label)
     ax.set_ylabel(heat.y_label)
     ax.set_title(heat.title)
