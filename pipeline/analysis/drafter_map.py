@@ -267,6 +267,21 @@ def _placements(
     return out
 
 
+def map_metrics(found: DrafterMap | None) -> dict[str, float]:
+    """The map's answers as the sweep's MLflow metrics, one set per proposer, k and load:
+    ``drafter.<method>.k<k>.r<rate>.break_even_L`` (with ``_low``, ``_high``; an open upper end
+    is left out) and ``.ceiling_speedup`` (at L = k+1)."""
+    out: dict[str, float] = {}
+    for curve in found.curves if found else ():
+        key = f"drafter.{curve.method}.k{curve.k}.r{curve.rate:g}"
+        be = curve.break_even
+        values = {"break_even_L": be.length, "break_even_L_low": be.low, "break_even_L_high": be.high}
+        top = curve.ceiling
+        values["ceiling_speedup"] = top.speedup.ratio.estimate if top else None
+        out |= {f"{key}.{name}": float(v) for name, v in values.items() if v is not None and math.isfinite(v)}
+    return out
+
+
 # ---- words -----------------------------------------------------------------------------------
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from pipeline.analysis import categories
+from pipeline.analysis import categories, drafter_map
 from pipeline.analysis.assemble import analyse, output_length_tests
 from pipeline.analysis.figures import Figure, FigureId, FigureKey, report_figures
 from pipeline.analysis.markdown import ReportData, markdown, run_names
@@ -58,6 +58,7 @@ def build(
             title, frame, probes, tests, samples, opts, SloTarget.from_params(reader.params(parent_id)), predictions
         )
         data = replace(data, run_url=reader.run_url(parent_id))
+        reader.log_metrics(parent_id, drafter_map.map_metrics(data.drafters))  # the break-even per load, if any
         for groups, grouping in ((data.by_type, categories.BY_CATEGORY), (data.by_turn, categories.BY_TURN)):
             if groups is not None:  # each speculative run gets its groups' ratios and L
                 for run, metrics in categories.run_metrics(groups.table, grouping.prefix).items():

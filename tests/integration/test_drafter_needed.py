@@ -94,3 +94,6 @@ def test_the_report_has_the_break_even_and_places_the_real_ngram_drafter_on_the_
     assert placed and "at 2 req/s, break-even" in placed[0] and "(on the draft map" in placed[0]
     assert any(line.startswith("- vllm draft k=3: L ") for line in text.splitlines())
     assert "Median-TPOT speedup over synthetic acceptance length L x request rate" in text
+    # The answer in MLflow too: the sweep's run carries the ceiling (and the break-even, where resolved).
+    (parent,) = [r for r in _runs(project) if r.data.tags.get("role") == "sweep"]
+    assert parent.data.metrics["drafter.draft.k3.r2.ceiling_speedup"] > 0

@@ -172,6 +172,9 @@ def test_the_map_gives_the_break_even_ceiling_and_places_the_real_drafter() -> N
         assert curve.ceiling is not None and curve.ceiling.told == 4.0
         assert all(p.holds for p in curve.points)
         assert curve.fit is not None and abs(curve.fit.c - (cost - 1) / 3) < 0.05
+    metrics = drafter_map.map_metrics(found)
+    assert metrics["drafter.draft.k3.r1.break_even_L"] == low.break_even.length
+    assert metrics["drafter.draft.k3.r16.ceiling_speedup"] == high.ceiling.speedup.ratio.estimate  # type: ignore[union-attr]
     readings = {p.rate: p.reading for p in found.placements}
     assert readings == {1.0: "pays with room", 16.0: "falls short"}
     assert all(p.name == "vllm ngram k=3" and not p.same_proposer for p in found.placements)
