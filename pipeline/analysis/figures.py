@@ -401,7 +401,7 @@ def drafter_heatmap(found: DrafterMap | None) -> Heatmap | None:
     overlays = tuple(Overlay(name, points, line, labels) for name, points, line, labels in parts.overlays)
     return Heatmap(
         FigureKey.DRAFTER_MAP,
-        "Speedup over synthetic acceptance L (dashed: break-even; markers: real drafters)",
+        "Speedup over synthetic acceptance L\n(dashed: break-even; markers: real drafters)",
         "request rate (req/s)",
         "proposer, k, synthetic L",
         parts.columns,

@@ -110,7 +110,11 @@ def _chart(chart: Chart) -> bytes:
 
 
 def _heatmap(heat: Heatmap) -> bytes:
-    fig = MplFigure(figsize=(1.4 * len(heat.columns) + 3, 0.7 * len(heat.rows) + 2))
+    # Overlays name themselves in a legend under the map: room for it.
+    below = 0.3 * len(heat.overlays) + (0.4 if heat.overlays else 0)
+    fig = MplFigure(
+        figsize=(1.4 * len(heat.columns) + 3 + (2 if heat.overlays else 0), 0.7 * len(heat.rows) + 2 + below)
+    )
     ax = fig.subplots()
     values = [[c.value if c else math.nan for c in line] for line in heat.cells]
     image = ax.imshow(values, cmap="RdYlGn", vmin=heat.low, vmax=heat.high, aspect="auto")
@@ -131,7 +135,7 @@ def _heatmap(heat: Heatmap) -> bytes:
         for x, y, text in zip(xs, ys, overlay.labels, strict=False):
             ax.annotate(text, (x, y), fontsize=7, textcoords="offset points", xytext=(4, 4))
     if heat.overlays:
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.25, 1))
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12))
     ax.set_xlabel(heat.x_label)
     ax.set_ylabel(heat.y_label)
     ax.set_title(heat.title)
