@@ -2,7 +2,7 @@
 acceptance it is told? On the real CPU engine, through the real entry point (vLLM as users run
 it: no test-server shortcuts).
 
-    .venv/bin/python benchmarks/synthetic_vs_real.py told        # L in {1, 2, 2.5, 3, 4} at k=3
+    .venv/bin/python benchmarks/synthetic_vs_real.py told        # L in {1, 2, 2.5, 3, 4} at k=3, and the draft itself
     .venv/bin/python benchmarks/synthetic_vs_real.py aa          # the A/A spread between server starts
     .venv/bin/python benchmarks/synthetic_vs_real.py reproduce   # the 4-layer draft, real and synthetic
     .venv/bin/python benchmarks/synthetic_vs_real.py <part> --from-sweep <name>   # re-analyse only
@@ -16,11 +16,11 @@ and 4 at 2 req/s. For each, the acceptance length from the engine's counters and
 (the report's) must hold the L asked for. L=2.5 is drawn (rates 1, 0.5, 0), the others are not
 (vLLM's minimum-variance schedule makes an integer L exact).
 
-**aa**: the noise-floor sweep: a baseline and its identical twin on fresh servers, 3 repeats at
+**aa**: the noise-floor sweep: a baseline and its identical twin on fresh servers, 2 repeats at
 1 and 8 req/s; the RMS of their log ratios is the spread between server starts.
 
 **reproduce**: the same draft at k=3, real and with synthetic acceptance at the L it measured
-(a pilot window measures it first), at 1 and 8 req/s, against one baseline, 2 repeats on fresh
+(in the ``told`` sweep, ``--length-from``, or a pilot window of its own), at 1 and 8 req/s, against one baseline, 2 repeats on fresh
 servers. Per rate, both speedups with their intervals, and their ratio (synthetic over real,
 paired by repeat and prompt) against the A/A spread: the two must agree within
 1.96 x sqrt(2) x the spread between server starts (two independent speculative servers).
@@ -83,7 +83,7 @@ def load(name: str, project: Path) -> tuple[pd.DataFrame, dict[str, Sample]]:
 def told(args: argparse.Namespace) -> int:
     name = args.from_sweep or f"told-{time.strftime('%H%M%S')}"
     if not args.from_sweep:
-        lengths = ",".join(f"{v:g}" for v in TOLD)
+        lengths = "null," + ",".join(f"{v:g}" for v in TOLD)  # null: the draft's own acceptance, too
         run_sweep(
             args.project,
             name,
@@ -97,6 +97,8 @@ def told(args: argparse.Namespace) -> int:
         for point in curve.points:
             print(f"  {drafter_map.told_text(curve, point)}; k_eff {point.k_effective:.2f}")
             misses += point.holds is not True
+    for placed in found.placements:
+        print(f"  real: {drafter_map.placement_text(placed)}")
     print(f"synthetic_vs_real told: {'ok' if not misses else f'{misses} MISS(ES)'}")
     return 1 if misses else 0
 
@@ -104,7 +106,7 @@ def told(args: argparse.Namespace) -> int:
 def aa(args: argparse.Namespace) -> int:
     name = args.from_sweep or f"aa-{time.strftime('%H%M%S')}"
     if not args.from_sweep:
-        run_sweep(args.project, name, ["+sweep=noise_floor", "repeats.count=3", f"load.request_rate={RATES}"])
+        run_sweep(args.project, name, ["+sweep=noise_floor", "repeats.count=2", f"load.request_rate={RATES}"])
     frame, _ = load(name, args.project)
     spread = server_spread(aa_log_ratios(frame), name)
     assert spread is not None, "the A/A sweep gave fewer than 2 comparisons"
@@ -115,11 +117,16 @@ def aa(args: argparse.Namespace) -> int:
 
 
 def _pilot_length(args: argparse.Namespace) -> float:
-    name = f"pilot-{time.strftime('%H%M%S')}"
-    run_sweep(args.project, name, ["spec=draft", "spec.k=3", "load.request_rate=1"])
+    """The draft's own L: from the ``told`` sweep (``--length-from``), which measured it beside
+    the synthetic points, or from a pilot window of its own."""
+    name = args.length_from or f"pilot-{time.strftime('%H%M%S')}"
+    if not args.length_from:
+        run_sweep(args.project, name, ["spec=draft", "spec.k=3", "load.request_rate=1"])
     frame, _ = load(name, args.project)
-    length = float(measured(frame, "speculative")["acceptance_length"].median())
-    print(f"  the draft's own acceptance length (pilot, 1 req/s): {length:.4f}")
+    rows = measured(frame, "speculative")
+    rows = rows[rows["synthetic_length"].isna()] if "synthetic_length" in rows else rows
+    length = float(rows["acceptance_length"].median())
+    print(f"  the draft's own acceptance length (sweep {name!r}): {length:.4f}")
     return round(length, 3)
 
 
@@ -177,6 +184,7 @@ def main() -> int:
     parser.add_argument("part", choices=["told", "aa", "reproduce"])
     parser.add_argument("--from-sweep", help="analyse this finished sweep (its name) instead of running one")
     parser.add_argument("--aa", help="reproduce: the A/A sweep (its name) whose spread judges the agreement")
+    parser.add_argument("--length-from", help="reproduce: the told sweep (its name) that measured the draft's own L")
     parser.add_argument(
         "--project", type=Path, default=Path(tempfile.gettempdir()) / "synthetic_vs_real", help="the sweeps' store"
     )
