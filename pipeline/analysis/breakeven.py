@@ -95,7 +95,7 @@ def _text(point: float, low: float, high: float, lowest: float, highest: float, 
 
     interval = f"[{bound(low)}, {bound(high)}]"
     if math.isinf(point):
-        return f"never within L {lowest:g}-{highest:g}: the speedup stays below {bar} {interval}"
+        return f"not reached within L {lowest:g}-{highest:g} (the speedup stays below {bar}); interval {interval}"
     if point <= lowest:
         return f"pays from the smallest L measured ({lowest:g}) on {interval}"
     return f"{point:.2f} {interval}"

@@ -108,13 +108,15 @@ class Placement:
 
     @property
     def reading(self) -> str:
-        """pays with room | falls short | at the break-even (the intervals overlap) | not resolved."""
-        be = self.curve.break_even
-        if not (be.resolved and self.length.resolved):
+        """pays with room | falls short | at the break-even (the intervals overlap) | not resolved.
+        Read off the break-even's interval, which has ends where its estimate has none (a curve
+        that never reaches 1 + floor within the L measured still says how high L must at least go)."""
+        be, have = self.curve.break_even, self.length
+        if be.low is None or be.high is None or not have.resolved:
             return "not resolved"
-        if self.length.low > be.high:  # type: ignore[operator]
+        if math.isfinite(be.high) and have.low > be.high:  # type: ignore[operator]
             return "pays with room"
-        if self.length.high < be.low:  # type: ignore[operator]
+        if have.high < be.low:  # type: ignore[operator]
             return "falls short"
         return "at the break-even"
 
@@ -298,8 +300,12 @@ def _improvement(placement: Placement) -> str:
     end of the break-even's interval, where a drafter surely pays), in tokens per step and α."""
     be, k = placement.curve.break_even, placement.curve.k
     have = placement.length.estimate
-    if be.length is None or have is None:
+    if have is None or be.low is None:
         return ""
+    if be.length is None:  # not reached within the L measured: only a lower bound to quote
+        top = placement.curve.ceiling
+        ceiling = f"; the ceiling of this proposer's cost (L = {k + 1}) is {top.speedup.ratio.text}" if top else ""
+        return f"needs L of {be.low:.2f} at the least (+{be.low - have:.2f} tokens per step){ceiling}"
     need = be.length - have
     sure = be.high - have if be.high is not None and math.isfinite(be.high) else None
     alpha_have, alpha_need = alpha_from_length(min(have, k + 1), k), alpha_from_length(min(be.length, k + 1), k)

@@ -82,7 +82,7 @@ def test_a_surface_above_everywhere_or_below_everywhere_says_so() -> None:
     cheap = breakeven.break_even(LENGTHS, _surface(0.5, LENGTHS), FLOOR, OPTS)  # S(1) = 2: pays even at L=1
     assert cheap.length == 1.0 and cheap.text.startswith("pays from the smallest L measured (1)")
     dear = breakeven.break_even(LENGTHS, _surface(6.0, LENGTHS), FLOOR, OPTS)  # S(4) = 0.67: never
-    assert dear.length is None and dear.high == math.inf and dear.text.startswith("never within L 1-4")
+    assert dear.length is None and dear.high == math.inf and dear.text.startswith("not reached within L 1-4")
     assert breakeven.break_even([2.0], _surface(1.6, (2.0,)), FLOOR, OPTS).text.startswith("not resolved")
 
 
@@ -139,12 +139,14 @@ def _levels(w: Sample) -> dict[str, float]:
     }
 
 
-def _sweep(measured_l: dict[float, float] | None = None, synthetic: bool = True) -> tuple[pd.DataFrame, dict]:
+def _sweep(
+    measured_l: dict[float, float] | None = None, synthetic: bool = True, costs: dict[float, float] = COSTS
+) -> tuple[pd.DataFrame, dict]:
     """Baseline, draft k=3 at synthetic L 1..4 and a real ngram k=3 point, at 1 and 16 req/s.
     ``measured_l``: what the counters say for a told L (default: what it was told)."""
     rng = np.random.default_rng(4)
     rows, samples = [], {}
-    for rate, cost in COSTS.items():
+    for rate, cost in costs.items():
         prompt = rng.normal(0, 0.2, 64)
         base = _window(rng, prompt, 0.05)
         rows.append(_row("baseline", rate) | _levels(base))
@@ -231,3 +233,19 @@ def test_the_map_figure_draws_the_contour_and_the_real_drafter_on_both_renderers
 def test_a_sweep_table_without_the_column_has_no_map(synthetic: bool) -> None:
     frame, samples = _sweep(synthetic=synthetic)
     assert (drafter_map.drafter_map(frame.drop(columns=["synthetic_length"]), samples, OPTS)) is None
+
+
+def test_a_drafter_on_a_map_that_never_pays_falls_short_by_the_break_even_s_lower_end() -> None:
+    """Measured on the CPU: the 4-layer draft's own map never reached 1 + floor up to L = k+1. The
+    break-even then has no estimate but a lower end; a drafter below it falls short, and the words
+    quote that end and the ceiling."""
+    found = drafter_map.drafter_map(*_sweep(costs={1.0: 5.0, 16.0: 3.6}), OPTS)  # S(4) = 0.8 at 1 req/s
+    assert found is not None
+    (placed,) = [p for p in found.placements if p.rate == 1.0]
+    assert placed.curve.break_even.length is None and placed.reading == "falls short"
+    text = drafter_map.placement_text(placed)
+    assert (
+        "falls short: a drafter needs L of" in text
+        and "at the least" in text
+        and "the ceiling of this proposer" in text
+    )
