@@ -40,6 +40,7 @@ from scipy import stats as scipy_stats
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeline.analysis import decisions, verdicts  # noqa: E402
+from pipeline.analysis.breakeven import break_even, with_shared_baseline_spread  # noqa: E402
 from pipeline.analysis.capacity import boundary, probe  # noqa: E402
 from pipeline.analysis.categories import GroupComparisons  # noqa: E402
 from pipeline.analysis.decisions import decide  # noqa: E402
@@ -244,6 +245,35 @@ def crossing_interval(trials: int, opts: StatsOptions) -> tuple[int, int, int]:
             resolved += 1
             hits += cross.low <= truth <= cross.high  # type: ignore[operator]
     return hits, resolved, attempted
+
+
+# The drafter map (pipeline/analysis/drafter_map.py) at one load: S(L) = L / 1.6 (Leviathan's form,
+# k c + 1 = 1.6), which reaches 1 + floor at L = 1.02 x 1.6 = 1.632.
+BREAK_EVEN_COST = 1.6
+BREAK_EVEN_LENGTHS = (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0)
+
+
+def break_even_interval(trials: int, opts: StatsOptions) -> tuple[int, int]:
+    """The break-even L as the report computes it (pipeline/analysis/drafter_map.py): one baseline
+    server shared by every L, each L on a speculative server of its own (each server moves its
+    ratios by a N(0, AA_SD / sqrt 2) log offset, so that a pair of servers moves one by AA_SD), every
+    L's bootstrap drawing the same prompts (one seed per curve), and the A/A spread of 10
+    comparisons added to the curve as a whole."""
+    rng = np.random.default_rng(44)
+    truth = (1 + opts.floor) * BREAK_EVEN_COST
+    server = AA_SD / math.sqrt(2)
+    hits = 0
+    for s in range(trials):
+        aa = dataclasses.replace(opts, server_spread=aa_spread(rng))
+        prompt = rng.normal(0, 0.1, 64)
+        base = window(rng, prompt, 0.04 * math.exp(rng.normal(0, server)))
+        ratios = []
+        for length in BREAK_EVEN_LENGTHS:
+            spec = window(rng, prompt, 0.04 * BREAK_EVEN_COST / length * math.exp(rng.normal(0, server)))
+            ratios.append(paired_ratio("speedup_median_tpot", [base], [spec], opts, np.random.default_rng([s, 44])))
+        found = break_even(BREAK_EVEN_LENGTHS, with_shared_baseline_spread(ratios, aa, s), aa.floor, aa)
+        hits += found.low is not None and found.high is not None and found.low <= truth <= found.high
+    return hits, trials
 
 
 # ---- the other ratios the report shows, and the acceptance length -----------------------------
@@ -839,6 +869,11 @@ def main() -> int:
         ("predict: speedup at k=2 from k=0 and k=4", lambda: predict_interval(trials, opts), "model exact"),
         ("capacity boundary, 400 requests per probe", lambda: capacity_interval(trials, opts, 400), "p99"),
         ("crossing rate (where resolved)", lambda: crossing_interval(trials, opts), "truth 9.83 req/s"),
+        (
+            "break-even L: one server per L, shared baseline, A/A spread added",
+            lambda: break_even_interval(trials, opts),
+            f"S(L) = L / {BREAK_EVEN_COST}, L {BREAK_EVEN_LENGTHS[0]:g}-{BREAK_EVEN_LENGTHS[-1]:g}; truth 1.632",
+        ),
         (
             "group: each of 2 categories x 32 requests, one run",
             lambda: group_coverage(21, trials, opts, "category", (1.5, 0.9), 32),

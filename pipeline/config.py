@@ -27,8 +27,9 @@ DTYPES = ("auto", "bfloat16", "float16", "float32")
 PREFIX_CACHE_POLICIES = ("cold", "warm", "off", "as_is")
 VLLM_RESULT_MODES = ("off", "summary", "detailed")  # pipeline/record/vllm_result.py
 # grid: measure every point; predict: measure the baseline and the largest k, predict the
-# other k and confirm the best; capacity: the highest rate each server sustains under the SLO.
-SEARCH_MODES = ("grid", "predict", "capacity")
+# other k and confirm the best; capacity: the highest rate each server sustains under the SLO;
+# drafter_needed: the grid, and each k's proposer at a grid of synthetic acceptance lengths.
+SEARCH_MODES = ("grid", "predict", "capacity", "drafter_needed")
 
 
 class ConfigError(ValueError):
@@ -235,6 +236,15 @@ class SpecConfig:
     draft_model: str | None = setting(Role.SERVER, None)
     # Extra keys for the engine's speculative config, e.g. prompt_lookup_max for ngram.
     options: dict[str, Any] = setting(Role.SERVER, factory=dict)
+    # Synthetic acceptance (vLLM's rejection_sample_method=synthetic; docs/drafter_needed.md):
+    # each draft token is accepted with a stated probability, whatever was drafted, to measure
+    # what speculation gives a drafter of that acceptance. One of: the mean acceptance length L
+    # in [1, k+1], or k unconditional per-position rates (non-increasing, in [0, 1]). null: the
+    # drafter's own acceptance. It changes the output: such a point is never lossless.
+    synthetic_acceptance_length: float | None = setting(
+        Role.SERVER, None, valid=Valid(at_least=1, hint=" and at most k+1, or null")
+    )
+    synthetic_acceptance_rates: list[float] | None = setting(Role.SERVER, None)
 
 
 @dataclass(frozen=True)
@@ -445,6 +455,16 @@ class CapacityConfig:
 
 
 @dataclass(frozen=True)
+class DrafterNeededConfig:
+    """search=drafter_needed (docs/drafter_needed.md): the synthetic acceptance lengths each k's
+    proposer is measured at, one server per (k, L), beside the sweep's real drafters."""
+
+    # null: 1.0, 1.5, ... k+1. Given: those of them in [1, k+1] at each k, and k+1 (every draft
+    # accepted: the ceiling) always; the plan says which each k takes.
+    lengths: list[float] | None = None
+
+
+@dataclass(frozen=True)
 class RepeatsConfig:
     # Measure every point this many times, each with new prompts and arrivals (seed + repeat).
     count: int = setting(None, 1, valid=Valid(at_least=1))
@@ -531,6 +551,7 @@ class JobConfig:
     )  # grid | predict | capacity (see SEARCH_MODES)
     predict: PredictConfig = setting(Role.SWEEP, factory=PredictConfig)
     capacity: CapacityConfig = setting(Role.SWEEP, factory=CapacityConfig)
+    drafter_needed: DrafterNeededConfig = setting(Role.SWEEP, factory=DrafterNeededConfig)
     verbose: bool = setting(
         Role.SWEEP, False
     )  # true: MLflow's download bars, library notices and the like reach the terminal
@@ -601,6 +622,7 @@ class SweepSettings:
     search: str
     predict: PredictConfig
     capacity: CapacityConfig
+    drafter_needed: DrafterNeededConfig
     verbose: bool
     progress_every_s: float
     run: RunConfig

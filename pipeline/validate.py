@@ -23,6 +23,7 @@ from pipeline.config import (
     Valid,
     stats_problem,
 )
+from pipeline.engines import synthetic
 from pipeline.engines.registry import ENGINES
 from pipeline.redact import SECRET_FLAGS, flag_name, is_secret_name
 
@@ -99,6 +100,14 @@ def _validate_method(job: JobConfig) -> None:
             spec.method, "spec.draft_model=/path/to/the/head"
         )
         raise ConfigError(f"spec.method={spec.method} needs spec.draft_model ({hint}); e.g. {example}")
+    problem = synthetic.problem(spec)  # vLLM's own rules, before any server starts
+    if problem:
+        raise ConfigError(problem)
+    if synthetic.is_synthetic(spec) and not serving.synthetic_acceptance:
+        raise ConfigError(
+            f"spec.synthetic_acceptance_* is vLLM's synthetic rejection sampling, which engine={job.engine.name} "
+            f"cannot run ({serving.label}); use engine=vllm, or leave spec.synthetic_acceptance_* unset"
+        )
     if spec.method in REFUSES_DRAFT_MODEL and spec.draft_model:
         raise ConfigError(
             f"spec.method={spec.method} takes no spec.draft_model; remove it or use spec.method=draft. To sweep "

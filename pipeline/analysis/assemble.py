@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -15,6 +16,7 @@ import pandas as pd
 from pipeline.analysis import (
     advisor,
     categories,
+    drafter_map,
     leviathan,
     quality,
     search_report,
@@ -70,7 +72,29 @@ def analyse(
     predictions: pd.DataFrame | None = None,
 ) -> ReportData:
     """Everything the report says, from the sweep table and each window's requests
-    (``samples``: run id -> its requests; without them no ratio gets an interval)."""
+    (``samples``: run id -> its requests; without them no ratio gets an interval).
+
+    Synthetic-acceptance points (search=drafter_needed) make a map of their own, which the
+    advice then reads; everything else is said of the real drafters alone, as if the map had
+    not been measured (they are no drafter's own numbers)."""
+    frame, samples, opts = load_frame(frame), samples or {}, opts or StatsOptions()
+    drafters = drafter_map.drafter_map(frame, samples, opts)
+    real = drafter_map.without_synthetic(frame)
+    data = _analyse_real(title, real, probes, length_tests, samples, opts, target, predictions)
+    sections = [*drafter_map.map_lines(drafters), *data.sections]
+    return replace(data, advice=drafter_map.map_advice(data.advice, drafters), sections=sections, drafters=drafters)
+
+
+def _analyse_real(
+    title: str,
+    frame: pd.DataFrame,
+    probes: list[dict],
+    length_tests: list,
+    samples: Mapping[str, Sample] | None = None,
+    opts: StatsOptions | None = None,
+    target: SloTarget | None = None,
+    predictions: pd.DataFrame | None = None,
+) -> ReportData:
     frame = load_frame(frame)
     samples, opts = samples or {}, opts or StatsOptions()
     comparisons = verdicts.compare_points(frame, samples, opts, (checked := _trust(frame, samples, opts))[0])

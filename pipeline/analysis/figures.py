@@ -21,6 +21,7 @@ from enum import Enum
 import pandas as pd
 
 from pipeline.analysis.categories import GroupComparisons
+from pipeline.analysis.drafter_map import DrafterMap, drafter_heatmap_parts
 from pipeline.analysis.markdown import ReportData
 from pipeline.analysis.search_report import CapacityCurve, newest_predictions
 from pipeline.analysis.timeline import TIMELINE_FIGURE
@@ -36,6 +37,7 @@ class FigureKey(Enum):
     TTFT_VS_RATE = "TTFT against request rate"
     ACCEPTANCE_VS_K = "Acceptance against k"
     SPEEDUP_HEATMAP = "Median-TPOT speedup over k x request rate"
+    DRAFTER_MAP = "Median-TPOT speedup over synthetic acceptance length L x request rate"
     CAPACITY = "Capacity under the SLO"
     K_CURVE = "Median TPOT against k: measured and predicted"
     TIMELINE = TIMELINE_FIGURE
@@ -115,6 +117,17 @@ class Cell:
 
 
 @dataclass(frozen=True)
+class Overlay:
+    """A line, or markers, drawn over a heat map in its cells' coordinates: (column, row), with
+    fractions between cells (a break-even contour; real drafters placed on a drafter map)."""
+
+    name: str
+    points: tuple[tuple[float, float], ...]
+    line: bool = True  # False: markers only
+    labels: tuple[str, ...] = ()  # one per point, drawn beside it ("" for none)
+
+
+@dataclass(frozen=True)
 class Heatmap:
     key: FigureKey
     title: str
@@ -126,6 +139,7 @@ class Heatmap:
     low: float = 0.5  # the colour scale's ends
     high: float = 1.5
     notes: tuple[tuple[int, int, str], ...] = field(default=())  # (row, column, tooltip) of empty cells
+    overlays: tuple[Overlay, ...] = ()
 
 
 Figure = Chart | Heatmap
@@ -360,6 +374,43 @@ def speedup_heatmap(comparisons: Comparisons | None) -> Heatmap | None:
     )
 
 
+def drafter_heatmap(found: DrafterMap | None) -> Heatmap | None:
+    """search=drafter_needed: speedup per (proposer, k, L) row and rate column, the break-even
+    contour drawn over it (dashed), and each real drafter at its measured L (a marker)."""
+    if found is None:
+        return None
+    parts = drafter_heatmap_parts(found)
+    cells = tuple(
+        tuple(
+            None
+            if p is None
+            else Cell(
+                float(p.speedup.ratio.estimate),  # type: ignore[arg-type]
+                f"{p.speedup.ratio.estimate:.2f}x" + ("" if p.speedup.label in ("helps", "hurts") else " ?"),
+                p.speedup.label in ("helps", "hurts"),
+                f"{p.point}: synthetic acceptance L={p.told:g}, median-TPOT speedup {p.speedup.ratio.text}: "
+                f"{p.speedup.label}",
+                p.runs,
+            )
+            for p in line
+        )
+        for line in parts.cells
+    )
+    if all(c is None for line in cells for c in line):
+        return None
+    overlays = tuple(Overlay(name, points, line, labels) for name, points, line, labels in parts.overlays)
+    return Heatmap(
+        FigureKey.DRAFTER_MAP,
+        "Speedup over synthetic acceptance L\n(dashed: break-even; markers: real drafters)",
+        "request rate (req/s)",
+        "proposer, k, synthetic L",
+        parts.columns,
+        parts.rows,
+        cells,
+        overlays=overlays,
+    )
+
+
 def capacity_curve(curves: Sequence[CapacityCurve]) -> Chart | None:
     """search=capacity: each server's probes, the SLO metric's percentile against the rate
     (circle: met, cross: missed), and where each search put the boundary (dotted)."""
@@ -535,5 +586,6 @@ def report_figures(data: ReportData) -> dict[FigureKey, Figure]:
         capacity_curve(data.capacity),
         k_curve(data.predictions, data.frame),
         trace_timeline(data.over_time),
+        drafter_heatmap(data.drafters),
     )
     return {figure.key: figure for figure in made if figure is not None}

@@ -151,7 +151,31 @@ def _heatmap(heat: Heatmap, names: dict[str, str], url: RunUrl) -> go.Figure:
             zmax=heat.high,
         )
     )
+    if heat.overlays:
+        _overlays(fig, heat)
     return _layout(fig, heat.title, heat.x_label, heat.y_label)
+
+
+def _overlays(fig: go.Figure, heat: Heatmap) -> None:
+    """Lines and markers over the cells, at fractional cell positions: the axes become the cells'
+    indices, labelled with the columns' and rows' names."""
+    fig.update_traces(x=list(range(len(heat.columns))), y=list(range(len(heat.rows))), selector={"type": "heatmap"})
+    fig.update_xaxes(tickvals=list(range(len(heat.columns))), ticktext=list(heat.columns))
+    fig.update_yaxes(tickvals=list(range(len(heat.rows))), ticktext=list(heat.rows), autorange="reversed")
+    for overlay in heat.overlays:
+        fig.add_trace(
+            go.Scatter(
+                x=[x for x, _ in overlay.points],
+                y=[y for _, y in overlay.points],
+                name=overlay.name,
+                mode="lines+markers" if overlay.line else "markers+text",
+                text=list(overlay.labels) or None,
+                textposition="top right",
+                line={"dash": "dash", "color": "black"},
+                marker={"symbol": "diamond", "size": 10},
+                hovertemplate=f"{escape(overlay.name)}<extra></extra>",
+            )
+        )
 
 
 def plotly(figure: Figure, names: dict[str, str], url: RunUrl) -> go.Figure:

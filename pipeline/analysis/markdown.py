@@ -17,6 +17,7 @@ from scipy import stats as scipy_stats
 from pipeline.analysis.advisor import Advice
 from pipeline.analysis.categories import GroupComparisons
 from pipeline.analysis.decisions import HELPS, HURTS, INCONCLUSIVE, TOO_FEW, Decision, smallest_resolvable
+from pipeline.analysis.drafter_map import DrafterMap
 from pipeline.analysis.leviathan import LeviathanFit
 from pipeline.analysis.quality import Lossless
 from pipeline.analysis.samples import server_spread
@@ -59,6 +60,7 @@ class ReportData:
     by_turn: GroupComparisons | None = None  # first against later conversation turns (the same module)
     over_time: GroupComparisons | None = None  # a trace replay's speedup per stretch of time (analysis/timeline.py)
     trust: list[str] = field(default_factory=list)  # "Can you trust this run?": one line per check (trust.py)
+    drafters: DrafterMap | None = None  # synthetic acceptance: the drafter map (analysis/drafter_map.py)
 
 
 PREFIX_POLICY_TEXT = {

@@ -110,7 +110,11 @@ def _chart(chart: Chart) -> bytes:
 
 
 def _heatmap(heat: Heatmap) -> bytes:
-    fig = MplFigure(figsize=(1.4 * len(heat.columns) + 3, 0.7 * len(heat.rows) + 2))
+    # Overlays name themselves in a legend under the map: room for it.
+    below = 0.3 * len(heat.overlays) + (0.4 if heat.overlays else 0)
+    fig = MplFigure(
+        figsize=(1.4 * len(heat.columns) + 3 + (2 if heat.overlays else 0), 0.7 * len(heat.rows) + 2 + below)
+    )
     ax = fig.subplots()
     values = [[c.value if c else math.nan for c in line] for line in heat.cells]
     image = ax.imshow(values, cmap="RdYlGn", vmin=heat.low, vmax=heat.high, aspect="auto")
@@ -124,6 +128,14 @@ def _heatmap(heat: Heatmap) -> bytes:
             if not cell.resolved:
                 ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", edgecolor="grey"))
             ax.text(j, i, cell.text.replace(" ?", "\n?"), ha="center", va="center", fontsize=9)
+    for overlay in heat.overlays:  # image coordinates: column j is x, row i is y
+        xs, ys = [x for x, _ in overlay.points], [y for _, y in overlay.points]
+        style = {"color": "black", "linestyle": "--", "marker": "."} if overlay.line else {"linestyle": "none"}
+        ax.plot(xs, ys, label=overlay.name, **({"marker": "D", "markersize": 7} | style))
+        for x, y, text in zip(xs, ys, overlay.labels, strict=False):
+            ax.annotate(text, (x, y), fontsize=7, textcoords="offset points", xytext=(4, 4))
+    if heat.overlays:
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12))
     ax.set_xlabel(heat.x_label)
     ax.set_ylabel(heat.y_label)
     ax.set_title(heat.title)

@@ -154,6 +154,9 @@ class Engine(Protocol):
     report_note: str | None
     # Whether the report's tuning advice can give a k schedule in this engine's own format.
     emits_k_schedule: bool
+    # Whether it can run spec.synthetic_acceptance_* (vLLM's synthetic rejection sampling);
+    # its version is checked when the job is resolved.
+    synthetic_acceptance: bool
     # What its servers' and points' names start with: "" for the default engine, whose runs
     # were named before there was another.
     run_prefix: str

@@ -212,6 +212,7 @@ class ExternalEngine:
         "or server log, and each server's version is what its /version answered"
     )
     emits_k_schedule = False  # its engine is not known here
+    synthetic_acceptance = False  # its servers run as they were started: none of their settings is ours
     run_prefix = "external-"
 
     def check(self, job: JobConfig) -> None:

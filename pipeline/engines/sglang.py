@@ -272,6 +272,7 @@ class SglangEngine:
         "bench spreads a multi-token chunk's gap over its tokens, so its ITL reads lower under speculation"
     )
     emits_k_schedule = False  # its adaptive-speculation tiers: format not verified here
+    synthetic_acceptance = False  # SGLang has no synthetic rejection sampling
     run_prefix = "sglang-"
 
     def check(self, job: JobConfig) -> None:

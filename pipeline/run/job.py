@@ -16,7 +16,7 @@ from pipeline.engines.base import ServerSpec
 from pipeline.engines.engine import Target
 from pipeline.engines.process import free_port
 from pipeline.engines.registry import engine_of
-from pipeline.load import synthetic, traces
+from pipeline.load import lengths_only, traces
 from pipeline.load.items import Request, Tokenizer
 from pipeline.load.loadgen import schedule
 from pipeline.load.workloads import split_warmup, to_requests
@@ -112,7 +112,7 @@ def check_trace(job: JobConfig, tokenizer: Tokenizer) -> None:
 
     def count(line: traces.TraceLine) -> int:
         if chat:
-            return synthetic.chat_tokens(tokenizer, line.messages or line.prompt or "")
+            return lengths_only.chat_tokens(tokenizer, line.messages or line.prompt or "")
         return len(tokenizer.encode(line.prompt or "", add_special_tokens=False))
 
     over = traces.over_context(replayed.lines, job.engine.max_model_len, job.workload.max_tokens, count)

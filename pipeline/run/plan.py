@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pipeline.config import ConfigError, JobConfig, SweepSettings
+from pipeline.engines import synthetic
 from pipeline.engines.registry import engine_of
 from pipeline.identity import point_hash, server_key
 from pipeline.load import traces
@@ -33,7 +34,15 @@ def _server_name(role: str, job: JobConfig) -> str:
     engine = ("ref-" if job.build == "reference" else "") + engine  # gate.mode=paired's reference build
     if job.replica:
         return engine + "baseline-twin"  # the A/A comparison's second server
-    return engine + ("baseline" if role == "baseline" else f"{job.spec.method}-k{job.spec.k}")
+    return engine + ("baseline" if role == "baseline" else f"{job.spec.method}-k{job.spec.k}{_synthetic_name(job)}")
+
+
+def _synthetic_name(job: JobConfig) -> str:
+    """A synthetic-acceptance server's name part: its L (or rates), so no two share a folder."""
+    spec = job.spec
+    if spec.synthetic_acceptance_rates is not None:
+        return "-syn" + "_".join(f"{r:g}" for r in spec.synthetic_acceptance_rates)
+    return f"-synL{spec.synthetic_acceptance_length:g}" if spec.synthetic_acceptance_length is not None else ""
 
 
 @dataclass(frozen=True)
@@ -242,6 +251,8 @@ def describe(
     for group, server in zip(plan.groups, servers, strict=True):
         spec = group.server_job.spec
         what = "no speculation" if group.role == "baseline" else f"{spec.method} k={spec.k}"
+        if synthetic.is_synthetic(spec):
+            what += f", {synthetic.label(spec)}"
         role = group.role
         if group.server_job.replica:
             role, what = "A/A twin", "no speculation, compared as if speculative"

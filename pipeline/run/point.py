@@ -9,6 +9,7 @@ from typing import Any
 import pandas as pd
 
 from pipeline.analysis.samples import Sample
+from pipeline.engines import synthetic
 from pipeline.engines.acceptance import normalized
 from pipeline.engines.base import Server
 from pipeline.engines.hardware import hardware_tags, where_am_i
@@ -37,6 +38,8 @@ def point_tags(
         "engine.version": version,
         "engine.distribution": target.install.distribution,
         "spec.method": point.job.spec.method,
+        # Never a drafter's own numbers: the report labels such points "synthetic acceptance L=...".
+        **({"spec.synthetic": label} if (label := synthetic.label(point.job.spec)) else {}),
         **identity.tags(),
         **({"baseline_hash": point.baseline_hash} if point.baseline_hash else {}),
         # gate.mode=paired matches a night's two builds by these (the build, its pair, the point).

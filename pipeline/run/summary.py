@@ -8,6 +8,7 @@ from collections.abc import Mapping
 
 import pandas as pd
 
+from pipeline.engines import synthetic
 from pipeline.identity import point_key, setting_key
 from pipeline.load.metrics import Comparison, compare_summaries
 from pipeline.run.measure import resets_cache
@@ -67,6 +68,10 @@ def frame(plan: SweepPlan, outcomes: Mapping[str, PointOutcome], ratios: Mapping
                 "point_key": point_key(job),
                 "setting_key": setting_key(job),
                 "replica": job.replica,
+                # The acceptance length the engine was told to produce (synthetic acceptance);
+                # empty for a real drafter's point.
+                "synthetic_length": synthetic.requested_length(job.spec),
+                "map_key": synthetic.map_key(job),  # its proposer: a drafter map's curves share it
             }
             row.update(outcome.metrics if outcome and outcome.error is None else {})
             if point.hash in ratios:

@@ -29,6 +29,20 @@ CASES: list[tuple[str, bool, list[str], str]] = [
     ("draft-without-model", False, ["spec=draft", "spec.draft_model=null"], "needs spec.draft_model"),
     ("ngram-with-draft-model", False, ["spec.draft_model=/m"], "takes no spec.draft_model"),
     ("aa-with-speculation", False, ["aa=true"], "aa=true compares two servers without speculation"),
+    # synthetic acceptance: what vLLM would refuse, refused before a server starts
+    (
+        "synthetic-length-above-k-plus-1",
+        False,
+        ["spec=draft", "spec.synthetic_acceptance_length=5"],
+        "must lie in [1, k+1] = [1, 4] at spec.k=3",
+    ),
+    (
+        "synthetic-rates-increasing",
+        False,
+        ["spec=draft", "spec.synthetic_acceptance_rates=[0.5,0.9,0.1]"],
+        "must not increase",
+    ),
+    ("drafter-needed-without-a-draft", True, ["search=drafter_needed", "spec.k=3"], "ngram drafts only where"),
     # models
     ("missing-model", False, ["model.id=/no/such/model"], "model path /no/such/model does not exist"),
     ("missing-draft", False, ["spec=draft", "spec.draft_model=./missing-draft"], "does not exist"),

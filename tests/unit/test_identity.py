@@ -89,6 +89,7 @@ def test_the_sweep_level_settings_are_the_sweep_role() -> None:
         "search",
         "predict",
         "capacity",
+        "drafter_needed",
         "verbose",
         "progress_every_s",
         "run",

@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.compose import resolve_trace_rate
 from pipeline.config import ConfigError, EngineConfig, JobConfig, LoadConfig, WorkloadConfig
-from pipeline.load import synthetic, traces
+from pipeline.load import lengths_only, traces
 from pipeline.load.client import ClientOptions, request_body
 from pipeline.run.job import point_requests
 from pipeline.run.plan import point_offsets
@@ -118,7 +118,7 @@ def test_mooncake_lines_are_in_ms_and_their_text_is_built_from_the_hash_ids(tmp_
     assert {r.category for r in sends.requests} == {"synthetic"}
     # The chat endpoint: text whose templated prompt the tokenizer counts at exactly the stated length.
     chat = point_requests(_job(path), tok)
-    assert [synthetic.chat_tokens(tok, r.prompt) for r in chat.requests] == [600, 700]
+    assert [lengths_only.chat_tokens(tok, r.prompt) for r in chat.requests] == [600, 700]
     assert not any(r.prompt_ids for r in chat.requests)
     assert tok.encode(chat.requests[0].prompt)[:512] == first[:512]  # the same shared block, as text
 
@@ -372,17 +372,17 @@ class MergingTokenizer(WordTokenizer):
 def test_chat_text_is_grown_or_cut_until_the_templated_prompt_is_exactly_its_length() -> None:
     tok = MergingTokenizer()
     ids = [7] * 40 + list(range(1, 41))
-    text = synthetic.chat_text(ids, 30, tok, list(range(1, 64)))
-    assert synthetic.chat_tokens(tok, text) == 30  # four of the template's own, 26 of the text
+    text = lengths_only.chat_text(ids, 30, tok, list(range(1, 64)))
+    assert lengths_only.chat_tokens(tok, text) == 30  # four of the template's own, 26 of the text
     with pytest.raises(
-        synthetic.LengthError, match="use workload.endpoint=completions|with workload.endpoint=completions"
+        lengths_only.LengthError, match="use workload.endpoint=completions|with workload.endpoint=completions"
     ):
-        synthetic.chat_text(ids, 3, tok, list(range(1, 64)))  # shorter than the template itself
+        lengths_only.chat_text(ids, 3, tok, list(range(1, 64)))  # shorter than the template itself
 
 
 def test_lengths_only_blocks_depend_on_the_hash_id_alone_and_the_block_size_is_a_setting() -> None:
     vocab = list(range(1, 64))
-    a = synthetic.prompt_ids(40, [5, 6], vocab, 16)
-    b = synthetic.prompt_ids(40, [5, 9], vocab, 16)
+    a = lengths_only.prompt_ids(40, [5, 6], vocab, 16)
+    b = lengths_only.prompt_ids(40, [5, 9], vocab, 16)
     assert len(a) == 40 and a[:16] == b[:16] and a[16:32] != b[16:32]
-    assert synthetic.prompt_ids(20, [], vocab, 16) == synthetic.prompt_ids(20, [], vocab, 16)  # a tail of its own
+    assert lengths_only.prompt_ids(20, [], vocab, 16) == lengths_only.prompt_ids(20, [], vocab, 16)  # a tail of its own

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from pipeline.config import JobConfig, SweepSettings
 from pipeline.run.plan import SweepPlan, plan_sweep
-from pipeline.run.search import paired_night, predict_phases
+from pipeline.run.search import drafter_grid, paired_night, predict_phases
 from pipeline.run.search.profiles import Bracketing, LoadProfile, Planned
 from pipeline.run.search.strategy import Capacity, Context, Grid, InOrder, Search
 
@@ -85,6 +85,16 @@ SEARCHES = {
         Bracketing(),
         check=Capacity.check,
         note=Capacity.note,
+    ),
+    # The grid, and each k's proposer at synthetic acceptance lengths (docs/drafter_needed.md).
+    "drafter_needed": SearchKind(
+        drafter_grid.planned,
+        Grid.shown,
+        Grid,
+        Grid.resumes,
+        Planned(),
+        check=drafter_grid.check,
+        note=drafter_grid.search_note,
     ),
 }
 # gate.mode=paired: the grid's plan on both builds, pair by pair, one server after another;
