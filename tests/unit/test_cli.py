@@ -118,9 +118,9 @@ def test_dry_run_across_engines_prints_both_engines_commands(
         tmp_path,
         capsys,
         "engine=vllm,sglang",
-        "spec=eagle3,ngram",
+        "spec=eagle3_70b,ngram",
         "spec.k=3,5",
-        "model.id=meta-llama/Llama-3.1-8B-Instruct",
+        "model.id=meta-llama/Llama-3.3-70B-Instruct",
         "dry_run=true",
     )
     assert code == 0, err[-3000:]
