@@ -12,7 +12,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from pipeline.engines import eagle_head, head_check, models
-from pipeline.engines.head_check import Shape, problems, shape_of
+from pipeline.engines.head_check import problems, shape_of
 
 # The embedded target's config, as pipeline/engines/models.py builds it (the figures that matter).
 SMOLLM2 = {
@@ -68,9 +68,13 @@ def test_a_head_for_another_target_is_refused_for_its_hidden_size_vocabulary_and
     assert "it reads hidden states of size 4096, the target's are 576" in found
     assert "its vocabulary has 128256 tokens, the target's 49152" in found
     assert "its draft vocabulary (32000) is larger" not in " ".join(found)  # 32000 < 49152: not that
-    aux = problems("eagle3", shape_of(speculators_head(aux=(2, 16, 31))), shape_of({**SMOLLM2, "num_hidden_layers": 24}))
+    aux = problems(
+        "eagle3", shape_of(speculators_head(aux=(2, 16, 31))), shape_of({**SMOLLM2, "num_hidden_layers": 24})
+    )
     assert aux == ["it reads target layers [2, 16, 31], the target has 24"]
-    qwen = problems("eagle3", shape_of(speculators_head()), shape_of({**SMOLLM2, "architectures": ["Qwen3ForCausalLM"]}))
+    qwen = problems(
+        "eagle3", shape_of(speculators_head()), shape_of({**SMOLLM2, "architectures": ["Qwen3ForCausalLM"]})
+    )
     assert qwen == ["it was trained for a LlamaForCausalLM, the target is a Qwen3ForCausalLM"]
 
 
@@ -103,7 +107,9 @@ def test_the_mapping_is_read_from_the_heads_weights(tmp_path: Path) -> None:
     """d2t holds offsets: draft id i is target id i + d2t[i] (speculators' and vLLM's convention)."""
     d2t = np.array([0, 4, 9, 49148], dtype=np.int64)  # -> target ids 0, 5, 11, 49151
     path = folder(tmp_path, "head", speculators_head(draft_vocab=4), d2t)
-    assert head_check.read_shape(path) == dataclasses.replace(shape_of(speculators_head(draft_vocab=4)), draft_ids=(0, 49151))
+    assert head_check.read_shape(path) == dataclasses.replace(
+        shape_of(speculators_head(draft_vocab=4)), draft_ids=(0, 49151)
+    )
     bad = folder(tmp_path, "bad", speculators_head(draft_vocab=4), d2t + 1)
     assert head_check.draft_ids(bad) == (1, 49152)
 
