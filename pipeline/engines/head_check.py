@@ -171,6 +171,39 @@ def draft_ids(path: str) -> tuple[int, int] | None:
     return None
 
 
+# Bytes a parameter takes when the server runs at engine.dtype ("auto" keeps the stored width).
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "half": 2, "float": 4}
+
+
+def weight_metrics(path: str | None, dtype: str) -> dict[str, float]:
+    """The draft's or head's own parameters (a head's are what it does not share with the
+    target: vLLM takes the target's embeddings where the head has none), counted from its
+    safetensors headers, and their bytes at the server's dtype: the memory it costs beside the
+    KV cache the engine reports. Empty for a hub id, or a folder without safetensors."""
+    import math
+
+    from safetensors import safe_open
+
+    files = sorted(Path(path).glob("*.safetensors")) if path and Path(path).is_dir() else []
+    count = stored = 0
+    for file in files:
+        with safe_open(str(file), framework="numpy") as f:
+            for name in f.keys():  # safe_open has keys(), not __contains__
+                if name in ("d2t", "t2d"):
+                    continue  # the vocabulary mapping: indices, not weights
+                piece = f.get_slice(name)
+                numel = math.prod(piece.get_shape())
+                count += numel
+                stored += numel * _WIDTHS.get(piece.get_dtype(), 4)
+    if not count:
+        return {}
+    width = DTYPE_BYTES.get(dtype)
+    return {"draft_parameters": float(count), "draft_parameter_bytes": float(count * width if width else stored)}
+
+
+_WIDTHS = {"F32": 4, "BF16": 2, "F16": 2, "F64": 8, "I64": 8, "I32": 4, "BOOL": 1, "U8": 1, "I8": 1}
+
+
 def read_shape(path: str) -> Shape | None:
     config = read_config(path)
     if config is None:

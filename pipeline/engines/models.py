@@ -130,6 +130,16 @@ def embedded_path(name: str) -> Path:
     return cache_root() / "models" / f"{name}-r{RECIPE_VERSION}"
 
 
+def pending_builds(paths: set[str]) -> list[str]:
+    """The embedded artefacts among ``paths`` that are not built yet, with what building costs:
+    the dry run says so beside its estimate, which counts only servers and windows."""
+    return [
+        f"{EMBEDDED_PREFIX}{a.name} ({a.description}) is built before the first server ({a.estimate}, first use only)"
+        for a in EMBEDDED.values()
+        if str(embedded_path(a.name)) in paths and not (embedded_path(a.name) / DONE_MARKER).is_file()
+    ]
+
+
 def ensure_embedded(name: str) -> Path:
     """Build the embedded artefact ``name`` once, under a lock, and return its folder."""
     final = embedded_path(name)

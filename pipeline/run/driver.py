@@ -22,7 +22,7 @@ from pipeline import startup
 from pipeline.analysis.search_report import PREDICTIONS_CSV
 from pipeline.config import ConfigError, JobConfig, RayConfig, SloConfig, SweepSettings
 from pipeline.engines.engine import EngineNotInstalled
-from pipeline.engines.models import ModelError
+from pipeline.engines.models import ModelError, pending_builds
 from pipeline.engines.registry import engine_of
 from pipeline.exitcode import ExitCode
 from pipeline.identity import in_this_version
@@ -176,6 +176,9 @@ class Sweep:
         shown = self.kind.shown(self.plan)
         lines = [_server_line(self.targets[g.index], g.server_job, self.settings.ray) for g in shown.groups]
         print(describe(shown, lines, self.on_gpu))
+        paths = {p for t in self.targets.values() for p in (t.model_path, t.draft_path) if p}
+        for line in pending_builds(paths):
+            print(line)
         print(self.kind.note(self.settings))
         if more := self.kind.describe(shown):
             print(more)

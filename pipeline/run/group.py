@@ -17,6 +17,7 @@ from typing import Any
 
 from pipeline import startup
 from pipeline.config import JobConfig, LosslessConfig
+from pipeline.engines import head_check
 from pipeline.engines.base import Server, ServerError, ServerSpec
 from pipeline.engines.engine import Target
 from pipeline.engines.models import load_tokenizer
@@ -84,6 +85,11 @@ class GroupRun:
         out_dir: Path,
     ) -> None:
         self.task, self.group, self.tracker, self.target = task, group, tracker, target
+        # The draft's or head's own parameters and their bytes, recorded beside the KV capacity.
+        job = group.server_job
+        self.draft_weights = (
+            head_check.weight_metrics(target.draft_path, job.engine.dtype) if job.spec.method != "none" else {}
+        )
         self.spec, self.out_dir = spec, out_dir
         self._tokenizer = tokenizer
         self.tokenizer: Any = None  # once the server is ready (see run_group)
@@ -192,6 +198,7 @@ class GroupRun:
             first,
             self.reporter,
             self.task.settings.tracking.vllm_result,
+            self.draft_weights,
         )
         self.results[point.hash] = outcome
         self.reporter.emit("point_done", point.label, failed=outcome.error is not None)
