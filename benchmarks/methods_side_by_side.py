@@ -5,7 +5,7 @@
     .venv/bin/python benchmarks/methods_side_by_side.py sweep        # A/A, then the three methods
     .venv/bin/python benchmarks/methods_side_by_side.py table NAME   # the side-by-side table of a sweep
 
-Run each part under /work/cpu-lock on a shared machine; each prints the CPU first.
+Each part prints the CPU first; on a machine others use, run one part at a time.
 
 - ``build``: ``embedded:smollm2-135m-eagle3`` built as a sweep builds it (into the model cache),
   timed from outside; where it is already cached, the build time it recorded.

@@ -76,7 +76,7 @@ QUICK = HeadRecipe(prompts=48, steps=60, draft_vocab=4096, warmup=5)
 
 
 @dataclass(frozen=True)
-class Sample:
+class TrainingSequence:
     """One training sequence: tokens, and the target's residual stream at each token."""
 
     input_ids: Any  # [T] long
@@ -111,8 +111,8 @@ def build_head(
     torch.manual_seed(recipe.seed)
     random.seed(recipe.seed)
     samples, tokens, vocab_size = _generate(target, recipe, say)
-    d2t, t2d = _vocab(samples, vocab_size, recipe, say)
-    model = _model(target, recipe, d2t, t2d)
+    d2t, t2d = _draft_vocabulary(samples, vocab_size, recipe, say)
+    model = _new_head(target, recipe, d2t, t2d)
     curve = _train(model, samples, recipe, say, snapshots or {})
     save_head(model, out)
     report = {
@@ -127,7 +127,7 @@ def build_head(
     return report
 
 
-def _generate(target: Path, recipe: HeadRecipe, say: Progress) -> tuple[list[Sample], int, int]:
+def _generate(target: Path, recipe: HeadRecipe, say: Progress) -> tuple[list[TrainingSequence], int, int]:
     """The target's greedy answers to the training prompts, with its hidden states."""
     import torch
     from transformers import AutoTokenizer, LlamaForCausalLM
@@ -146,7 +146,7 @@ def _generate(target: Path, recipe: HeadRecipe, say: Progress) -> tuple[list[Sam
     ]
     texts.sort(key=len)  # batches of like lengths pad little
     layers = [*(a - 1 for a in recipe.aux_layers), model.config.num_hidden_layers - 1]
-    samples: list[Sample] = []
+    samples: list[TrainingSequence] = []
     for start in range(0, len(texts), recipe.gen_batch):
         batch = texts[start : start + recipe.gen_batch]
         samples += _generate_batch(model, tokenizer, batch, layers, recipe.max_new_tokens)
@@ -154,7 +154,9 @@ def _generate(target: Path, recipe: HeadRecipe, say: Progress) -> tuple[list[Sam
     return samples, sum(int(s.input_ids.numel()) for s in samples), int(model.config.vocab_size)
 
 
-def _generate_batch(model: Any, tokenizer: Any, texts: Sequence[str], layers: list[int], new: int) -> list[Sample]:
+def _generate_batch(
+    model: Any, tokenizer: Any, texts: Sequence[str], layers: list[int], new: int
+) -> list[TrainingSequence]:
     """One batch: hooks keep each listed layer's output (the residual stream after it: vLLM's
     auxiliary state at layer i is the stream after layer i - 1) for the prompt and every fed
     answer token; the last answer token is never fed, so it is dropped."""
@@ -181,7 +183,7 @@ def _generate_batch(model: Any, tokenizer: Any, texts: Sequence[str], layers: li
         length = answer.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in answer else len(answer)
         end = width + length - 1  # positions whose hidden states were computed
         samples.append(
-            Sample(
+            TrainingSequence(
                 out[b, pads:end].clone(),
                 torch.cat([streams[i][b, pads:end] for i in layers[:-1]], dim=-1).float(),
                 streams[layers[-1]][b, pads:end].float(),
@@ -194,7 +196,9 @@ def _first(out: Any) -> Any:
     return out[0] if isinstance(out, tuple) else out
 
 
-def _vocab(samples: Sequence[Sample], vocab_size: int, recipe: HeadRecipe, say: Progress) -> tuple[Any, Any]:
+def _draft_vocabulary(
+    samples: Sequence[TrainingSequence], vocab_size: int, recipe: HeadRecipe, say: Progress
+) -> tuple[Any, Any]:
     """The draft vocabulary: the tokens the training text uses most (speculators' mapping)."""
     from collections import Counter
 
@@ -208,7 +212,7 @@ def _vocab(samples: Sequence[Sample], vocab_size: int, recipe: HeadRecipe, say: 
     return d2t, t2d
 
 
-def _model(target: Path, recipe: HeadRecipe, d2t: Any, t2d: Any) -> Any:
+def _new_head(target: Path, recipe: HeadRecipe, d2t: Any, t2d: Any) -> Any:
     """speculators' EAGLE-3 model: one Llama decoder layer shaped like the target's, its
     embeddings and (draft-vocabulary rows of its) output layer taken from the target, frozen."""
     from speculators.models.eagle3 import Eagle3DraftModel
@@ -241,7 +245,7 @@ def save_head(model: Any, out: Path) -> None:
 
 
 def _train(
-    model: Any, samples: Sequence[Sample], recipe: HeadRecipe, say: Progress, snapshots: dict[int, Path]
+    model: Any, samples: Sequence[TrainingSequence], recipe: HeadRecipe, say: Progress, snapshots: dict[int, Path]
 ) -> list[dict[str, float]]:
     """AdamW with a linear warm-up and a cosine decay, over packed rows of whole answers, in a
     seeded order; returns the loss and the per-step accuracies every tenth of the run."""
@@ -296,7 +300,7 @@ def _scalars(loss: Any, metrics: dict[str, Any], steps: int) -> dict[str, float]
     return out
 
 
-def _rows(samples: Sequence[Sample], recipe: HeadRecipe) -> list[dict[str, Any]]:
+def _rows(samples: Sequence[TrainingSequence], recipe: HeadRecipe) -> list[dict[str, Any]]:
     """Whole answers packed into rows of at most ``pack_tokens``, each aligned as speculators'
     ``shift_batch`` aligns one: token t with the target's state at t - 1 and its distribution at t."""
     import torch
