@@ -106,7 +106,9 @@ def build_head(
     ``snapshots``: optimiser step -> a folder to save the head as it is then (for a curve of
     acceptance against training time, ``benchmarks/methods_side_by_side.py --curve``)."""
     import torch
+    from loguru import logger
 
+    logger.disable("speculators")  # its INFO lines about each file it reads; our progress lines say enough
     say = progress or Progress()
     torch.manual_seed(recipe.seed)
     random.seed(recipe.seed)
