@@ -1,6 +1,7 @@
 """The tutorial's three methods on the default engine: n-gram, the 4-layer draft and EAGLE-3.
 
     .venv/bin/python benchmarks/methods_side_by_side.py build        # the head, timed (first use)
+    .venv/bin/python benchmarks/methods_side_by_side.py head         # its L at k=3 and 5 on a real server
     .venv/bin/python benchmarks/methods_side_by_side.py curve        # L against training minutes
     .venv/bin/python benchmarks/methods_side_by_side.py sweep        # A/A, then the three methods
     .venv/bin/python benchmarks/methods_side_by_side.py table NAME   # the side-by-side table of a sweep
@@ -9,6 +10,9 @@ Each part prints the CPU first; on a machine others use, run one part at a time.
 
 - ``build``: ``embedded:smollm2-135m-eagle3`` built as a sweep builds it (into the model cache),
   timed from outside; where it is already cached, the build time it recorded.
+- ``head``: the cached head served by vLLM as users run it (bf16, the default KV cache) at k=3
+  and k=5, on the bundled ``code_edit`` and ``chat`` prompts (seed 0, 16 each, 128 tokens, 4 at
+  a time): L and the per-position rates from the server's counters, and tokens per second.
 - ``curve``: the same recipe trained again into a temporary folder, the head saved at a few
   steps on the way; each saved head served by vLLM as users run it (bf16, the default KV cache)
   at k=3, the bundled ``code_edit`` and ``chat`` prompts (seed 0, 16 each, 128 tokens, 4 at a
@@ -145,6 +149,18 @@ def _digest(folder: Path) -> str:
     return hashlib.sha256(b"".join(f.read_bytes() for f in sorted(folder.glob("*.safetensors")))).hexdigest()[:16]
 
 
+def head(args: argparse.Namespace) -> None:
+    folder = models.ensure_embedded(HEAD)
+    print(f"{'k':>2}  " + "  ".join(f"{w + ' L':>12} {'per position':>30} {'tok/s':>6}" for w in WORKLOADS))
+    for k in (3, 5):
+        found = serve_and_measure(folder, k)
+        cells = [
+            f"{found[w]['L']:>12.3f} {' '.join(f'{p:.2f}' for p in found[w]['per_position']):>30} {found[w]['tokens_per_s']:>6.1f}"
+            for w in WORKLOADS
+        ]
+        print(f"{k:>2}  " + "  ".join(cells), flush=True)
+
+
 def curve(args: argparse.Namespace) -> None:
     recipe = eagle_head.FULL
     steps = sorted({*args.steps, recipe.steps})
@@ -242,7 +258,7 @@ def table(args: argparse.Namespace) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("part", choices=["build", "curve", "sweep", "table"])
+    parser.add_argument("part", choices=["build", "head", "curve", "sweep", "table"])
     parser.add_argument("name", nargs="?", help="table: the sweep's name")
     parser.add_argument("--k", type=int, default=3)
     parser.add_argument("--steps", type=int, nargs="*", default=[75, 150, 300], help="curve: steps to save the head at")
@@ -250,7 +266,7 @@ def main() -> int:
     parser.add_argument("--skip-aa", action="store_true", help="sweep: the store already holds an A/A sweep")
     args = parser.parse_args()
     print(f"CPU: {cpu()}", flush=True)
-    {"build": build, "curve": curve, "sweep": sweep, "table": table}[args.part](args)
+    {"build": build, "head": head, "curve": curve, "sweep": sweep, "table": table}[args.part](args)
     return 0
 
 
