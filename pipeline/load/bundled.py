@@ -222,7 +222,8 @@ def training_items(rng: random.Random, count: int) -> list[Item]:
     shares = (count // 2, count // 4, count // 8, count - count // 2 - count // 4 - count // 8)
     code = [
         Item(f"{rng.choice(_EDIT_INSTRUCTIONS)}\n\n```python\n{src}\n```", "code_edit")
-        for src in draw(rng, _stdlib_functions(_TRAINING_MODULES), shares[0])
+        # Up to 800 characters: answers of 128 tokens then often finish, and prompts cost less to read.
+        for src in draw(rng, [f for f in _stdlib_functions(_TRAINING_MODULES) if len(f) <= 800], shares[0])
     ]
     chats = [
         Item(rng.choice(_CHAT_TEMPLATES)[1].format(line=line), "chat")
