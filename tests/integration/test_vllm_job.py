@@ -194,10 +194,8 @@ def test_an_eagle3_head_for_the_embedded_model_is_built_served_and_its_acceptanc
     (point,) = outcome.points
     assert point.error is None
     metrics = point.metrics
-    assert (
-        metrics["spec_decode_num_drafts"] > 0
-        and metrics["spec_decode_draft_tokens"] == 3 * metrics["spec_decode_num_drafts"]
-    )
+    assert metrics["spec_decode_num_drafts"] > 0
+    assert 0 < metrics["spec_decode_draft_tokens"] <= 3 * metrics["spec_decode_num_drafts"]
     positions = [metrics[f"spec_decode_acceptance_rate_pos_{i}"] for i in range(3)]
     assert positions[0] > 0 and positions == sorted(positions, reverse=True)  # unconditional: never rising
     assert metrics["spec_decode_acceptance_length"] > 1.0
