@@ -166,8 +166,12 @@ def curve(args: argparse.Namespace) -> None:
     steps = sorted({*args.steps, recipe.steps})
     work = Path(tempfile.mkdtemp(prefix="eagle3-curve-"))
     snapshots = {s: work / f"step{s}" for s in steps}
+    snapshots[recipe.steps] = work / "final"  # the whole run: saved at its end, as the cache's head is
     report = eagle_head.build_head(models.ensure_embedded(models.TARGET), work / "final", recipe, snapshots=snapshots)
-    minutes = {p["step"]: p["minutes"] for p in report["curve"]}
+    minutes = {
+        s: json.loads((snapshots[s] / "specsweep-head.json").read_text())["minutes"] for s in steps if s != recipe.steps
+    }
+    minutes[recipe.steps] = report["build_minutes"]
     cached = models.embedded_path(HEAD)
     if (cached / models.DONE_MARKER).is_file():
         same = _digest(work / "final") == _digest(cached)
@@ -176,11 +180,10 @@ def curve(args: argparse.Namespace) -> None:
     print(f"{'step':>5} {'~min':>5}  " + "  ".join(f"{w + ' L':>12} {'per position':>22}" for w in WORKLOADS))
     for step in steps:
         found = serve_and_measure(snapshots[step], args.k)
-        near = min(minutes, key=lambda s: abs(s - step))
         cells = [
             f"{found[w]['L']:>12.3f} {' '.join(f'{p:.2f}' for p in found[w]['per_position']):>22}" for w in WORKLOADS
         ]
-        print(f"{step:>5} {minutes[near]:>5.1f}  " + "  ".join(cells), flush=True)
+        print(f"{step:>5} {minutes[step]:>5.1f}  " + "  ".join(cells), flush=True)
 
 
 def run_sweep(project: Path, name: str, overrides: list[str]) -> None:
@@ -261,7 +264,7 @@ def main() -> int:
     parser.add_argument("part", choices=["build", "head", "curve", "sweep", "table"])
     parser.add_argument("name", nargs="?", help="table: the sweep's name")
     parser.add_argument("--k", type=int, default=3)
-    parser.add_argument("--steps", type=int, nargs="*", default=[75, 150, 300], help="curve: steps to save the head at")
+    parser.add_argument("--steps", type=int, nargs="*", default=[15, 30, 60], help="curve: steps to save the head at")
     parser.add_argument("--project", type=Path, default=REPO, help="the folder whose mlruns/ the sweeps use")
     parser.add_argument("--skip-aa", action="store_true", help="sweep: the store already holds an A/A sweep")
     args = parser.parse_args()

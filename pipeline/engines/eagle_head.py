@@ -289,6 +289,8 @@ def _train(
         window.append(_scalars(loss, metrics, recipe.ttt_steps))
         if step + 1 in snapshots:
             save_head(model, snapshots[step + 1])
+            minutes = (time.monotonic() - say.started) / 60
+            (snapshots[step + 1] / "specsweep-head.json").write_text(json.dumps({"step": step + 1, "minutes": minutes}))
         if (step + 1) % max(1, recipe.steps // 10) == 0 or step + 1 == recipe.steps:
             point = {k: sum(w[k] for w in window) / len(window) for k in window[0]}
             curve.append({"step": step + 1, "minutes": (time.monotonic() - say.started) / 60, **point})
