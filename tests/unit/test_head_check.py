@@ -174,3 +174,23 @@ def test_a_recipe_change_builds_a_new_head_beside_the_old_one(tmp_path: Path, mo
     second = models.ensure_embedded("smollm2-135m-eagle3")
     assert second != first and first.is_dir() and second.is_dir() and len(built) == 2
     assert built[0][0] == models.embedded_path("smollm2-135m")  # trained on the embedded target's folder
+
+
+def test_a_drafts_own_weights_are_counted_from_its_files_at_the_servers_dtype(tmp_path: Path) -> None:
+    """The memory a draft costs beside the KV cache: its parameters (the vocabulary mapping is
+    indices, not weights), and their bytes at engine.dtype, or as stored for auto."""
+    path = tmp_path / "head"
+    path.mkdir()
+    save_file(
+        {
+            "fc.weight": np.zeros((4, 6), np.float32),
+            "norm.weight": np.zeros(4, np.float16),
+            "d2t": np.zeros(3, np.int64),
+        },
+        str(path / "model.safetensors"),
+    )
+    assert head_check.weight_metrics(str(path), "bfloat16") == {"draft_parameters": 28.0, "draft_parameter_bytes": 56.0}
+    assert head_check.weight_metrics(str(path), "float32")["draft_parameter_bytes"] == 112.0
+    assert head_check.weight_metrics(str(path), "auto")["draft_parameter_bytes"] == 24 * 4 + 4 * 2
+    assert head_check.weight_metrics("yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", "bfloat16") == {}  # a hub id: not read
+    assert head_check.weight_metrics(None, "bfloat16") == {}
