@@ -55,7 +55,7 @@ EMBEDDED: dict[str, EmbeddedArtifact] = {
             "the EAGLE-3 head of smollm2-135m, trained on its own answers",
             None,
             eagle_head.FULL,
-            "~10 min on 2 cores",
+            "~20 min on 2 cores",
         ),
         # Trained for about a minute: a weak head, for tests and a quick look at the path.
         EmbeddedArtifact(
@@ -63,7 +63,7 @@ EMBEDDED: dict[str, EmbeddedArtifact] = {
             "a quick EAGLE-3 head of smollm2-135m (weak: for tests)",
             None,
             eagle_head.QUICK,
-            "~2 min on 2 cores",
+            "~4 min on 2 cores",
         ),
     )
 }
