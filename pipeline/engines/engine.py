@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pipeline.config import ConfigError, EngineConfig, JobConfig
+from pipeline.engines import head_check
 from pipeline.engines.acceptance import Acceptance, Scrape, WindowAcceptance
 from pipeline.engines.base import Server, ServerSpec
 from pipeline.engines.hardware import gpu_names, hardware_key, resolve_device
-from pipeline.engines.models import resolve_model, revision
+from pipeline.engines.models import ModelError, resolve_model, revision
 from pipeline.identity import UNKNOWN, System
 from pipeline.load.client import RequestRecord
 
@@ -81,10 +82,18 @@ def planned_device(job: JobConfig, plan_only: bool) -> tuple[bool, bool]:
 
 
 def resolve_models(job: JobConfig, install: Any, on_gpu: bool, *, build: bool) -> Target:
-    """The model and draft paths (embedded models built unless ``build=False``)."""
+    """The model and draft paths (embedded models built unless ``build=False``); a draft or head
+    that does not fit the target is refused, before it is built where its name tells."""
     model_path = resolve_model(job.model.id, build=build)
     draft = job.spec.draft_model
-    draft_path = resolve_model(draft, target=model_path, build=build) if draft else None
+    if not draft:
+        return Target(install, on_gpu, model_path, None, job.model.revision)
+    method = job.spec.method
+    problem = head_check.check_names(method, job.model.id, draft, model_path)
+    draft_path = resolve_model(draft, target=model_path, build=build) if problem is None else ""
+    problem = problem or head_check.against_target(method, job.model.id, draft, model_path, draft_path)
+    if problem:
+        raise ModelError(problem)
     return Target(install, on_gpu, model_path, draft_path, job.model.revision)
 
 

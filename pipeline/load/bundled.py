@@ -70,10 +70,36 @@ _CHAT_TEMPLATES = (
 )
 
 
+# Modules the bundled sets never draw from, for text a draft head is trained on
+# (training_items): the head is then measured on prompts it never saw.
+_TRAINING_MODULES = (
+    "argparse",
+    "configparser",
+    "urllib.parse",
+    "zipfile",
+    "tarfile",
+    "logging",
+    "optparse",
+    "pathlib",
+    "ftplib",
+    "imaplib",
+    "pydoc",
+    "_pydecimal",
+    "enum",
+    "functools",
+    "threading",
+    "ast",
+    "inspect",
+    "http.cookiejar",
+    "http.client",
+    "traceback",
+)
+
+
 @cache
-def _stdlib_functions() -> tuple[str, ...]:
+def _stdlib_functions(modules: tuple[str, ...] = _CODE_MODULES) -> tuple[str, ...]:
     sources: list[str] = []
-    for name in _CODE_MODULES:
+    for name in modules:
         module = importlib.import_module(name)
         try:
             text = inspect.getsource(module)
@@ -171,6 +197,47 @@ def mixed(rng: random.Random, count: int) -> list[Item]:
     sources = (code_edit, summarize_items, chat, qa)
     per_source = [source(rng, (count + len(sources) - 1 - i) // len(sources)) for i, source in enumerate(sources)]
     return [items[j] for j in range(max(map(len, per_source))) for items in per_source if j < len(items)]
+
+
+@cache
+def _module_summaries() -> tuple[str, ...]:
+    """The first line of each training module's docstring: sayings the chat set never uses."""
+    lines = []
+    for name in _TRAINING_MODULES:
+        doc = (importlib.import_module(name).__doc__ or "").strip()
+        if doc:
+            lines.append(doc.splitlines()[0].strip().rstrip("."))
+    return _nonempty("training", "module docstrings", lines)
+
+
+def training_items(rng: random.Random, count: int) -> list[Item]:
+    """Prompts of the bundled kinds from text the bundled sets never draw: functions of other
+    modules to edit, other sayings to chat about, and reference passages outside both passage
+    pools' lengths, cut at a paragraph. Half code, a quarter chat, an eighth each of the rest."""
+    passages = [
+        (topic, text[: text.rfind("\n\n", 0, 2000)] if len(text) > 5000 else text)
+        for topic, text in _reference_passages(300, 10**9)
+        if not 600 <= len(text) <= 5000
+    ]
+    shares = (count // 2, count // 4, count // 8, count - count // 2 - count // 4 - count // 8)
+    code = [
+        Item(f"{rng.choice(_EDIT_INSTRUCTIONS)}\n\n```python\n{src}\n```", "code_edit")
+        # Up to 800 characters: answers of 128 tokens then often finish, and prompts cost less to read.
+        for src in draw(rng, [f for f in _stdlib_functions(_TRAINING_MODULES) if len(f) <= 800], shares[0])
+    ]
+    chats = [
+        Item(rng.choice(_CHAT_TEMPLATES)[1].format(line=line), "chat")
+        for line in draw(rng, _module_summaries(), shares[1])
+    ]
+    summaries = [
+        Item(f"{rng.choice(_SUMMARY_INSTRUCTIONS)}\n\n{text}", "summarize")
+        for _, text in draw(rng, passages, shares[2])
+    ]
+    questions = [
+        Item(rng.choice(_QA_TEMPLATES).format(passage=text, topic=topic.replace("-", " ")), "qa")
+        for topic, text in draw(rng, passages, shares[3])
+    ]
+    return code + chats + summaries + questions
 
 
 BUNDLED: dict[str, Callable[[random.Random, int], list[Item]]] = {

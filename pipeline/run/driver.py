@@ -26,7 +26,7 @@ from pipeline.analysis.search_report import PREDICTIONS_CSV
 from pipeline.config import ConfigError, JobConfig, RayConfig, SloConfig, SweepSettings
 from pipeline.engines.engine import EngineNotInstalled
 from pipeline.engines.external import SMALL_LOAD
-from pipeline.engines.models import ModelError
+from pipeline.engines.models import ModelError, pending_builds
 from pipeline.engines.registry import engine_of
 from pipeline.exitcode import ExitCode, sweep_exit
 from pipeline.identity import Identity, reusable
@@ -156,7 +156,10 @@ def run_sweep(jobs: Sequence[JobConfig], executor: Executor, project_root: Path)
         return _error(str(exc))
     startup.configure(sweep.settings.verbose)  # before Ray starts: its workers inherit the environment
     if sweep.settings.dry_run:
-        sweep.show()
+        try:
+            sweep.show()  # resolves each server's command as planned: an engine or model may refuse
+        except (ConfigError, EngineNotInstalled, ModelError) as exc:
+            return _error(str(exc))
         return ExitCode.OK
     cost = sweep.estimate(sweep.kind.shown(sweep.plan))
     code = budget.ask(cost.gpu_hours, cost.summary(), cost.lines(), sweep.settings.run)  # above run.confirm_gpu_hours
@@ -225,6 +228,9 @@ class Sweep:
         print(describe(shown, lines, cost.points_s, cost.lines()))
         if loads := external_load(shown, self.settings.lossless.prompts):
             print(external_load_text(loads))
+        paths = {p for t in targets for p in (t.model_path, t.draft_path) if p}
+        for line in pending_builds(paths):
+            print(line)
         print(self.kind.note(self.settings))
         if more := self.kind.describe(shown):
             print(more)

@@ -17,7 +17,7 @@ from typing import Any
 
 from pipeline import startup
 from pipeline.config import JobConfig, LosslessConfig
-from pipeline.engines import synthetic
+from pipeline.engines import head_check, synthetic
 from pipeline.engines.base import Server, ServerError, ServerSpec
 from pipeline.engines.engine import Target
 from pipeline.engines.models import load_tokenizer
@@ -95,6 +95,11 @@ class GroupRun:
         out_dir: Path,
     ) -> None:
         self.task, self.group, self.tracker, self.target, self.system = task, group, tracker, target, system
+        # The draft's or head's own parameters and their bytes, recorded beside the KV capacity.
+        job = group.server_job
+        self.draft_weights = (
+            head_check.weight_metrics(target.draft_path, job.engine.dtype) if job.spec.method != "none" else {}
+        )
         self.spec, self.out_dir = spec, out_dir
         self._tokenizer = tokenizer
         self.tokenizer: Any = None  # once the server is ready (see run_group)
@@ -204,6 +209,7 @@ class GroupRun:
             first,
             self.reporter,
             self.task.settings.tracking.vllm_result,
+            self.draft_weights,
         )
         self.results[point.hash] = outcome
         self.reporter.emit("point_done", point.label, failed=outcome.error is not None)

@@ -80,8 +80,10 @@ def measure_point(
     first: bool,
     reporter: events.Reporter,
     vllm_result_mode: str,
+    fixed: dict[str, float] | None = None,
 ) -> PointOutcome:
-    """``vllm_result_mode``: the sweep's tracking.vllm_result (off, summary or detailed)."""
+    """``vllm_result_mode``: the sweep's tracking.vllm_result (off, summary or detailed);
+    ``fixed``: figures of the server's configuration, the same in every window (the draft's size)."""
     run_id = run_ids[point.hash]
     sends = point_requests(point.job, tokenizer)
     try:
@@ -104,7 +106,7 @@ def measure_point(
             tracker.set_tags(run_id, {"window.stopped": message})
         return PointOutcome(point.hash, run_id, error=message)
     metrics = point_metrics(measurement, point.job.spec.k, server.startup_s if first else None) | sends.metrics
-    metrics |= server_readings(server)
+    metrics |= server_readings(server) | (fixed or {})
     # On disk first: whatever happens to MLflow, the measurement is in the sweep's outputs.
     try:
         prompts = {r.index: r.prompt_tokens for r in sends.requests}

@@ -166,6 +166,52 @@ def test_model_as_its_own_draft_accepts_nearly_everything_on_a_replayed_trace(
     assert metrics["trace_mean_rate"] == pytest.approx(6 / 3.1) and metrics["trace_peak_rate"] == 0.7
 
 
+def test_an_eagle3_head_for_the_embedded_model_is_built_served_and_its_acceptance_read(
+    tmp_path: Path, no_leftover_servers: None
+) -> None:
+    """spec=eagle3 on the default engine, with the test-sized head (embedded:smollm2-135m-eagle3-quick,
+    trained once per test session, about a minute and a half; the full head, ~10 min, is measured by
+    benchmarks/methods_side_by_side.py): the server starts with it, acceptance is read from the
+    counters and per position, the head drafts tokens the target accepts (L > 1), and each
+    request's own acceptance adds up to the counters, as for the other methods."""
+    job = dataclasses.replace(
+        JobConfig(),
+        engine=EngineConfig(dtype="float32", cpu_kvcache_gib=1, env=FAST_START),  # as TEST_SERVER
+        spec=SpecConfig(method="eagle3", k=3, draft_model="embedded:smollm2-135m-eagle3-quick"),
+        load=LoadConfig(request_rate=float("inf"), num_requests=6, warmup_requests=1),
+        workload=WorkloadConfig(name="code_edit", max_tokens=64),
+        sweep_name="eagle3",
+        output_dir=str(tmp_path / "out"),
+        lossless=LosslessConfig(prompts=0),  # the window is this test's subject
+    )
+    speculative = plan_sweep([job]).groups[1]  # its server group alone, without the baseline
+    store = resolve_store(job.tracking, tmp_path)
+    tracker = Tracker(store, prepare_store(store, job.sweep_name))
+    parent = tracker.start_run("eagle3", {"role": "sweep"})
+    outcome = run_group(
+        GroupTask(speculative, store, tracker.experiment_id, parent, 0, SweepSettings.of([job])), tmp_path / "out"
+    )
+    assert outcome.started and len(outcome.points) == 1
+    (point,) = outcome.points
+    assert point.error is None
+    metrics = point.metrics
+    assert metrics["spec_decode_num_drafts"] > 0
+    assert 0 < metrics["spec_decode_draft_tokens"] <= 3 * metrics["spec_decode_num_drafts"]
+    positions = [metrics[f"spec_decode_acceptance_rate_pos_{i}"] for i in range(3)]
+    assert positions[0] > 0 and positions == sorted(positions, reverse=True)  # unconditional: never rising
+    assert metrics["spec_decode_acceptance_length"] > 1.0
+    assert metrics["spec_decode_acceptance_length"] == pytest.approx(1 + sum(positions), rel=1e-6)
+    assert metrics["spec_requests_counted"] == 6
+    assert metrics["spec_request_steps"] == metrics["spec_decode_num_drafts"]
+    assert metrics["spec_request_accepted_tokens"] == metrics["spec_decode_accepted_tokens"]
+    assert metrics["spec_request_draft_tokens"] == metrics["spec_decode_draft_tokens"]
+    # The head's own weights (one layer, fc, norms, a 4,096-token output layer; the embeddings
+    # are the target's), float32, and the KV cache it leaves of the same 1 GiB.
+    assert 5e6 < metrics["draft_parameters"] < 12e6
+    assert metrics["draft_parameter_bytes"] == 4 * metrics["draft_parameters"]
+    assert metrics["kv_cache_size_tokens"] > 0
+
+
 def test_server_dying_at_start_is_reported_and_marked_failed(tmp_path: Path, no_leftover_servers: None) -> None:
     # A flag vLLM has (a misspelt one is refused before any server starts), with a value its
     # parser rejects: the server exits at start-up. The baseline alone: one start that fails is

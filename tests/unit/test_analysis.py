@@ -578,6 +578,33 @@ def test_the_kv_capacity_rule_fires_from_vllms_own_figures_beside_the_speedup() 
     )
 
 
+def test_memory_pressure_to_eagle_is_a_measured_line_from_each_methods_kv_and_weights() -> None:
+    """The tuning guide's "memory pressure: use EAGLE" from the figures: each configuration's own
+    weights and the KV cache it leaves, and which to prefer only where a head and a draft were
+    both measured (the figures below: a head and the 4-layer draft, bf16, a 2 GiB cache)."""
+    frame, samples = _sweep({(3, 1.0): 2.0})
+    data = _analyse(frame, samples)
+    engine = frame[frame["role"] == "speculative"].iloc[0]["engine"]
+    both = {
+        f"{engine} ngram k=3": advisor.KvCapacity(93184, 93184, 45.5, 45.5),
+        f"{engine} eagle3 k=3": advisor.KvCapacity(93184, 90080, 45.5, 44.0, 6.3e6 * 2),
+        f"{engine} draft k=3": advisor.KvCapacity(93184, 82176, 45.5, 40.1, 44.3e6 * 2),
+    }
+    rule = {a.rule: a for a in advisor.advise(data.comparisons, data.crossings, {}, both)}["memory each method costs"]
+    assert rule.advice.startswith(f"under memory pressure prefer {engine} eagle3 k=3: it leaves 96.7% of the KV cache")
+    assert f"{engine} draft k=3 88.2%" in rule.advice
+    assert (
+        f"{engine} eagle3 k=3: 12.0 MiB of its own weights, KV cache 96.7% of the baseline's (90,080 tokens)"
+        in rule.evidence
+    )
+    assert f"{engine} draft k=3: 84.5 MiB of its own weights" in rule.evidence
+    assert "median-TPOT speedup 2." in rule.evidence  # ngram's, which the sweep measured
+    alone = {k: v for k, v in both.items() if "eagle3" not in k}
+    rule = {a.rule: a for a in advisor.advise(data.comparisons, data.crossings, {}, alone)}["memory each method costs"]
+    assert "prefer" not in rule.advice  # no head measured: nothing to prefer it over
+    assert all(a.rule != "memory each method costs" for a in advisor.advise(data.comparisons, data.crossings, {}, {}))
+
+
 def test_a_point_too_small_for_a_ratio_is_left_out_of_the_interactive_figures_not_a_crash() -> None:
     from dataclasses import replace as with_
 

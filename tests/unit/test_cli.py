@@ -119,7 +119,7 @@ def test_dry_run_across_engines_prints_both_engines_commands(
         tmp_path,
         capsys,
         "engine=vllm,sglang",
-        "spec=eagle3,ngram",
+        "spec=eagle3_8b,ngram",
         "spec.k=3,5",
         "model.id=meta-llama/Llama-3.1-8B-Instruct",
         "dry_run=true",
@@ -173,6 +173,20 @@ def test_your_own_method_group_sweeps_beside_ngram_as_docs_methods_says(
     assert "3 server start(s)" in proc.stdout and '"model":"yuhuili/EAGLE3-LLaMA3.3-Instruct-70B"' in proc.stdout
     wrong = _dry_run(tmp_path, capsys, "spec=ngram,eagle3", "spec.draft_model=/heads/x", "dry_run=true")
     assert wrong[0] == 2 and "put the draft in that method's own group" in wrong[2]
+
+
+def test_the_embedded_head_with_another_model_is_refused_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """spec=eagle3 is the embedded model's head: with a hub model it exits 2 naming both, in the
+    dry run as in a real run, and before the head (ten minutes of training) is built."""
+    for dry in ("true", "false"):
+        code, _, err = _dry_run(
+            tmp_path, capsys, "spec=eagle3", "model.id=meta-llama/Llama-3.1-8B-Instruct", f"dry_run={dry}"
+        )
+        assert code == 2, err[-2000:]
+        assert "spec.draft_model=embedded:smollm2-135m-eagle3 is made for the embedded model" in err
+        assert "but model.id=meta-llama/Llama-3.1-8B-Instruct" in err
 
 
 def test_the_hydra_plugins_import_the_driver_only_when_a_sweep_runs() -> None:

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
 
 from pipeline.config import ConfigError, WorkloadConfig
+from pipeline.load import bundled
 from pipeline.load.bundled import BUNDLED
 from pipeline.load.datasets import DatasetError
 from pipeline.load.workloads import build_requests, split_warmup
@@ -163,3 +165,23 @@ def test_the_code_edit_functions_are_the_libraries_own_segments() -> None:
     assert len(nodes) > 10
     for node in nodes:
         assert bundled._segment(lines, node) == ast.get_source_segment(text, node, padded=True)
+
+
+def test_a_heads_training_prompts_share_no_text_with_the_bundled_sets() -> None:
+    """The embedded EAGLE-3 head is measured on the bundled sets, so it is trained on none of
+    their text: no function, saying or passage of theirs, whatever their seeds draw."""
+    train = bundled.training_items(random.Random("eagle3-head:0"), 96)
+    assert train == bundled.training_items(random.Random("eagle3-head:0"), 96)  # seeded
+    assert [i.category for i in train].count("code_edit") == 48 and {i.category for i in train} == {
+        "code_edit",
+        "chat",
+        "summarize",
+        "qa",
+    }
+    text = "\n".join(i.prompt for i in train)
+    assert not [f for f in bundled._stdlib_functions() if f in text]
+    assert not [line for line in bundled._zen_lines() if line in text]
+    pools = {p for _, p in bundled._reference_passages(1500, 5000)} | {
+        p for _, p in bundled._reference_passages(600, 2500)
+    }
+    assert not [p for p in pools if p in text]
