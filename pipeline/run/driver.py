@@ -416,7 +416,7 @@ class Sweep:
         from pipeline.record.windows import server_spread_for, stats_options
 
         reader = readers.SweepReader(self.store.tracking_uri)
-        log = functools.partial(predicting.log_predicted, self.tracker, self.parent)
+        log = functools.partial(predicting.log_predicted, self.tracker, self.parent, self.identities)
         opts = stats_options(self.settings.stats)
         # The A/A spread for what this sweep measures, looked up once its first windows are recorded.
         spread = functools.partial(server_spread_for, reader, self.parent)

@@ -295,3 +295,23 @@ def test_a_window_is_identified_by_the_requests_it_sends() -> None:
     assert point_hash(job(1.0, 16, 4.0)) == point_hash(job(1.0, 16, 0.0))  # 16 requests either way
     assert point_hash(job(16.0, 16, 4.0)) != point_hash(job(16.0, 16, 0.0))  # 64 requests, not 16
     assert point_hash(job(16.0, 16, 4.0)) == point_hash(job(16.0, 64, 0.0))  # the same window
+
+
+def test_a_predicted_run_carries_its_points_identity_and_is_never_taken_for_a_measurement(tmp_path: Path) -> None:
+    """search=predict's predicted child runs are keyed like measured ones (identity tags), and
+    their status keeps resume from reusing them as measured numbers."""
+    from mlflow.tracking import MlflowClient
+
+    from pipeline.config import SpecConfig
+    from pipeline.record.tracking import Tracker, prepare
+    from pipeline.run.search.predicting import log_predicted
+
+    point = plan_sweep([_job(spec=SpecConfig(method="ngram", k=3))]).points[-1]
+    identity_now = identity_of(point, SYSTEM)
+    store = resolve_store(TrackingConfig(), tmp_path)
+    tracker = Tracker(store, prepare(store, "predict"))
+    parent = tracker.start_run("sweep", {"role": "sweep", "sweep_name": "p"})
+    run_id = log_predicted(tracker, parent, {point.hash: identity_now}, point, {"median_tpot_ms": 30.0})
+    tags = MlflowClient(store.tracking_uri).get_run(run_id).data.tags
+    assert Identity.from_tags(tags) == identity_now and tags["status"] == "predicted"
+    assert point.hash not in tracker.finished_points()

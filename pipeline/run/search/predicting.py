@@ -26,7 +26,7 @@ import pandas as pd
 
 from pipeline.analysis import kcurve, search_report
 from pipeline.analysis.samples import Sample, ServerSpread, StatsOptions
-from pipeline.identity import point_key, setting_key
+from pipeline.identity import Identity, point_key, setting_key
 from pipeline.record.readers import SweepReader
 from pipeline.record.tracking import Tracker, flatten_params
 from pipeline.record.windows import window_sample
@@ -488,8 +488,12 @@ def download_samples(reader: SweepReader) -> Callable[[Sequence[PointOutcome]], 
     ]
 
 
-def log_predicted(tracker: Tracker, parent: str, point: Point, metrics: dict[str, float]) -> str:
-    """A predicted point as a child run of its own: no requests, never status 'finished'."""
+def log_predicted(
+    tracker: Tracker, parent: str, identities: Mapping[str, Identity], point: Point, metrics: dict[str, float]
+) -> str:
+    """A predicted point as a child run of its own: no requests, never status 'finished'. It
+    carries the identity its point resolved to, as a measured run does, so a reader keys it alike
+    (and its status keeps resume and the gate from taking it for a measurement)."""
     job = point.job
     tags = {
         "role": point.role,
@@ -499,6 +503,7 @@ def log_predicted(tracker: Tracker, parent: str, point: Point, metrics: dict[str
         "engine": job.engine.name,
         "spec.method": job.spec.method,
         "point_hash": point.hash,
+        **(identities[point.hash].tags() if point.hash in identities else {}),
         **({"baseline_hash": point.baseline_hash} if point.baseline_hash else {}),
     }
     run_id = tracker.start_run(f"{point.label} (predicted)", tags, parent)
