@@ -56,10 +56,10 @@ from scipy import stats as scipy_stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.analysis import change_points, paired  # noqa: E402
-from pipeline.analysis.paired import NightWindow  # noqa: E402
-from pipeline.analysis.samples import Sample  # noqa: E402
-from pipeline.config import GateConfig  # noqa: E402
+from pipeline.analysis import change_points, paired
+from pipeline.analysis.paired import NightWindow
+from pipeline.analysis.samples import Sample
+from pipeline.config import GateConfig
 
 REQUESTS, TOKENS, RATE = 16, 32, 2.0  # a window of the real nights: 16 requests of 32 tokens at 2 req/s
 TPOT_S = 0.040  # the baseline's median TPOT there (s): the scale only, the ratios do not depend on it

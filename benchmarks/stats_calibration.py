@@ -39,14 +39,14 @@ from scipy import stats as scipy_stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeline.analysis import decisions, verdicts  # noqa: E402
-from pipeline.analysis.breakeven import break_even, with_shared_baseline_spread  # noqa: E402
-from pipeline.analysis.capacity import boundary, probe  # noqa: E402
-from pipeline.analysis.categories import GroupComparisons  # noqa: E402
-from pipeline.analysis.decisions import decide  # noqa: E402
-from pipeline.analysis.samples import Sample, ServerSpread, StatsOptions  # noqa: E402
-from pipeline.analysis.stats import acceptance_length_interval, paired_ratio  # noqa: E402
-from pipeline.load.slo import SloTarget  # noqa: E402
+from pipeline.analysis import decisions, verdicts
+from pipeline.analysis.breakeven import break_even, with_shared_baseline_spread
+from pipeline.analysis.capacity import boundary, probe
+from pipeline.analysis.categories import GroupComparisons
+from pipeline.analysis.decisions import decide
+from pipeline.analysis.samples import Sample, ServerSpread, StatsOptions
+from pipeline.analysis.stats import acceptance_length_interval, paired_ratio
+from pipeline.load.slo import SloTarget
 
 AA_SD = 0.064  # the A/A spread between fresh servers in median TPOT (log scale), measured on this machine
 AA_TTFT_SD = 0.080  # the same A/A sweep's spread in median TTFT (docs/statistics.md)

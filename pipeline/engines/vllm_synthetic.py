@@ -119,7 +119,7 @@ def wrap_greedy(original: Any) -> Any:
         max_spec_len,
         uniform_probs=None,
         synthetic_conditional_rates=None,
-        SYNTHETIC_MODE=False,  # noqa: N803 - the kernel's own parameter name
+        SYNTHETIC_MODE=False,  # the kernel's own parameter name
     ):
         if not SYNTHETIC_MODE:
             return original(
@@ -169,8 +169,8 @@ def wrap_random(original: Any) -> Any:
         max_spec_len,
         vocab_size,
         synthetic_conditional_rates=None,
-        NO_DRAFT_PROBS=False,  # noqa: N803 - the kernel's own parameter names
-        SYNTHETIC_MODE=False,  # noqa: N803
+        NO_DRAFT_PROBS=False,  # the kernel's own parameter name
+        SYNTHETIC_MODE=False,
     ):
         if not SYNTHETIC_MODE:
             return original(

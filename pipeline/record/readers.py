@@ -46,7 +46,7 @@ class SweepReader:
         if experiment is None:
             try:
                 run = self.client.get_run(ref)
-            except Exception as exc:  # noqa: BLE001 - MLflow raises its own types for a bad id
+            except Exception as exc:
                 names = sorted(e.name for e in self.client.search_experiments())
                 raise TrackingError(f"{ref!r} is neither an experiment ({names}) nor a run id") from exc
             if run.data.tags.get("role") != "sweep":
@@ -179,7 +179,7 @@ class HistoryReader(SweepReader):
         """Raise unless ``run_id`` is a sweep's parent run that finished."""
         try:
             run = self.client.get_run(run_id)
-        except Exception as exc:  # noqa: BLE001 - MLflow raises its own types for a bad id
+        except Exception as exc:
             raise TrackingError(f"no run {run_id!r} in {self.tracking_uri}; give a sweep's parent run id") from exc
         if run.data.tags.get("role") != "sweep":
             parent = run.data.tags.get("mlflow.parentRunId", "?")

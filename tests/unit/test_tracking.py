@@ -186,7 +186,7 @@ def test_pipeline_ui_points_at_a_tracking_servers_own_ui_and_starts_nothing(
     from pipeline import ui
 
     class Api(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+        def do_GET(self) -> None:  # the stdlib's name
             body = {"experiment": {"experiment_id": "7", "name": "llama70b-nightly", "lifecycle_stage": "active"}}
             data = json.dumps(body).encode()
             self.send_response(200 if "get-by-name" in self.path else 404)
@@ -228,7 +228,7 @@ def test_a_server_that_refuses_its_host_name_is_named_as_such_not_as_bad_credent
     from pipeline.record.tracking import Store, TrackingError, check_store_reachable
 
     class Guarded(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+        def do_GET(self) -> None:  # the stdlib's name
             health = self.path.startswith("/health")
             body = b"OK" if health else b"Invalid Host header - possible DNS rebinding attack detected"
             self.send_response(200 if health else 403)
