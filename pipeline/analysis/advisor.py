@@ -120,7 +120,7 @@ def _load_advice(comparisons: Comparisons, name: str, group: pd.DataFrame) -> li
     out = []
     high = group.iloc[-1]
     tput = comparisons.decision(high["point_key"], "output_throughput_ratio")
-    if len(group) > 1 and tput is not None and tput.label == "hurts":
+    if len(group) > 1 and tput is not None and tput.label == HURTS:
         out.append(
             Advice(
                 "throughput lost at high load",

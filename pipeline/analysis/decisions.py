@@ -11,6 +11,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 
 import numpy as np
 from scipy import stats as scipy_stats
@@ -18,7 +19,26 @@ from scipy import stats as scipy_stats
 from pipeline.analysis.samples import StatsOptions
 from pipeline.analysis.stats import RATIOS, Noise, Ratio
 
-HELPS, HURTS, INCONCLUSIVE, TOO_FEW = "helps", "hurts", "inconclusive", "not enough requests"
+
+class Verdict(StrEnum):
+    """A comparison's verdict, as the report and MLflow show it."""
+
+    HELPS = "helps"
+    HURTS = "hurts"
+    INCONCLUSIVE = "inconclusive"
+    TOO_FEW = "not enough requests"
+
+
+class GateOutcome(StrEnum):
+    """A gated night's outcome, either mode (the gate's exit codes map them: finish/judge.py)."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    INSUFFICIENT = "insufficient"
+
+
+HELPS, HURTS, INCONCLUSIVE, TOO_FEW = Verdict.HELPS, Verdict.HURTS, Verdict.INCONCLUSIVE, Verdict.TOO_FEW
+DECIDED = (HELPS, HURTS)  # the verdicts a user acts on
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from enum import Enum
 import pandas as pd
 
 from pipeline.analysis.categories import GroupComparisons
+from pipeline.analysis.decisions import DECIDED
 from pipeline.analysis.drafter_map import DrafterMap, drafter_heatmap_parts
 from pipeline.analysis.markdown import ReportData
 from pipeline.analysis.search_report import CapacityCurve, newest_predictions
@@ -351,7 +352,7 @@ def speedup_heatmap(comparisons: Comparisons | None) -> Heatmap | None:
             notes.append((i, j, f"no ratio: {verdict}"))
             continue
         value = float(row["speedup_median_tpot"])
-        resolved = verdict in ("helps", "hurts")
+        resolved = verdict in DECIDED
         text = interval_text(value, row.get("speedup_median_tpot_low"), row.get("speedup_median_tpot_high"), ".2f", "x")
         cells[i][j] = Cell(
             value,
@@ -386,8 +387,8 @@ def drafter_heatmap(found: DrafterMap | None) -> Heatmap | None:
             if p is None
             else Cell(
                 float(p.speedup.ratio.estimate),  # type: ignore[arg-type]
-                f"{p.speedup.ratio.estimate:.2f}x" + ("" if p.speedup.label in ("helps", "hurts") else " ?"),
-                p.speedup.label in ("helps", "hurts"),
+                f"{p.speedup.ratio.estimate:.2f}x" + ("" if p.speedup.label in DECIDED else " ?"),
+                p.speedup.label in DECIDED,
                 f"{p.point}: synthetic acceptance L={p.told:g}, median-TPOT speedup {p.speedup.ratio.text}: "
                 f"{p.speedup.label}",
                 p.runs,

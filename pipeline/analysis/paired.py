@@ -44,7 +44,7 @@ import numpy as np
 from scipy import special
 from scipy import stats as scipy_stats
 
-from pipeline.analysis.decisions import planning_sd
+from pipeline.analysis.decisions import GateOutcome, planning_sd
 from pipeline.analysis.samples import Sample
 from pipeline.analysis.stats import censored_percentile, paired_values
 
@@ -59,7 +59,7 @@ PAIRED_METRICS: dict[str, tuple[str, bool]] = {
 SECONDARY = ("p99_tpot_ms", "median_ttft_ms", "output_throughput")
 ACCEPTANCE = "acceptance_length"
 # The night's outcomes (the gate's exit codes map them: pipeline.finish.judge.EXIT_CODES).
-FAIL, PASS, INSUFFICIENT = "fail", "pass", "insufficient"
+FAIL, PASS, INSUFFICIENT = GateOutcome.FAIL, GateOutcome.PASS, GateOutcome.INSUFFICIENT
 FAILURES = "failed_requests"  # gated beside the primary: a build that fails requests is worse
 # The power the night's smallest detectable slowdown is stated at, and that gate.detect must reach
 # for the design to be met; the report's sample-size hints aim at decisions.HINT_POWER.

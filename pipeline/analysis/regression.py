@@ -25,32 +25,65 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from enum import StrEnum
 
 import numpy as np
 
 from pipeline.analysis import between_runs, decisions, stats
+from pipeline.analysis.decisions import GateOutcome
 from pipeline.analysis.samples import Sample, ServerSpread, StatsOptions
 from pipeline.analysis.stats import Ratio
+from pipeline.measures import (
+    ACCEPTANCE_RATE,
+    MEDIAN_TPOT,
+    MEDIAN_TTFT,
+    OUTPUT_THROUGHPUT,
+    P99_TPOT,
+    Better,
+    Measure,
+)
 
-PASS, IMPROVED, REGRESSED, SUSPECT, INSUFFICIENT = "pass", "improved", "regressed", "suspect", "insufficient"
+
+class PointGate(StrEnum):
+    """A point's verdict against the gate's reference; the night's is its worst (SEVERITY)."""
+
+    PASS = "pass"
+    IMPROVED = "improved"
+    REGRESSED = "regressed"
+    SUSPECT = "suspect"
+    INSUFFICIENT = "insufficient"
+
+
+PASS, IMPROVED, REGRESSED, SUSPECT, INSUFFICIENT = PointGate
 # A point's verdict is its worst metric's, in this order.
 SEVERITY = (REGRESSED, SUSPECT, IMPROVED, PASS, INSUFFICIENT)
 
 
 @dataclass(frozen=True)
 class GateMetric:
-    column: str  # as in the sweep table and the child runs' metrics
-    ratio: str  # the core's paired ratio for the one-past-run case ("" where there is none)
-    higher_is_better: bool
+    measure: Measure  # its name is the sweep table's column and the child runs' metric
     floor: str  # which floor: median | p99 | acceptance
+
+    @property
+    def column(self) -> str:
+        return self.measure.name
+
+    @property
+    def ratio(self) -> str:
+        """The core's paired ratio for the one-past-run case ("" where there is none)."""
+        return self.measure.ratio or ""
+
+    @property
+    def higher_is_better(self) -> bool:
+        return self.measure.better is Better.HIGHER
 
 
 GATED = (
-    GateMetric("median_tpot_ms", "speedup_median_tpot", False, "median"),
-    GateMetric("p99_tpot_ms", "speedup_p99_tpot", False, "p99"),
-    GateMetric("median_ttft_ms", "speedup_median_ttft", False, "median"),
-    GateMetric("output_throughput", "output_throughput_ratio", True, "median"),
-    GateMetric("spec_decode_acceptance_rate", "", True, "acceptance"),  # in percent
+    GateMetric(MEDIAN_TPOT, "median"),
+    GateMetric(P99_TPOT, "p99"),
+    GateMetric(MEDIAN_TTFT, "median"),
+    GateMetric(OUTPUT_THROUGHPUT, "median"),
+    GateMetric(ACCEPTANCE_RATE, "acceptance"),  # in percent; compared night to night, never as a ratio
 )
 
 
@@ -107,10 +140,10 @@ class GateResult:
         """fail | pass | insufficient, for the parent run and the exit code."""
         verdicts = set(self.points.values())
         if REGRESSED in verdicts:
-            return "fail"
+            return GateOutcome.FAIL
         if not verdicts or verdicts == {INSUFFICIENT}:
-            return "insufficient"
-        return "pass"
+            return GateOutcome.INSUFFICIENT
+        return GateOutcome.PASS
 
     def flagged(self) -> list[str]:
         """Run ids of the points that regressed: what a confirmation re-measures."""
@@ -246,7 +279,7 @@ def confirm(first: GateResult, second: GateResult, remeasured: Mapping[str, str]
 
 # ---- Did the nightly's own decision change? -------------------------------------------------
 
-DECIDED = ("helps", "hurts")  # the verdicts a user acts on; a flip is a change to or from one
+DECIDED = decisions.DECIDED  # a flip is a change to or from one of these
 
 
 @dataclass(frozen=True)

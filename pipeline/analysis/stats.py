@@ -37,6 +37,7 @@ import numpy as np
 from scipy import stats as scipy_stats
 
 from pipeline.analysis.samples import Sample, StatsError, StatsOptions
+from pipeline.measures import COMPARISONS, Better
 
 
 @dataclass(frozen=True)
@@ -46,14 +47,11 @@ class Metric:
     latency: bool  # True: lower is better, the ratio is baseline / speculative
 
 
-# The report's ratios, named as the sweep table's columns.
+# The report's ratios, named as the sweep table's columns: every comparison the metrics declare.
 RATIOS: dict[str, Metric] = {
-    "speedup_median_tpot": Metric("tpot", 50, True),
-    "speedup_p99_tpot": Metric("tpot", 99, True),
-    "speedup_median_ttft": Metric("ttft", 50, True),
-    "speedup_median_itl": Metric("itl", 50, True),
-    "speedup_median_e2el": Metric("e2el", 50, True),
-    "output_throughput_ratio": Metric("throughput", 0, False),
+    m.ratio: Metric(m.field or "throughput", m.percentile or 0, m.better is Better.LOWER)
+    for m in COMPARISONS.values()
+    if m.ratio
 }
 
 

@@ -23,10 +23,11 @@ from pipeline.analysis.decisions import Decision
 from pipeline.analysis.samples import Sample, StatsOptions
 from pipeline.analysis.stats import RATIOS, Ratio
 from pipeline.engines.acceptance import alpha_from_length
+from pipeline.measures import MEDIAN_TPOT, OUTPUT_THROUGHPUT
 
 CONFIG = ["engine", "method", "k"]
-TPOT = "speedup_median_tpot"
-THROUGHPUT = "output_throughput_ratio"
+TPOT = MEDIAN_TPOT.ratio or ""
+THROUGHPUT = OUTPUT_THROUGHPUT.ratio or ""
 # Practical floors: a 1 % change can be real and irrelevant. Tails move more from run to run.
 P99_FLOOR = 0.10
 LOAD_BOUND = "load-bound"

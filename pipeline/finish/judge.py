@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from pipeline.analysis.decisions import GateOutcome
 from pipeline.analysis.gate_summary import flips_markdown, gate_markdown, night_markdown
 from pipeline.analysis.paired import NightWindow, PairedResult, judge_night
 from pipeline.analysis.regression import (
@@ -39,7 +40,11 @@ from pipeline.record.tracking import (
 )
 from pipeline.record.windows import server_spread_for, window_requests, window_sample
 
-EXIT_CODES = {"pass": ExitCode.OK, "fail": ExitCode.REGRESSED, "insufficient": ExitCode.INCOMPLETE}
+EXIT_CODES = {
+    GateOutcome.PASS: ExitCode.OK,
+    GateOutcome.FAIL: ExitCode.REGRESSED,
+    GateOutcome.INSUFFICIENT: ExitCode.INCOMPLETE,
+}
 GATE_DIR = "gate"
 FLIP_TAG = "gate.decision_flip"  # on a speculative run whose verdict changed, e.g. "helps -> inconclusive"
 # The gate settings the decision uses, as the driver records them on a sweep's parent run (gate.<name>).

@@ -8,7 +8,7 @@ they are also the MLflow metric names and the DataFrame columns.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,6 +16,7 @@ import numpy as np
 from pipeline.config import SloConfig
 from pipeline.load.client import RequestRecord
 from pipeline.load.slo import SloTarget, good
+from pipeline.measures import COMPARISONS, Better
 
 PERCENTILES = (90, 99)
 
@@ -145,16 +146,16 @@ def by_category(records: Sequence[RequestRecord]) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class Comparison:
-    """How many times better speculation is than its baseline; > 1 means faster."""
+    """How many times better speculation is than its baseline, one ratio per comparison the
+    metrics declare (:data:`pipeline.measures.COMPARISONS`); > 1 means better."""
 
-    speedup_median_tpot: float
-    speedup_median_e2el: float
-    speedup_median_ttft: float
-    speedup_p99_tpot: float
-    output_throughput_ratio: float
+    ratios: Mapping[str, float]
+
+    def __getitem__(self, name: str) -> float:
+        return self.ratios[name]
 
     def as_metrics(self) -> dict[str, float]:
-        return {k: v for k, v in self.__dict__.items()}
+        return dict(self.ratios)
 
 
 def _ratio(numerator: float | None, denominator: float | None) -> float:
@@ -163,11 +164,11 @@ def _ratio(numerator: float | None, denominator: float | None) -> float:
     return numerator / denominator
 
 
-def compare_summaries(baseline: dict[str, float], speculative: dict[str, float]) -> Comparison:
-    return Comparison(
-        speedup_median_tpot=_ratio(baseline.get("median_tpot_ms"), speculative.get("median_tpot_ms")),
-        speedup_median_e2el=_ratio(baseline.get("median_e2el_ms"), speculative.get("median_e2el_ms")),
-        speedup_median_ttft=_ratio(baseline.get("median_ttft_ms"), speculative.get("median_ttft_ms")),
-        speedup_p99_tpot=_ratio(baseline.get("p99_tpot_ms"), speculative.get("p99_tpot_ms")),
-        output_throughput_ratio=_ratio(speculative.get("output_throughput"), baseline.get("output_throughput")),
-    )
+def compare_summaries(baseline: Mapping[str, float], speculative: Mapping[str, float]) -> Comparison:
+    """Each declared ratio, formed so that > 1 is better: baseline / speculative for a latency,
+    speculative / baseline for a throughput."""
+    ratios = {}
+    for ratio, measure in COMPARISONS.items():
+        base, spec = baseline.get(measure.name), speculative.get(measure.name)
+        ratios[ratio] = _ratio(base, spec) if measure.better is Better.LOWER else _ratio(spec, base)
+    return Comparison(ratios)

@@ -37,6 +37,7 @@ LAYERS = (
         "pipeline.config",
         "pipeline.schema",
         "pipeline.identity",
+        "pipeline.measures",
         "pipeline.exitcode",
         "pipeline.startup",
         "pipeline.redact",

@@ -33,8 +33,8 @@ def test_pairs_each_point_with_its_own_rate_and_reports_failures() -> None:
     ratios = comparisons(plan, outcomes)
     rate1 = [p for g in plan.groups[1:] for p in g.points if p.job.load.request_rate == 1.0]
     assert set(ratios) == {p.hash for p in rate1}  # no ratio against the failed baseline at rate 2
-    assert ratios[rate1[0].hash].speedup_median_tpot == 2.0
-    assert ratios[rate1[0].hash].output_throughput_ratio == 1.5
+    assert ratios[rate1[0].hash]["speedup_median_tpot"] == 2.0
+    assert ratios[rate1[0].hash]["output_throughput_ratio"] == 1.5
     table = frame(plan, outcomes, ratios).set_index("point")
     assert table.loc["baseline-r2", "status"] == "failed" and "exited" in table.loc["baseline-r2", "error"]
     assert table.loc["ngram-k5-r1", "speedup_median_tpot"] == 2.0
