@@ -173,7 +173,7 @@ def predict_interval(trials: int, opts: StatsOptions) -> tuple[int, int]:
     """search=predict's TPOT at k=2 from the baseline and k=4, against a synthetic engine that
     follows the model exactly (step cost linear in k, L from the per-position rates)."""
     from pipeline.analysis import kcurve
-    from pipeline.run.search.predicting import MeasuredK, model_windows
+    from pipeline.analysis.kcurve_windows import MeasuredK, model_windows
 
     def tpot(k: int) -> float:
         return (0.044 + 0.004 * k) / (1 + sum(PROFILE[:k]))

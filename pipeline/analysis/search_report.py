@@ -21,6 +21,7 @@ from pipeline.analysis.capacity import (
     capacity_ratio,
     probe,
 )
+from pipeline.analysis.kcurve_windows import CurveResult
 from pipeline.analysis.samples import Sample, StatsOptions, finite_number
 from pipeline.analysis.verdicts import config_label, measured
 from pipeline.load.slo import SloTarget
@@ -137,7 +138,7 @@ def newest_predictions(group: pd.DataFrame) -> pd.DataFrame:
     return guess.dropna(subset=["tpot"])
 
 
-def predictions_table(results: Sequence) -> pd.DataFrame:
+def predictions_table(results: Sequence[CurveResult]) -> pd.DataFrame:
     """Predicted against measured: one row per (curve, k, rate) of search=predict's curve results."""
     rows = []
     for result in results:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -93,6 +94,13 @@ def window_sample(reader: SweepReader, run_id: str, duration: float, work: Path)
     if path is None or not math.isfinite(duration):
         return None
     return Sample.from_requests(pd.read_csv(path), duration)
+
+
+def window_downloads(reader: SweepReader) -> Callable[[str, float], Sample | None]:
+    """:func:`window_sample` by run id and duration, each download under one temporary folder
+    of its own: what a search that computes on windows reads a resumed point's window with."""
+    folder = Path(tempfile.mkdtemp(prefix="specsweep-windows-"))
+    return lambda run_id, duration: window_sample(reader, run_id, duration, folder)
 
 
 def stats_options(stats: StatsConfig) -> StatsOptions:

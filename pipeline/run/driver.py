@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import startup
-from pipeline.analysis.search_report import PREDICTIONS_CSV
 from pipeline.config import ConfigError, JobConfig, RayConfig, SloConfig, SweepSettings
 from pipeline.engines.engine import EngineNotInstalled
 from pipeline.engines.external import SMALL_LOAD
@@ -38,6 +37,7 @@ from pipeline.run.group import run_group
 from pipeline.run.job import Target, resolve_target, server_spec
 from pipeline.run.outcomes import Executor, GroupOutcome, GroupTask, PointOutcome
 from pipeline.run.plan import (
+    Point,
     ServerGroup,
     ServerLine,
     SweepPlan,
@@ -48,11 +48,11 @@ from pipeline.run.plan import (
 )
 from pipeline.run.plumbing import budget, cluster, diskfull
 from pipeline.run.plumbing.errors import LaunchError, Unreachable
+from pipeline.run.point import record_predicted
 from pipeline.run.progress import screen
 from pipeline.run.resolve import Resolved, across_hardware, failed_resolutions, resolve_groups, server_gpus
-from pipeline.run.search import predicting
 from pipeline.run.search.kinds import SearchKind, kind_of
-from pipeline.run.search.strategy import Context, SearchEnd
+from pipeline.run.search.strategy import Context, SearchEnd, WindowReads
 from pipeline.run.sweep_end import gate_sweep, log_probes, report_sweep, sync_journals
 
 
@@ -410,17 +410,22 @@ class Sweep:
         return search.finish()
 
     def _context(self, resumed: dict[str, PointOutcome]) -> Context:
-        if not self.kind.reads_windows:
-            return Context(resumed, settings=self.settings)
+        return Context(resumed, self.settings, self._window_reads() if self.kind.reads_windows else None)
+
+    def _window_reads(self) -> WindowReads:
+        """What a search that computes on windows reads and writes, through the parent run."""
         from pipeline.record import readers
-        from pipeline.record.windows import server_spread_for, stats_options
+        from pipeline.record.windows import server_spread_for, stats_options, window_downloads
 
         reader = readers.SweepReader(self.store.tracking_uri)
-        log = functools.partial(predicting.log_predicted, self.tracker, self.parent, self.identities)
-        opts = stats_options(self.settings.stats)
+
+        def record(point: Point, metrics: dict[str, float]) -> str:
+            identity = self.identities[point.hash]
+            return record_predicted(self.tracker, self.parent, self.settings.search, identity, point, metrics)
+
         # The A/A spread for what this sweep measures, looked up once its first windows are recorded.
         spread = functools.partial(server_spread_for, reader, self.parent)
-        return Context(resumed, predicting.download_samples(reader), log, opts, self.settings, spread)
+        return WindowReads(window_downloads(reader), record, stats_options(self.settings.stats), spread)
 
     def record(self, end: SearchEnd, started: float) -> tuple[Any, int]:
         """The sweep's table (summary.csv, the MLflow table), the speedups on each run, and the
@@ -442,10 +447,11 @@ class Sweep:
         frame = summary.frame(plan, by_hash, ratios)
         out_dir.mkdir(parents=True, exist_ok=True)
         frame.to_csv(out_dir / "summary.csv", index=False)
-        if end.table is not None:
-            (out_dir / PREDICTIONS_CSV).parent.mkdir(parents=True, exist_ok=True)
-            end.table.to_csv(out_dir / PREDICTIONS_CSV, index=False)
-            tracker.log_file(self.parent, out_dir / PREDICTIONS_CSV, "predict")
+        for name, table in end.tables.items():  # the search's own tables, beside the summary
+            (out_dir / name).parent.mkdir(parents=True, exist_ok=True)
+            table.to_csv(out_dir / name, index=False)
+            folder = Path(name).parent.as_posix()
+            tracker.log_file(self.parent, out_dir / name, None if folder == "." else folder)
         failed = int((frame["status"] == "failed").sum())
         tracker.log_file(self.parent, out_dir / "summary.csv")
         tracker.log_table(self.parent, frame, "summary_table.json")

@@ -27,14 +27,14 @@ from pipeline.identity import System
 from pipeline.load.client import ClientOptions
 from pipeline.load.loadgen import run_window
 from pipeline.record.journal import JOURNAL_NAME, JournaledTracker
-from pipeline.record.tracking import Tracker, flatten_params
+from pipeline.record.tracking import Tracker
 from pipeline.redact import redact_text, secret_values
 from pipeline.run.job import point_requests, server_spec
 from pipeline.run.measure import WINDOW_STOPPED
 from pipeline.run.outcomes import GroupOutcome, GroupTask, PointOutcome, ProbeOutput
 from pipeline.run.plan import Point, ServerGroup
 from pipeline.run.plumbing import diskfull
-from pipeline.run.point import finish_run, measure_point, point_tags
+from pipeline.run.point import finish_run, measure_point, open_point_run, point_tags
 from pipeline.run.progress import events
 from pipeline.run.resolve import identity_of, mismatch, resolve_here
 from pipeline.run.search.profiles import Measured
@@ -120,9 +120,8 @@ class GroupRun:
     def open_run(self, point: Point) -> None:
         identity = identity_of(point, self.system)
         tags = point_tags(point, self.target, identity, self.spec.engine_version, self.task.confirms.get(point.hash))
-        run_id = self.tracker.start_run(point.label, tags | self.task.profile.tags, self.task.parent_run_id)
+        run_id = open_point_run(self.tracker, self.task.parent_run_id, point, tags | self.task.profile.tags)
         self.run_ids[point.hash] = run_id
-        self.tracker.log_params(run_id, flatten_params(point.job))
         self.points.append(point)
 
     def run(self) -> GroupOutcome:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from pipeline.identity import Identity
 from pipeline.load.loadgen import Window
 from pipeline.record import vllm_result
 from pipeline.record.journal import JournaledTracker
-from pipeline.record.tracking import CONFIRMATION_TAG, flatten_params
+from pipeline.record.tracking import CONFIRMATION_TAG, Tracker, flatten_params
 from pipeline.run.job import Target, point_requests
 from pipeline.run.measure import Measurement, MeasurementError, measure
 from pipeline.run.outcomes import PointOutcome
@@ -26,22 +27,29 @@ from pipeline.run.plumbing import diskfull
 from pipeline.run.progress import events
 
 
+def _what_it_is(point: Point, identity: Identity) -> dict[str, str]:
+    """What every point run says of itself, measured or predicted: its role, engine, method and
+    identity (pipeline.identity: the settings hash and the system and data it resolved to)."""
+    return {
+        "role": point.role,
+        "engine": point.job.engine.name,
+        "spec.method": point.job.spec.method,
+        **identity.tags(),
+        **({"baseline_hash": point.baseline_hash} if point.baseline_hash else {}),
+    }
+
+
 def point_tags(
     point: Point, target: Target, identity: Identity, version: str, confirms: str | None = None
 ) -> dict[str, str]:
-    """A point run's tags: what it is, its identity (pipeline.identity: the settings hash and the
-    system and data it was measured on), and the node it ran on."""
+    """A measured point run's tags: what it is, its identity, and the node it ran on."""
     return {
         **({CONFIRMATION_TAG: confirms} if confirms else {}),
-        "role": point.role,
-        "engine": point.job.engine.name,
+        **_what_it_is(point, identity),
         "engine.version": version,
         "engine.distribution": target.install.distribution,
-        "spec.method": point.job.spec.method,
         # Never a drafter's own numbers: the report labels such points "synthetic acceptance L=...".
         **({"spec.synthetic": label} if (label := synthetic.label(point.job.spec)) else {}),
-        **identity.tags(),
-        **({"baseline_hash": point.baseline_hash} if point.baseline_hash else {}),
         # gate.mode=paired matches a night's two builds by these (the build, its pair, the point).
         "gate.build": point.job.build,
         "gate.pair": str(point.job.repeat),
@@ -51,6 +59,35 @@ def point_tags(
         **hardware_tags(target.on_gpu),
         **where_am_i(),
     }
+
+
+def open_point_run(
+    tracker: JournaledTracker | Tracker, parent: str, point: Point, tags: Mapping[str, str], name: str | None = None
+) -> str:
+    """A point's run under the sweep's parent run, measured or predicted alike: named by its
+    label, tagged, its settings as params."""
+    run_id = tracker.start_run(name or point.label, dict(tags), parent)
+    tracker.log_params(run_id, flatten_params(point.job))
+    return run_id
+
+
+def record_predicted(
+    tracker: JournaledTracker | Tracker,
+    parent: str,
+    search: str,
+    identity: Identity,
+    point: Point,
+    metrics: dict[str, float],
+) -> str:
+    """A point a search computed instead of measuring, as a run of its own beside the measured
+    ones: the same tags of what it is and of its identity, so a reader keys it alike; no
+    requests; status 'predicted', never 'finished', so resume and the gate never take it for a
+    measurement. Its run id."""
+    tags = {**_what_it_is(point, identity), "predicted": "true", "status": "predicted", "search": search}
+    run_id = open_point_run(tracker, parent, point, tags, f"{point.label} (predicted)")
+    tracker.log_metrics(run_id, metrics)
+    tracker.end_run(run_id)
+    return run_id
 
 
 def point_metrics(measurement: Measurement, k: int, startup_s: float | None) -> dict[str, float]:

@@ -153,6 +153,25 @@ def test_predict_measures_the_first_phase_then_confirms_and_predicts_the_rest(sw
     predicted = frame[frame["status"] == "predicted"]
     assert sorted(predicted["k"]) == sorted({1, 2, 3} - {confirmed})
     assert (tmp_path / "out" / PREDICTIONS_CSV).is_file()
+    # In MLflow: the table on the parent run, under its folder; each predicted point a run of its
+    # own, keyed by its identity as a measured one is, and never 'finished'.
+    from mlflow.tracking import MlflowClient
+
+    from pipeline.config import TrackingConfig
+    from pipeline.identity import Identity
+    from pipeline.record.tracking import resolve_store
+
+    client = MlflowClient(resolve_store(TrackingConfig(), tmp_path).tracking_uri)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    (parent,) = [r for r in runs if r.data.tags.get("role") == "sweep"]
+    assert [a.path for a in client.list_artifacts(parent.info.run_id, "predict")] == [PREDICTIONS_CSV]
+    measured = {r.data.tags["point_hash"]: r for r in runs if r.data.tags.get("status") == "finished"}
+    runs_predicted = [r for r in runs if r.data.tags.get("predicted") == "true"]
+    assert sorted(int(r.data.params["spec.k"]) for r in runs_predicted) == sorted(predicted["k"])
+    for run in runs_predicted:
+        tags = run.data.tags
+        assert tags["status"] == "predicted" and tags["search"] == "predict" and tags["point_hash"] not in measured
+        assert Identity.from_tags(tags).system == Identity.from_tags(next(iter(measured.values())).data.tags).system
 
 
 def test_capacity_keeps_the_rates_each_server_probed(sweep: Any, tmp_path: Path) -> None:

@@ -304,14 +304,14 @@ def test_a_predicted_run_carries_its_points_identity_and_is_never_taken_for_a_me
 
     from pipeline.config import SpecConfig
     from pipeline.record.tracking import Tracker, prepare
-    from pipeline.run.search.predicting import log_predicted
+    from pipeline.run.point import record_predicted
 
     point = plan_sweep([_job(spec=SpecConfig(method="ngram", k=3))]).points[-1]
     identity_now = identity_of(point, SYSTEM)
     store = resolve_store(TrackingConfig(), tmp_path)
     tracker = Tracker(store, prepare(store, "predict"))
     parent = tracker.start_run("sweep", {"role": "sweep", "sweep_name": "p"})
-    run_id = log_predicted(tracker, parent, {point.hash: identity_now}, point, {"median_tpot_ms": 30.0})
+    run_id = record_predicted(tracker, parent, "predict", identity_now, point, {"median_tpot_ms": 30.0})
     tags = MlflowClient(store.tracking_uri).get_run(run_id).data.tags
     assert Identity.from_tags(tags) == identity_now and tags["status"] == "predicted"
     assert point.hash not in tracker.finished_points()

@@ -392,8 +392,9 @@ def test_a_candidate_that_fails_requests_is_slower_by_them_and_fails_the_night()
 
 
 def test_a_paired_night_hands_its_servers_out_one_at_a_time_in_abba_order() -> None:
-    plan = paired_night.paired_plan([_job(pairs=2)], SweepSettings.of([_job(pairs=2)]))
-    search = kinds.PAIRED.start(plan, Context({}))
+    settings = SweepSettings.of([_job(pairs=2)])
+    plan = paired_night.paired_plan([_job(pairs=2)], settings)
+    search = kinds.PAIRED.start(plan, Context({}, settings))
     handed, outcomes = [], []
     while (part := search.next_plan(outcomes)) is not None:
         assert len(part.groups) == 1  # a launcher given one group cannot run two builds at once

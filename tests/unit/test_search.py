@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.analysis import figures, iplots, plots, search_report
+from pipeline.analysis import figures, iplots, kcurve_windows, plots, search_report
 from pipeline.analysis.samples import Sample, ServerSpread, StatsOptions
 from pipeline.config import (
     SEARCH_MODES,
@@ -20,6 +20,7 @@ from pipeline.config import (
     ConfigError,
     JobConfig,
     LoadConfig,
+    PredictConfig,
     SloConfig,
     SpecConfig,
     SweepSettings,
@@ -31,7 +32,7 @@ from pipeline.run.plan import Point, ServerGroup, SweepPlan, plan_sweep
 from pipeline.run.search import capacity_points, predict_phases, predicting
 from pipeline.run.search.kinds import SEARCHES
 from pipeline.run.search.profiles import Bracketing, Measured
-from pipeline.run.search.strategy import Capacity, Context
+from pipeline.run.search.strategy import Capacity, Context, SearchEnd, WindowReads
 from pipeline.validate import validate
 from tests.synthetic import PROFILE, measured_outcomes, true_tpot
 
@@ -47,6 +48,11 @@ def grid(ks: tuple[int, ...], rates: tuple[float, ...], method: str = "ngram") -
         for r in rates
     ]
     return plan_sweep(jobs)
+
+
+def _reading(samples: dict[str, Sample]):  # type: ignore[no-untyped-def]
+    """A window by run id and duration, as the record stage downloads a resumed point's."""
+    return lambda run_id, duration: samples.get(run_id)
 
 
 def test_first_phase_measures_the_baseline_and_the_largest_k_at_every_rate() -> None:
@@ -156,11 +162,11 @@ def test_predictor_predicts_every_unmeasured_k_and_proposes_the_best_for_confirm
     outcomes, samples = measured_outcomes(plan, {4})
     # A confirmation runs on a fresh server: with an A/A spread, k=3's 3 % edge is not resolved.
     spread = dataclasses.replace(OPTS, server_spread=ServerSpread({"speedup_median_tpot": 0.05}, 10, "aa"))
-    predictor = predicting.Predictor(plan, spread, lambda found: [samples.get(str(o.run_id)) for o in found])
+    predictor = predicting.Predictor(plan, spread, _reading(samples))
     ((setting, points),) = predict_phases.curves(plan).items()
     result = predictor.curve(setting, points, outcomes, None, cap=1)
     # Without it, the paired replicates tell k=3 from the measured k=4: nothing to confirm.
-    plain = predicting.Predictor(plan, OPTS, lambda found: [samples.get(str(o.run_id)) for o in found])
+    plain = predicting.Predictor(plan, OPTS, _reading(samples))
     assert plain.curve(setting, points, outcomes, None, cap=1).confirm == {}
     assert sorted(result.final) == [(k, r) for k in (1, 2, 3) for r in (1.0, 8.0)]
     for (k, rate), prediction in result.final.items():
@@ -181,7 +187,7 @@ def test_confirmations_become_anchors_and_the_table_sets_prediction_against_meas
     first_outcomes = {
         h: o for h, o in outcomes.items() if not any(p.hash == h and p.job.spec.k == 2 for p in plan.points)
     }
-    predictor = predicting.Predictor(plan, OPTS, lambda found: [samples.get(str(o.run_id)) for o in found])
+    predictor = predicting.Predictor(plan, OPTS, _reading(samples))
     ((setting, points),) = predict_phases.curves(plan).items()
     first = predictor.curve(setting, points, first_outcomes, None, cap=2)
     final = predictor.curve(setting, points, outcomes, first.first, cap=2)
@@ -276,7 +282,7 @@ def test_a_rate_grid_is_refused_and_the_points_a_group_ran_replace_its_seed() ->
     plan = plan_sweep(capacity_points.seed_jobs(jobs[:1], SweepSettings.of(jobs[:1])))
     probed = tuple(capacity_points.at_rate(plan.groups[0].points[0], r) for r in (1.0, 2.0))
     outcome = GroupOutcome(plan.groups[0].index, (), ran=probed)
-    search = Capacity(plan, Context({}))
+    search = Capacity(plan, Context({}, SweepSettings.of(jobs[:1])))
     assert search.next_plan([]) is plan and search.next_plan([outcome]) is None  # one plan: the seeds
     assert [p.job.load.request_rate for p in search.finish().plan.points[:2]] == [1.0, 2.0]
 
@@ -364,9 +370,9 @@ def test_model_windows_pair_replicates_by_prompt_not_by_row() -> None:
     # prompt 0 (a failed request), so its rows are one place off the baseline's.
     rng = np.random.default_rng(3)
     prompt = 0.03 * np.exp(rng.normal(0, 0.6, 60))
-    base = predicting.MeasuredK((_prompted(prompt, np.arange(60)),), ({},))
-    top = predicting.MeasuredK((_prompted(prompt[1:] / 2, np.arange(1, 60)),), ({"acceptance_length": 2.0},))
-    windows = predicting.model_windows({0: base, 4: top}, OPTS, seed=0)
+    base = kcurve_windows.MeasuredK((_prompted(prompt, np.arange(60)),), ({},))
+    top = kcurve_windows.MeasuredK((_prompted(prompt[1:] / 2, np.arange(1, 60)),), ({"acceptance_length": 2.0},))
+    windows = kcurve_windows.model_windows({0: base, 4: top}, OPTS, seed=0)
     difference = windows[0].tpot_log_reps - windows[4].tpot_log_reps
     assert np.std(windows[0].tpot_log_reps) > 0.05  # each window alone is noisy ...
     assert np.std(difference) < 0.01 and np.allclose(difference, math.log(2), atol=0.03)  # ... their ratio is not
@@ -375,11 +381,11 @@ def test_model_windows_pair_replicates_by_prompt_not_by_row() -> None:
 def test_model_windows_draw_each_servers_run_level_offset_independently() -> None:
     # Two repeats per point, no noise inside a window, a different shift per server start: the
     # baseline's and k_max's run-level offsets must not move together (they ran on other servers).
-    def repeats(level: float, shifts: tuple[float, ...], length: float) -> predicting.MeasuredK:
+    def repeats(level: float, shifts: tuple[float, ...], length: float) -> kcurve_windows.MeasuredK:
         windows = tuple(_prompted(np.full(40, level * s), np.arange(40), length) for s in shifts)
-        return predicting.MeasuredK(windows, tuple({"acceptance_length": length} for _ in shifts))
+        return kcurve_windows.MeasuredK(windows, tuple({"acceptance_length": length} for _ in shifts))
 
-    windows = predicting.model_windows(
+    windows = kcurve_windows.model_windows(
         {0: repeats(0.04, (1.0, 1.1), 1.0), 4: repeats(0.02, (1.05, 0.95), 2.0)}, OPTS, seed=0
     )
     base, top = windows[0].tpot_log_reps, windows[4].tpot_log_reps
@@ -419,19 +425,34 @@ def _fake_executor(  # type: ignore[no-untyped-def]
             for g in part.groups
         ]
 
-    return run, (lambda found: [samples.get(str(o.run_id)) for o in found]), calls
+    return run, _reading(samples), calls
+
+
+def _predict_search(  # type: ignore[no-untyped-def]
+    plan: SweepPlan, window, record=lambda p, m: "x", opts: StatsOptions = OPTS, cap: int = 1, lookup=None
+) -> predicting.PredictSearch:
+    """search=predict as the driver starts it: the sweep's settings, and what it reads and records."""
+    settings = dataclasses.replace(SweepSettings.of([JobConfig()]), predict=PredictConfig(max_confirm=cap))
+    return predicting.PredictSearch(plan, Context({}, settings, WindowReads(window, record, opts, lookup)))
+
+
+def _drive(search: predicting.PredictSearch, run) -> SearchEnd:  # type: ignore[no-untyped-def]
+    """The search to its end as the driver drives it: each plan measured, its outcomes handed back."""
+    outcomes: list[GroupOutcome] = []
+    while (part := search.next_plan(outcomes)) is not None:
+        outcomes = run(part)
+    return search.finish()
 
 
 @pytest.mark.parametrize("cap", [0, 1])
 def test_predict_runs_whole_with_a_fake_executor_within_its_confirmation_cap(cap: int) -> None:
     plan = grid((1, 2, 3, 4), (1.0, 8.0))
-    run, samples, calls = _fake_executor(plan)
+    run, window, calls = _fake_executor(plan)
     spread = dataclasses.replace(OPTS, server_spread=ServerSpread({"speedup_median_tpot": 0.05}, 10, "aa"))
     logged: list[str] = []
-    result = predicting.run_predict(
-        plan, run, samples, lambda p, m: logged.append(p.hash) or f"pred-{p.hash}", spread, cap, {}
-    )
-    (curve,) = result.results
+    search = _predict_search(plan, window, lambda p, m: logged.append(p.hash) or f"pred-{p.hash}", spread, cap)
+    end = _drive(search, run)
+    (curve,) = search.curves
     confirmed = {p.job.spec.k for part in calls[1:] for p in part.points}
     assert len(calls) == (2 if cap else 1) and len(confirmed) == cap  # the cap bounds the fresh servers
     if cap:
@@ -440,15 +461,18 @@ def test_predict_runs_whole_with_a_fake_executor_within_its_confirmation_cap(cap
         assert any("predict.max_confirm=0" in note for note in curve.notes)  # the candidates left out are named
     # Every k never measured is a predicted run of its own, none of them a measurement.
     assert {k for k, _ in curve.final} == {1, 2, 3} - confirmed
-    assert all(o.predicted and o.run_id == f"pred-{h}" for h, o in result.predicted.items())
-    assert len(logged) == len(result.predicted) == len(curve.final)
+    assert all(o.predicted and o.run_id == f"pred-{h}" for h, o in end.predicted.items())
+    assert len(logged) == len(end.predicted) == len(curve.final)
+    # The plan as it ran: what was measured and what was predicted, each k once per rate.
+    assert {(p.job.spec.k, p.job.load.request_rate) for p in end.plan.points if p.role == "speculative"} == {
+        (k, r) for k in (1, 2, 3, 4) for r in (1.0, 8.0)
+    }
+    assert list(end.tables) == [search_report.PREDICTIONS_CSV] and len(end.tables[search_report.PREDICTIONS_CSV])
 
 
 def test_predict_looks_up_the_aa_spread_of_what_it_measured_once_the_first_windows_are_recorded() -> None:
-    from pipeline.run.search.strategy import Context
-
     plan = grid((1, 2, 3, 4), (1.0, 8.0))
-    run, samples, calls = _fake_executor(plan)
+    run, window, calls = _fake_executor(plan)
     looked: list[int] = []
     spread = ServerSpread({"speedup_median_tpot": 0.05}, 10, "aa")
 
@@ -456,11 +480,8 @@ def test_predict_looks_up_the_aa_spread_of_what_it_measured_once_the_first_windo
         looked.append(len(calls))  # how many plans had been measured when the spread was read
         return spread
 
-    search = predicting.PredictSearch(plan, Context({}, samples, lambda p, m: "x", OPTS, server_spread=lookup), 1)
-    outcomes: list = []
-    while (part := search.next_plan(outcomes)) is not None:
-        outcomes = run(part)
-    search.finish()
+    search = _predict_search(plan, window, lookup=lookup)
+    _drive(search, run)
     # Read once, after the first phase measured the windows whose fingerprint it matches.
     assert looked == [1] and search.opts.server_spread is spread
 
@@ -469,26 +490,29 @@ def test_the_model_error_is_stored_as_a_number_and_widens_the_final_intervals_by
     # k=3 is a candidate at 1 req/s only (at 50 req/s k=4 leads by 8 %), and its confirmation
     # comes out 25 % slower than the model says: the model's error, measured on one point.
     plan = grid((1, 2, 3, 4), (1.0, 50.0))
-    run, samples, calls = _fake_executor(plan, off=1.25)
+    run, window, calls = _fake_executor(plan, off=1.25)
     spread = dataclasses.replace(OPTS, server_spread=ServerSpread({"speedup_median_tpot": 0.02}, 10, "aa"))
     logged: dict[str, dict[str, float]] = {}
 
-    def log_predicted(point: Point, metrics: dict[str, float]) -> str:
+    def record_predicted(point: Point, metrics: dict[str, float]) -> str:
         logged[point.hash] = metrics
         return f"pred-{point.hash}"
 
-    result = predicting.run_predict(plan, run, samples, log_predicted, spread, 1, {})
-    (curve,) = result.results
+    search = _predict_search(plan, window, record_predicted, spread)
+    end = _drive(search, run)
+    (curve,) = search.curves
     assert curve.confirm == {3: (1.0,)} and (3, 50.0) in curve.final
     # The term is the confirmed point's |log measured / first-predicted TPOT|, measured from its window.
     (confirmed,) = [p for part in calls[1:] for p in part.points]
-    (window,) = samples([p for o in result.outcomes for p in o.points if p.hash == confirmed.hash])
-    sd = abs(math.log(float(np.median(window.values["tpot"])) / curve.first[(3, 1.0)].tpot_s))
+    (outcome,) = [p for o in end.outcomes for p in o.points if p.hash == confirmed.hash]
+    measured = window(str(outcome.run_id), outcome.metrics["duration"])
+    sd = abs(math.log(float(np.median(measured.values["tpot"])) / curve.first[(3, 1.0)].tpot_s))
     assert sd == pytest.approx(math.log(1.25), abs=0.03)
     assert curve.model_error == pytest.approx((sd, 1))
     # Stored as a number: a column of predictions.csv and a metric of every predicted run.
-    assert result.table["model_error_sd"].to_numpy() == pytest.approx(np.full(len(result.table), sd))
-    assert set(result.table["model_error_points"]) == {1}
+    table = end.tables[search_report.PREDICTIONS_CSV]
+    assert table["model_error_sd"].to_numpy() == pytest.approx(np.full(len(table), sd))
+    assert set(table["model_error_points"]) == {1}
     assert len(logged) == len(curve.final) and all(m["model_error_sd"] == pytest.approx(sd) for m in logged.values())
     # At 50 req/s nothing was confirmed: the final prediction has the first's inputs, and differs
     # from it only by the term, one t(1) draw shared by every k, scaled by the stored sd.
@@ -504,24 +528,25 @@ def test_the_model_error_is_stored_as_a_number_and_widens_the_final_intervals_by
 
 def test_predict_without_a_baseline_predicts_nothing_and_says_why() -> None:
     plan = grid((1, 2, 3, 4), (1.0,))
-    run, samples, calls = _fake_executor(plan, fail_baseline=True)
-    result = predicting.run_predict(plan, run, samples, lambda p, m: "x", OPTS, 1, {})
-    (curve,) = result.results
-    assert not result.predicted and not curve.final and len(calls) == 1
+    run, window, calls = _fake_executor(plan, fail_baseline=True)
+    search = _predict_search(plan, window)
+    end = _drive(search, run)
+    (curve,) = search.curves
+    assert not end.predicted and not curve.final and len(calls) == 1
     assert any("no prediction (the baseline or k=4" in note for note in curve.notes)
 
 
 def test_predict_notes_drafts_shorter_than_k() -> None:
     plan = grid((1, 2, 3, 4), (1.0,))
-    run, samples, calls = _fake_executor(plan, k_max_drafted=3.2)
-    result = predicting.run_predict(plan, run, samples, lambda p, m: f"pred-{p.hash}", OPTS, 1, {})
-    (curve,) = result.results
+    run, window, calls = _fake_executor(plan, k_max_drafted=3.2)
+    search = _predict_search(plan, window, lambda p, m: f"pred-{p.hash}")
+    _drive(search, run)
+    (curve,) = search.curves
     assert any("averaged 3.20 tokens of 4" in note for note in curve.notes), curve.notes
     assert curve.final  # noted, and predicted all the same
 
 
-def test_each_kind_says_what_its_strategy_says_of_resuming() -> None:
-    from pipeline.run.search.kinds import SEARCHES
-    from pipeline.run.search.predicting import PredictSearch
-
-    assert SEARCHES["predict"].resumes == PredictSearch.resumes
+def test_predict_refuses_to_start_without_windows_to_read() -> None:
+    with pytest.raises(ValueError, match="computes on windows"):
+        predicting.PredictSearch(grid((1, 2), (1.0,)), Context({}, SweepSettings.of([JobConfig()])))
+    assert SEARCHES["predict"].reads_windows and not SEARCHES["grid"].reads_windows

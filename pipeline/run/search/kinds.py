@@ -28,8 +28,8 @@ class _PredictPlans:
 
 
 def _start_predict(plan: SweepPlan, context: Context) -> Search:
-    # Imported when a predict search starts: it reads MLflow and fits curves (mlflow, scipy:
-    # ~2 s), which no refusal, dry run or other search needs.
+    # Imported when a predict search starts: it fits curves (the report's statistics, scipy.stats:
+    # seconds on a busy machine), which no refusal, dry run or other search needs.
     from pipeline.run.search.predicting import PredictSearch
 
     return PredictSearch(plan, context)
@@ -50,10 +50,12 @@ class SearchKind:
     planned: Callable[[Sequence[JobConfig], SweepSettings], SweepPlan]  # the whole plan, refusals first
     shown: Callable[[SweepPlan], SweepPlan]  # what a dry run shows and the estimate covers
     start: Callable[[SweepPlan, Context], Search]
+    # Whether points finished by an earlier run on the same identity are kept, not measured
+    # again (a capacity search probes afresh; a paired night measures both builds afresh).
     resumes: bool
     profile: LoadProfile  # what each server's worker measures (pipeline.run.search.profiles)
-    # Its strategy computes on the windows: those its groups return, and a resumed point's, read
-    # back from MLflow (it did not run in this sweep).
+    # Its strategy computes on the windows, and is given Context.windows to read them: those its
+    # groups return, and a resumed point's, read back from MLflow (it did not run in this sweep).
     reads_windows: bool = False
     describe: Callable[[SweepPlan], str] = lambda plan: ""  # more for the dry run to say of its plan
     # One job's settings, with the sweep's as that job carries them, refused before anything
@@ -66,14 +68,14 @@ class SearchKind:
 
 
 SEARCHES = {
-    "grid": SearchKind(Grid.planned, Grid.shown, Grid, Grid.resumes, Planned(), pairable=True),
+    "grid": SearchKind(Grid.planned, Grid.shown, Grid, resumes=True, profile=Planned(), pairable=True),
     "predict": SearchKind(
         _PredictPlans.planned,
         _PredictPlans.shown,
         _start_predict,
-        True,  # PredictSearch.resumes (tests/unit/test_search.py keeps the two equal)
-        Planned(),
-        True,
+        resumes=True,
+        profile=Planned(),
+        reads_windows=True,
         check=predict_phases.check_job,
         note=predict_phases.note,
     ),
@@ -81,8 +83,8 @@ SEARCHES = {
         Capacity.planned,
         Capacity.shown,
         Capacity,
-        Capacity.resumes,
-        Bracketing(),
+        resumes=False,
+        profile=Bracketing(),
         check=Capacity.check,
         note=Capacity.note,
     ),
@@ -91,8 +93,8 @@ SEARCHES = {
         drafter_grid.planned,
         Grid.shown,
         Grid,
-        Grid.resumes,
-        Planned(),
+        resumes=True,
+        profile=Planned(),
         check=drafter_grid.check,
         note=drafter_grid.search_note,
     ),
@@ -100,7 +102,12 @@ SEARCHES = {
 # gate.mode=paired: the grid's plan on both builds, pair by pair, one server after another;
 # every night measures afresh.
 PAIRED = SearchKind(
-    paired_night.paired_plan, lambda plan: plan, InOrder, InOrder.resumes, Planned(), describe=paired_night.order_text
+    paired_night.paired_plan,
+    lambda plan: plan,
+    InOrder,
+    resumes=False,
+    profile=Planned(),
+    describe=paired_night.order_text,
 )
 
 

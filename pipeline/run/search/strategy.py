@@ -17,6 +17,7 @@ from typing import Protocol
 
 import pandas as pd
 
+from pipeline.analysis.samples import Sample, ServerSpread, StatsOptions
 from pipeline.config import ConfigError, JobConfig, SweepSettings
 from pipeline.run.outcomes import GroupOutcome, PointOutcome
 from pipeline.run.plan import Point, SweepPlan, plan_sweep
@@ -29,28 +30,39 @@ class SearchEnd:
 
     plan: SweepPlan
     outcomes: list[GroupOutcome]
+    # Points the search computed instead of measuring (each its own run, PointOutcome.predicted).
     predicted: dict[str, PointOutcome] = field(default_factory=dict)
-    table: pd.DataFrame | None = None  # search=predict's predictions table
+    # Tables of its own, by their path under the sweep's folder, where the parent run keeps
+    # them too (search=predict's predictions table: analysis.search_report.PREDICTIONS_CSV).
+    tables: Mapping[str, pd.DataFrame] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class WindowReads:
+    """What a search that computes on windows is given (its kind's ``reads_windows``), once
+    the sweep's parent run exists: it reads MLflow and writes runs of its own."""
+
+    # A point's window by its run id and duration (a point resumed from an earlier run: its
+    # requests.csv); None where the run has none. A point this sweep measured carries its own.
+    window: Callable[[str, float], Sample | None]
+    # A point the search predicted, recorded as a run of its own with these metrics: its run id.
+    record_predicted: Callable[[Point, dict[str, float]], str]
+    opts: StatsOptions  # how intervals are drawn
+    # The store's A/A spread for this sweep's measured windows (None: none): read once the first
+    # windows are recorded, since its fingerprint is theirs (record.windows.server_spread_for).
+    server_spread: Callable[[], ServerSpread | None] | None = None
 
 
 @dataclass(frozen=True)
 class Context:
-    """What a search may need once the sweep's parent run exists (predict reads and writes MLflow)."""
+    """What a search is given when it starts."""
 
     done: Mapping[str, PointOutcome]  # finished points of earlier runs, resumed
-    samples: Callable[[Sequence[PointOutcome]], list] | None = None
-    log_predicted: Callable[[Point, dict[str, float]], str] | None = None
-    opts: object | None = None  # StatsOptions: how intervals are drawn
-    settings: SweepSettings | None = None  # the sweep-wide settings (predict.max_confirm, ...)
-    # The store's A/A spread for this sweep's measured windows (None: none): read once the first
-    # windows are recorded, since its fingerprint is theirs (record.windows.server_spread_for).
-    server_spread: Callable[[], object] | None = None
+    settings: SweepSettings  # the sweep-wide settings (predict.max_confirm, ...)
+    windows: WindowReads | None = None  # where its kind reads windows
 
 
 class Search(Protocol):
-    # Whether points finished by an earlier run are kept (a capacity search probes afresh).
-    resumes: bool
-
     def next_plan(self, outcomes: Sequence[GroupOutcome]) -> SweepPlan | None:
         """The next plan to measure, given the outcomes of the last one (none at first)."""
         ...
@@ -60,8 +72,6 @@ class Search(Protocol):
 
 class Grid:
     """Every point of the plan, once."""
-
-    resumes = True
 
     def __init__(self, plan: SweepPlan, context: Context) -> None:
         self.plan = plan
@@ -93,8 +103,6 @@ class InOrder(Grid):
     night's ABBA interleaving then holds on any executor (a Ray launcher given the whole plan
     would start its groups at once, both builds side by side)."""
 
-    resumes = False
-
     def __init__(self, plan: SweepPlan, context: Context) -> None:
         super().__init__(plan, context)
         self.left = list(plan.groups)
@@ -109,8 +117,6 @@ class InOrder(Grid):
 class Capacity(Grid):
     """One seed point per server at capacity.start_rate; each server's worker probes the rates
     itself (:class:`pipeline.run.search.profiles.Bracketing`), and the plan as it ran holds what it probed."""
-
-    resumes = False
 
     @staticmethod
     def planned(jobs: Sequence[JobConfig], settings: SweepSettings) -> SweepPlan:
