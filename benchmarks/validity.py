@@ -14,7 +14,7 @@ capacity (the power of "overloaded"), each drawn --reps times with new Poisson a
 One baseline vLLM CPU server (the embedded SmolLM2, as `make run` starts it: prefix caching on,
 emptied before each window), and windows measured by the sweep's own function
 (pipeline.run.measure.measure), each judged by the checks the report runs
-(pipeline.analysis.validity). Three clean windows, and six that each break one check on purpose:
+(pipeline.analysis.trust). Three clean windows, and six that each break one check on purpose:
 
 - clean: 1 req/s, 20 requests of 32 tokens; the same point again (its repeat, new prompts);
   2 req/s for 10 s of short chat prompts and 16-token answers;
