@@ -66,7 +66,11 @@ def resolve_trace_rate(job: JobConfig) -> JobConfig:
     if (replayed.conversations or chats) and workload.endpoint != "chat":
         # The completions and generate endpoints take one text: the history would be dropped, and
         # the chat template with it; the chat endpoint applies the server's own template, once.
-        what = "conversations, whose turns carry their history as chat messages" if replayed.conversations else f"{chats} line(s) of chat messages"
+        what = (
+            "conversations, whose turns carry their history as chat messages"
+            if replayed.conversations
+            else f"{chats} line(s) of chat messages"
+        )
         raise ConfigError(
             f"the trace holds {what}; workload.endpoint={workload.endpoint} sends one text "
             f"without the chat template and would drop all but the last message: use workload.endpoint=chat"

@@ -547,8 +547,8 @@ def withheld(
     frame: pd.DataFrame, found: Mapping[str, Mapping[str, CheckResult]], repeats: Mapping[str, CheckResult]
 ) -> dict[str, dict[str, str]]:
     """Per speculative point (``point_key``), the ratios a failed check undermines, each with why:
-    "not steady (baseline: in flight ...)". A check failed on the point's own window or its
-    baseline's undermines it."""
+    "not steady (baseline: in flight ...)", every failed check in turn. A check failed on the
+    point's own window or its baseline's undermines it."""
     done = frame[frame["status"].isin(["finished", "resumed"])] if "status" in frame else frame
     runs_by_hash = dict(zip(done["point_hash"], done["run_id"].astype(str), strict=True))
     out: dict[str, dict[str, str]] = {}
@@ -562,7 +562,11 @@ def withheld(
             failures.append(("", repeats[key]))
         for who, finding in failures:
             for metric in finding.check.undermined():
-                out.setdefault(key, {}).setdefault(metric, f"{finding.check.label} ({who}{finding.text})")
+                # Every failed check is named, the point's own first: a window both short and
+                # shared says both, so neither fix is hidden behind the other.
+                text = f"{finding.check.label} ({who}{finding.text})"
+                reasons = out.setdefault(key, {})
+                reasons[metric] = f"{reasons[metric]}; {text}" if metric in reasons else text
     return out
 
 

@@ -97,6 +97,16 @@ KNOWN_FIELDS = frozenset(("timestamp", "category", *TEXT_FIELDS, *LENGTH_FIELDS,
 ROLES = ("system", "user", "assistant", "tool")
 
 
+def _file_unit(unit: str, records: Sequence[object]) -> str:
+    """The timestamps' unit, one for the whole file: ``auto`` is ms for a file of lengths-only
+    lines only (a Mooncake or timed_trace export), seconds for any file that holds a text line,
+    so that no two lines of one file are read in different units."""
+    if unit != "auto":
+        return unit
+    lengths_only = all(isinstance(r, dict) and any(name in r for name in LENGTH_FIELDS) for r in records)
+    return "ms" if records and lengths_only else "s"
+
+
 def _line(where: str, record: object, unit: str) -> TraceLine:
     line = _request(where, record, unit)
     assert isinstance(record, dict)  # _request refused anything else
@@ -227,7 +237,8 @@ def read_trace(workload: WorkloadConfig) -> TraceFile:
     if not path.is_file():
         raise TraceError(f"workload.path={workload.path}: no such file")
     rows = _jsonl(path)
-    lines = [_line(where, record, workload.timestamp_unit) for where, record in rows]
+    unit = _file_unit(workload.timestamp_unit, [record for _, record in rows])
+    lines = [_line(where, record, unit) for where, record in rows]
     if not lines:
         raise TraceError(f"{path}: the trace has no request")
     extra = Counter(name for _, record in rows for name in record if name not in KNOWN_FIELDS)

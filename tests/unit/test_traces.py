@@ -386,3 +386,24 @@ def test_lengths_only_blocks_depend_on_the_hash_id_alone_and_the_block_size_is_a
     b = lengths_only.prompt_ids(40, [5, 9], vocab, 16)
     assert len(a) == 40 and a[:16] == b[:16] and a[16:32] != b[16:32]
     assert lengths_only.prompt_ids(20, [], vocab, 16) == lengths_only.prompt_ids(20, [], vocab, 16)  # a tail of its own
+
+
+def test_a_file_is_read_in_one_unit_whatever_its_lines_shapes(tmp_path: Path) -> None:
+    """timestamp_unit=auto: ms for a file of lengths-only lines alone (a Mooncake or timed_trace
+    export), seconds for a file with any text line, so no two lines are read in different units."""
+    from pipeline.config import WorkloadConfig
+
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(
+        '{"timestamp": 1.0, "prompt": "hello"}\n{"timestamp": 2.2, "input_length": 30, "output_length": 4}\n'
+    )
+    lines = traces.read_trace(WorkloadConfig(name="trace", path=str(mixed))).lines
+    assert [line.timestamp_s for line in lines] == [1.0, 2.2]
+    mooncake = tmp_path / "mooncake.jsonl"
+    mooncake.write_text(
+        '{"timestamp": 0, "input_length": 30, "output_length": 4}\n{"timestamp": 2200, "input_length": 30, "output_length": 4}\n'
+    )
+    assert [line.timestamp_s for line in traces.read_trace(WorkloadConfig(name="trace", path=str(mooncake))).lines] == [
+        0.0,
+        2.2,
+    ]

@@ -221,7 +221,7 @@ def test_a_failed_check_withholds_the_verdicts_it_undermines_and_the_report_says
     rows = []
     for n, rate, facts in ((1, 1.0, steady), (2, 4.0, short)):
         rows.append({"run_id": f"b{n}", "point": f"baseline-r{rate:g}", "role": "baseline", "point_key": f"B{n}",
-                     "point_hash": f"hb{n}", "request_rate": rate, "median_tpot_ms": 40.0} | steady)  # fmt: skip
+                     "point_hash": f"hb{n}", "request_rate": rate, "median_tpot_ms": 40.0} | facts)  # fmt: skip
         rows.append({"run_id": f"s{n}", "point": f"ngram-k3-r{rate:g}", "role": "speculative", "point_key": f"S{n}",
                      "point_hash": f"hs{n}", "baseline_hash": f"hb{n}", "request_rate": rate,
                      "median_tpot_ms": 20.0} | facts)  # fmt: skip
@@ -233,6 +233,8 @@ def test_a_failed_check_withholds_the_verdicts_it_undermines_and_the_report_says
     assert comparisons.decision("S1", TPOT).label == "helps"
     assert comparisons.decision("S2", TPOT).label == WITHHELD
     assert comparisons.decision("S2", TPOT).detail.startswith("not steady (in flight")
+    # Both windows of the point were short: each failure is named, its own first.
+    assert "; not steady (baseline: in flight" in comparisons.decision("S2", TPOT).detail
     lines = trust.trust_lines(frame, found, {})
     assert any("FAILED, steady state" in line and "ngram-k3-r4" in line and "Fix:" in line for line in lines)
     assert any(line.startswith("- passed, no failed or cut-short request") for line in lines)
