@@ -406,9 +406,12 @@ class GateConfig:
     mode: str = setting(None, "history", valid=Valid(choices=GATE_MODES))
     # The reference build, as overrides of the sweep's config, e.g. [engine.python=/opt/prev/bin/python].
     reference: list[str] = setting(None, factory=list)
-    # 5, not 4: with the pair spread measured between fresh servers here (6.4 % for the median
-    # TPOT; 6.3 % on real A/A nights), 4 pairs detect a 15 % slowdown in 79 % of nights and 5 in 93 %
-    # (benchmarks/gate_power.py).
+    # 5 pairs: what a night of reasonable length holds on 2 CPU cores. Whether they see
+    # gate.detect depends on the pair spread, which each night measures and its summary states
+    # with power sized from the spread's upper bound: on this project's real A/A nights (2-core
+    # CPU, the embedded model) it ran 8 % on a quiet machine and 19 % pooled with loaded nights,
+    # where 5 pairs see a 12 % and a 28 % slowdown with 80 % power at those spreads (the primary
+    # alone, alpha 0.05; benchmarks/gate_power.py).
     pairs: int = setting(
         None, 5, valid=Valid(at_least=2, hint=" (reference and candidate server pairs per configuration)")
     )
