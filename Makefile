@@ -108,7 +108,8 @@ MLFLOW_HOST ?= 127.0.0.1
 MLFLOW_PORT ?= 5000
 MLFLOW_DIR ?= $(abspath mlflow-server)
 # The host names clients may call the server by (its DNS-rebinding guard): MLflow answers only
-# localhost and private IP addresses unless told, e.g. MLFLOW_ALLOWED_HOSTS=mlflow.internal:5000.
+# localhost and private IP addresses unless told; a list replaces those, so name the address too,
+# e.g. MLFLOW_ALLOWED_HOSTS=10.0.0.7:5000,mlflow.internal:5000.
 MLFLOW_ALLOWED_HOSTS ?=
 ALLOWED_HOSTS_ARG := $(if $(MLFLOW_ALLOWED_HOSTS),--allowed-hosts $(MLFLOW_ALLOWED_HOSTS))
 tracking-server: $(NO_ENGINE_STAMP)

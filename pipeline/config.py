@@ -347,7 +347,8 @@ class SloConfig:
 
 @dataclass(frozen=True)
 class TrackingConfig:
-    # None: a SQLite store under the project's mlruns/.
+    # None: a SQLite store under the project's mlruns/. Composed, it is MLFLOW_TRACKING_URI where
+    # that is set (conf/tracking/local.yaml).
     uri: str | None = setting(
         None, None, valid=Valid(address="export MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD", speaks="store")
     )

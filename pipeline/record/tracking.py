@@ -49,7 +49,7 @@ def resolve_store(tracking: TrackingConfig, project_root: Path) -> Store:
 
 def command_store(given: str | None, project_root: Path) -> Store:
     """The store a command reads (pipeline.report, pipeline.gate, pipeline.ui): ``--tracking-uri``,
-    else MLFLOW_TRACKING_URI (as MLflow's own clients and sweeps/nightly.yaml read it), else the
+    else MLFLOW_TRACKING_URI (as MLflow's own clients and a sweep's tracking.uri read it), else the
     project's own SQLite store."""
     uri = given or os.environ.get("MLFLOW_TRACKING_URI")
     return Store(uri, None) if uri else resolve_store(TrackingConfig(), project_root)

@@ -54,7 +54,7 @@ def test_every_config_group_option_composes(group: str, option: str) -> None:
     job = _compose([f"{group}={option}", *given.get(option, [])])
     # Composed, and with the option's own values in the job (not the schema's defaults).
     section = getattr(job, group)
-    values = OmegaConf.to_container(OmegaConf.load(path))
+    values = OmegaConf.to_container(OmegaConf.load(path), resolve=True)  # ${oc.env:...} as the job reads it
     assert isinstance(values, dict) and values
     if path.read_text().startswith("# @package _global_"):  # it sets other groups' keys too
         assert job.load.request_rate is not None  # workload=trace: null became the trace's own rate

@@ -190,6 +190,25 @@ def _containers(doc: dict) -> dict[str, dict]:
     return {name: g["template"]["spec"] for name, g in groups.items()}
 
 
+def _driver_node(doc: dict) -> dict:
+    """The pod template of the node a RayJob's driver lands on: the head, unless the job asks for
+    entrypoint resources; then Ray 2.60 drops its head-node selector (ray/dashboard/modules/job/
+    job_manager.py) and the driver goes where those resources are: a worker group that has them.
+    The driver's environment is that node's."""
+    job = doc["spec"].get("jobTemplate", doc["spec"])
+    pods = _containers(doc)
+    gpus = job.get("entrypointNumGpus", 0)
+    if not (gpus or job.get("entrypointNumCpus") or job.get("entrypointResources")):
+        return pods["head"]
+    holding = [
+        pod
+        for group, pod in pods.items()
+        if group != "head" and int(pod["containers"][0]["resources"]["limits"].get("nvidia.com/gpu", 0)) >= gpus
+    ]
+    assert len(holding) == 1, "one worker group holds the driver's resources"
+    return holding[0]
+
+
 RAY_CLUSTERS = ["raycronjob.yaml", "raycronjob-paired.yaml", "raycluster.yaml"]
 
 
@@ -374,17 +393,22 @@ def _entrypoint(name: str) -> list[str]:
 def test_the_nightly_entrypoint_plans_as_shipped_within_its_own_budget(
     name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Its dry run here (the head's environment: the model, the token, no hub), and its first
-    night's estimate (weights downloaded, every configuration compiled cold) under the budget
-    it names, so that the night is not refused by its own run.confirm_gpu_hours."""
+    """Its dry run here, in the environment of the node its driver lands on (the model and the
+    experiment from there, the token, no hub), measures the model the manifest names, and its
+    first night's estimate (weights downloaded, every configuration compiled cold) is under the
+    budget it names, so that the night is not refused by its own run.confirm_gpu_hours."""
     import sys
 
     from pipeline.engines.weights import model_weights
-    from tests.in_process import sweep_in_process
+    from tests.in_process import compose_jobs, sweep_in_process
 
     (doc,) = _docs(name)
-    head = _env(_containers(doc)["head"]["containers"][0])
-    monkeypatch.setenv("SPECSWEEP_MODEL", head["SPECSWEEP_MODEL"]["value"])
+    driver = _env(_driver_node(doc)["containers"][0])
+    for var in ("SPECSWEEP_MODEL", "SPECSWEEP_EXPERIMENT", "SPECSWEEP_REFERENCE", "MLFLOW_TRACKING_URI"):
+        if var in driver:
+            monkeypatch.setenv(var, driver[var]["value"])
+        else:
+            monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HF_TOKEN", "hf_sentinel")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     model_weights.cache_clear()
@@ -395,6 +419,10 @@ def test_the_nightly_entrypoint_plans_as_shipped_within_its_own_budget(
     out = capsys.readouterr()
     assert code == 0, out.err[-3000:]
     assert "--tensor-parallel-size 8" in out.out and "hf_sentinel" not in out.out + out.err
+    # The 70B model and the team's experiment, not the toy model and "nightly" of a node without them.
+    assert "--served-model-name meta-llama/Llama-3.3-70B-Instruct" in out.out and "smollm2" not in out.out
+    jobs = compose_jobs([*overrides, "dry_run=true"], True, str(tmp_path / "composed"))
+    assert {job.tracking.experiment for job in jobs} == {"llama70b-nightly"}
     hours = float(re.search(r"estimated time: ~[\d.]+ min, ~([\d.]+) GPU-hours", out.out).group(1))
     assert 1 < hours < budget, (hours, budget)
     if name == "raycronjob-paired.yaml":

