@@ -226,16 +226,17 @@ def test_the_dry_run_prints_the_abba_order_naming_each_server_as_reference_or_ca
         "dry_run=true",
         "gate.enabled=true",
         "gate.mode=paired",
-        "gate.pairs=2",
-        "gate.detect=4",  # two pairs see only a slowdown of about 4x: said, or refused
+        "gate.pairs=3",
+        "gate.detect=4",  # three pairs see only a slowdown of about 2x: said, or refused
         "load.request_rate=1",
         "gate.reference=['+engine.env.BUILD=previous']",
     ]
     assert sweep_in_process(False, tmp_path, args) == 0
     out = capsys.readouterr().out
-    assert "gate.mode=paired: 8 server starts, interleaved (ABBA) per configuration:" in out
+    assert "gate.mode=paired: 12 server starts, interleaved (ABBA) per configuration:" in out
     order = [m.group(1) for line in out.splitlines() if (m := re.match(r"\s*\d+\. pair \d+: (\w+)", line))]
-    assert order == ["reference", "candidate", "candidate", "reference"] * 2
+    abba = ["reference", "candidate", "candidate", "reference", "reference", "candidate"]
+    assert order == abba * 2  # per configuration (the baseline's, ngram's), the pairs alternate
     assert "nothing was started" in out
 
 
