@@ -190,8 +190,13 @@ def _k_schedules(
     points, opts = comparisons.table, comparisons.options
     base = verdicts.measured(frame, "baseline")
     # The k schedule is written in one engine's format: its points and baselines only.
-    scheduled = base[base["engine"].map(emits_k_schedule)]
-    e2el = {float(r): float(g["median_e2el_ms"].median()) / 1000 for r, g in scheduled.groupby("request_rate")}
+    scheduled = base[base["engine"].map(emits_k_schedule)] if not base.empty else base
+    # A sweep whose every point failed has no measured baseline, and its table no latency columns.
+    e2el = (
+        {float(r): float(g["median_e2el_ms"].median()) / 1000 for r, g in scheduled.groupby("request_rate")}
+        if not scheduled.empty
+        else {}
+    )
     schedulable = points[points["engine"].map(emits_k_schedule)] if not points.empty else points
 
     def compare(slower: str, faster: str) -> Ratio | None:

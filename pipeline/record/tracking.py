@@ -70,7 +70,15 @@ def prepare(store: Store, experiment: str) -> str:
 
 
 def _prepare(store: Store, experiment: str) -> str:
+    # MLflow also exports the address as MLFLOW_TRACKING_URI for subprocesses; a sweep reads that
+    # variable as its default store, so every process this one starts (a test's next sweep, a
+    # server) would inherit this store as its default. The variable is put back as it was.
+    before = os.environ.get("MLFLOW_TRACKING_URI")
     mlflow.set_tracking_uri(store.tracking_uri)
+    if before is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = before
     try:
         client = MlflowClient(store.tracking_uri)
         found = client.get_experiment_by_name(experiment)

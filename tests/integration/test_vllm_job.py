@@ -189,7 +189,7 @@ def test_an_eagle3_head_for_the_embedded_model_is_built_served_and_its_acceptanc
     tracker = Tracker(store, prepare_store(store, job.sweep_name))
     parent = tracker.start_run("eagle3", {"role": "sweep"})
     outcome = run_group(
-        GroupTask(speculative, store, tracker.experiment_id, parent, 0, SweepSettings.of([job])), tmp_path / "out"
+        GroupTask(speculative, store, tracker.experiment_id, parent, SweepSettings.of([job])), tmp_path / "out"
     )
     assert outcome.started and len(outcome.points) == 1
     (point,) = outcome.points
@@ -221,6 +221,7 @@ def test_server_dying_at_start_is_reported_and_marked_failed(tmp_path: Path, no_
     )
     assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "invalid int value: 'many'" in proc.stdout  # the log tail is quoted
+    assert "report: not written" not in proc.stdout  # a sweep whose every point failed still gets its report
     children = [r for r in _runs(tmp_path, "dies") if r.data.tags.get("role") != "sweep"]
     assert len(children) == 1
     for run in children:

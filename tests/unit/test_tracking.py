@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import mlflow
@@ -269,3 +270,17 @@ def test_a_server_that_refuses_its_host_name_is_named_as_such_not_as_bad_credent
             check_store_reachable(Store(f"http://127.0.0.1:{server.server_port}", None))
     finally:
         server.shutdown()
+
+
+def test_preparing_a_store_leaves_the_environment_as_it_was(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLflow's set_tracking_uri exports the address as MLFLOW_TRACKING_URI, which a sweep reads as
+    its default store: a process that prepared one store must not hand it to every sweep it starts."""
+    from pipeline.config import TrackingConfig
+    from pipeline.record.tracking import prepare, resolve_store
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    prepare(resolve_store(TrackingConfig(), tmp_path), "first")
+    assert "MLFLOW_TRACKING_URI" not in os.environ
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://10.0.0.7:5000")
+    prepare(resolve_store(TrackingConfig(), tmp_path / "other"), "second")
+    assert os.environ["MLFLOW_TRACKING_URI"] == "http://10.0.0.7:5000"
