@@ -173,16 +173,7 @@ def judge_many(
     tally = Tally()
     for _ in range(nights):
         night = make(rng)
-        result = paired.judge_night(
-            simulate(rng, night),
-            night.pairs,
-            config.primary,
-            config.gated,
-            config.alpha,
-            config.decision_floor,
-            config.detect,
-            config.acceptance,
-        )
+        result = paired.judge_night_as(simulate(rng, night), dataclasses.replace(config, pairs=night.pairs))
         tally.outcomes[result.overall] += 1
         if result.power is not None:
             tally.stated.append(result.power.power_at_target)

@@ -47,6 +47,7 @@ from scipy import stats as scipy_stats
 from pipeline.analysis.decisions import GateOutcome, planning_sd
 from pipeline.analysis.samples import Sample
 from pipeline.analysis.stats import censored_percentile, paired_values
+from pipeline.config import GateConfig
 
 # metric -> (how a pair's ratio is taken, higher is better)
 PAIRED_METRICS: dict[str, tuple[str, bool]] = {
@@ -582,6 +583,13 @@ def point_log_ratios(windows: Sequence[NightWindow], metric: str, pairs: int) ->
             # temperature, ...); the label is made unique only for display.
             out[names[key] if names[key] not in out else f"{names[key]} ({key[:8]})"] = values
     return out
+
+
+def judge_night_as(windows: Sequence[NightWindow], gate: GateConfig) -> PairedResult:
+    """:func:`judge_night` with the night's gate settings, as the gate and its calibration call it."""
+    return judge_night(
+        windows, gate.pairs, gate.primary, gate.gated, gate.alpha, gate.decision_floor, gate.detect, gate.acceptance
+    )
 
 
 def judge_night(

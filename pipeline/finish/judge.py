@@ -19,7 +19,7 @@ from typing import Any
 
 from pipeline.analysis.decisions import GateOutcome
 from pipeline.analysis.gate_summary import flips_markdown, gate_markdown, night_markdown
-from pipeline.analysis.paired import NightWindow, PairedResult, judge_night
+from pipeline.analysis.paired import NightWindow, PairedResult, judge_night_as
 from pipeline.analysis.regression import (
     GATED,
     Flip,
@@ -318,16 +318,7 @@ def judge_paired(reader: HistoryReader, parent_id: str, config: GateConfig, out_
     pair by pair; the summary and the decision go to the parent run."""
     with tempfile.TemporaryDirectory() as tmp:
         windows = night_windows(reader, parent_id, Path(tmp))
-    result = judge_night(
-        windows,
-        config.pairs,
-        config.primary,
-        config.gated,
-        config.alpha,
-        config.decision_floor,
-        config.detect,
-        config.acceptance,
-    )
+    result = judge_night_as(windows, config)
     reference = (
         f"the build of gate.reference={list(config.reference)}"
         if config.reference
