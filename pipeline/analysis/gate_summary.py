@@ -50,7 +50,14 @@ def gate_markdown(result: GateResult, title: str, reference: str) -> str:
                 f"| {f.label} | {f.metric} | **{f.verdict}** | {_pct(f.ratio)} | ±{f.floor:.0%} | "
                 f"{f.reference:.4g} → {f.current:.4g} |" + (f" {f.note}" if f.note else "")
             )
-    missing = [result.labels[r] for r, v in result.points.items() if v == INSUFFICIENT]
+    withheld = result.withheld()
+    if withheld:
+        lines += [
+            "",
+            'Not judged: the window failed its own checks (the report\'s "Can you trust this run?" names the fix):',
+        ]
+        lines += [f"- {result.labels[run]}: {why}" for run, why in withheld.items()]
+    missing = [result.labels[r] for r, v in result.points.items() if v == INSUFFICIENT and r not in withheld]
     if missing:
         lines += ["", "No reference for: " + ", ".join(missing) + "."]
     lines.append("")

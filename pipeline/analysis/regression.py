@@ -29,7 +29,7 @@ from enum import StrEnum
 
 import numpy as np
 
-from pipeline.analysis import between_runs, decisions, stats
+from pipeline.analysis import between_runs, decisions, stats, trust
 from pipeline.analysis.decisions import GateOutcome
 from pipeline.analysis.samples import Sample, ServerSpread, StatsOptions
 from pipeline.analysis.stats import Ratio
@@ -110,6 +110,7 @@ class GatedRun:
     values: dict[str, float]
     sample: Sample | None = None  # its requests, for the one-past-run case
     started_ms: int = 0
+    failed_checks: tuple[str, ...] = ()  # the validity checks its window failed (trust.CHECKS names)
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,7 @@ class Finding:
     current: float
     p_adjusted: float | None = None
     note: str = ""
+    withheld: str = ""  # the failed validity checks that withhold a pass or an improvement, said
 
 
 @dataclass(frozen=True)
@@ -141,9 +143,21 @@ class GateResult:
         verdicts = set(self.points.values())
         if REGRESSED in verdicts:
             return GateOutcome.FAIL
+        # A point measured on a window its own checks reject was not judged: the night is not a pass.
+        if self.withheld():
+            return GateOutcome.INSUFFICIENT
         if not verdicts or verdicts == {INSUFFICIENT}:
             return GateOutcome.INSUFFICIENT
         return GateOutcome.PASS
+
+    def withheld(self) -> dict[str, str]:
+        """Run id -> the failed validity checks, for each point they leave short of a decision
+        (every one but a regression: a suspect point on a rejected window is no pass either)."""
+        out: dict[str, str] = {}
+        for f in self.findings:
+            if f.withheld and self.points.get(f.run_id) != REGRESSED:
+                out.setdefault(f.run_id, f.withheld)
+        return out
 
     def flagged(self) -> list[str]:
         """Run ids of the points that regressed: what a confirmation re-measures."""
@@ -193,22 +207,49 @@ def judge_against_history(
             slots.append((point, metric, reference, value, measured))
     decided = decisions.decide(ratios, opts, [floors.relative(m, ref) for _, m, ref, _, _ in slots])
     findings = tuple(
-        Finding(
-            p.label,
-            p.key,
-            p.run_id,
-            m.column,
-            _verdict(d, measured),
-            replace(d.ratio, metric=m.column),
-            floors.relative(m, ref),
-            ref,
-            value,
-            d.p_adjusted,
-            d.detail if not measured else "",
+        _withhold(
+            Finding(
+                p.label,
+                p.key,
+                p.run_id,
+                m.column,
+                _verdict(d, measured),
+                replace(d.ratio, metric=m.column),
+                floors.relative(m, ref),
+                ref,
+                value,
+                d.p_adjusted,
+                d.detail if not measured else "",
+            ),
+            _undermining(p, m),
         )
         for (p, m, ref, value, measured), d in zip(slots, decided, strict=True)
     )
     return _gate_result(current, findings, history, spread)
+
+
+def _undermining(point: GatedRun, metric: GateMetric) -> str:
+    """The failed checks of the point's window that undermine this metric, each with its label
+    ("not steady"), as the report withholds its verdicts (:func:`pipeline.analysis.trust.withheld`)."""
+    names = []
+    for name in point.failed_checks:
+        check = trust.BY_NAME.get(name)
+        if check is None:  # a check this version does not know: withheld all the same, by its name
+            names.append(name)
+        elif check.undermines == trust.ALL or metric.measure is not OUTPUT_THROUGHPUT:
+            names.append(f"{check.label} (validity.{name})")
+    return "; ".join(names)
+
+
+def _withhold(finding: Finding, why: str) -> Finding:
+    """A window its own checks reject decides no pass and no improvement: that metric is
+    "insufficient", saying why. A regression or a suspect one stands, as a night that lost pairs
+    still fails on what it did measure: the failed check says the window is not the steady state
+    the gate compares, and a slowdown that even keeps a window from reaching it is no pass."""
+    if not why:
+        return finding
+    kept = finding.verdict in (REGRESSED, SUSPECT)
+    return replace(finding, verdict=finding.verdict if kept else INSUFFICIENT, withheld=why)
 
 
 def _one_past_run(
@@ -253,10 +294,7 @@ def _gate_result(
     history: Mapping[str, Sequence[GatedRun]],
     spread: dict[str, tuple[float, int]],
 ) -> GateResult:
-    points = {}
-    for point in current:
-        mine = {f.verdict for f in findings if f.run_id == point.run_id}
-        points[point.run_id] = next((v for v in SEVERITY if v in mine), INSUFFICIENT)
+    points = _point_verdicts([p.run_id for p in current], findings)
     past = max((len(history.get(p.key, ())) for p in current), default=0)
     return GateResult(tuple(findings), points, {p.run_id: p.label for p in current}, past, spread)
 
@@ -270,11 +308,20 @@ def confirm(first: GateResult, second: GateResult, remeasured: Mapping[str, str]
         if f.verdict == REGRESSED and (remeasured.get(f.run_id), f.metric) not in again:
             f = replace(f, verdict=SUSPECT, note="not seen again when re-measured on a fresh server")
         findings.append(f)
+    return replace(first, findings=tuple(findings), points=_point_verdicts(list(first.points), findings))
+
+
+def _point_verdicts(runs: Sequence[str], findings: Sequence[Finding]) -> dict[str, str]:
+    """Each point's verdict: its worst metric's (SEVERITY); a point with a withheld metric and
+    no regression is "insufficient", so a throughput that passed hides no withheld latency."""
     points = {}
-    for run in first.points:
-        mine = {f.verdict for f in findings if f.run_id == run}
-        points[run] = next((v for v in SEVERITY if v in mine), INSUFFICIENT)
-    return replace(first, findings=tuple(findings), points=points)
+    for run in runs:
+        mine = [f for f in findings if f.run_id == run]
+        verdict = next((v for v in SEVERITY if v in {f.verdict for f in mine}), INSUFFICIENT)
+        if any(f.withheld for f in mine) and verdict not in (REGRESSED, SUSPECT):
+            verdict = INSUFFICIENT
+        points[run] = verdict
+    return points
 
 
 # ---- Did the nightly's own decision change? -------------------------------------------------

@@ -91,8 +91,15 @@ def point_runs(
         sample = window_sample(reader, child.run_id, child.metrics.get("duration", math.nan), work)
         values = {m.column: child.metrics.get(m.column, math.nan) for m in GATED}
         key = fingerprint(child.tags)
-        out.append(GatedRun(child.run_id, parent_id, key, child.name, values, sample, started))
+        out.append(GatedRun(child.run_id, parent_id, key, child.name, values, sample, started, failed_checks(child)))
     return out
+
+
+def failed_checks(child: ChildRun) -> tuple[str, ...]:
+    """The validity checks the window failed, by name (``validity.<name>`` = 0, as point.py logs them)."""
+    return tuple(
+        sorted(k.removeprefix("validity.") for k, v in child.metrics.items() if k.startswith("validity.") and not v)
+    )
 
 
 @dataclass(frozen=True)
@@ -236,8 +243,11 @@ def record_verdicts(
     """Verdicts on the runs, the summary and one trend plot per point on the parent run."""
     from pipeline.analysis import figures, plots
 
+    withheld = result.withheld()
     for run_id, verdict in result.points.items():
-        reader.set_tags(run_id, {"gate.verdict": verdict})
+        reader.set_tags(
+            run_id, {"gate.verdict": verdict} | ({"gate.withheld": withheld[run_id]} if run_id in withheld else {})
+        )
     for f in result.findings:
         values = {"ratio": f.ratio.estimate, "low": f.ratio.low, "high": f.ratio.high}
         reader.log_metrics(f.run_id, {f"gate.{f.metric}.{k}": v for k, v in values.items() if v is not None})

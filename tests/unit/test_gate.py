@@ -218,9 +218,39 @@ def test_fingerprint_keys_on_the_identity_less_the_engine_version() -> None:
 # ---- The command line, on a real store ---------------------------------------------------------
 
 
-def _store(tmp_path: Path, nights: list[float], params: dict[str, str] | None = None) -> tuple[str, list[str], str]:
+def test_a_window_that_failed_its_checks_is_never_a_pass_but_a_regression_on_it_stands() -> None:
+    """A point whose window its own checks reject (validity.steady_state = 0: "not steady") has
+    no pass and no improvement: the night is insufficient, naming the check. A regression seen on
+    it still fails the night, as a night that lost pairs still fails on what it did measure."""
+    rng = np.random.default_rng(1)
+    past = history(rng)
+    unsteady = dataclasses.replace(night(9, "base", 201, 50), failed_checks=("steady_state",))
+    same = judge_against_history([unsteady, night(9, "spec", 119, 80.5, 40)], past, OPTS, Floors())
+    assert same.points == {"run9-base": INSUFFICIENT, "run9-spec": PASS}
+    assert same.overall == "insufficient"
+    assert "not steady (validity.steady_state)" in same.withheld()["run9-base"]
+    text = gate_markdown(same, "nightly", "the median of the last 5 runs")
+    assert "- base-r1: not steady (validity.steady_state)" in text and "No reference for" not in text
+    slow = dataclasses.replace(night(9, "base", 300, 33), failed_checks=("steady_state",))
+    failed = judge_against_history([slow, night(9, "spec", 119, 80.5, 40)], past, OPTS, Floors())
+    assert failed.points["run9-base"] == REGRESSED and failed.overall == "fail" and not failed.withheld()
+    # A check that undermines latency only (other traffic on the server) still withholds the
+    # point: a throughput that passed hides no withheld latency.
+    shared = dataclasses.replace(night(9, "base", 201, 50), failed_checks=("other_traffic",))
+    result = judge_against_history([shared], past, OPTS, Floors())
+    assert result.points == {"run9-base": INSUFFICIENT} and result.overall == "insufficient"
+    verdicts = {f.metric: f.verdict for f in result.findings}
+    assert verdicts["output_throughput"] == PASS and verdicts["median_tpot_ms"] == INSUFFICIENT
+    # Confirmation keeps the withheld point withheld.
+    assert confirm(result, result, {}).overall == "insufficient"
+
+
+def _store(
+    tmp_path: Path, nights: list[float], params: dict[str, str] | None = None, validity: dict[str, float] | None = None
+) -> tuple[str, list[str], str]:
     """A local store holding one sweep run per value (median TPOT of its one point); ``params``
-    on the newest sweep run, as the driver records them."""
+    on the newest sweep run, as the driver records them, and ``validity`` (validity.* metrics)
+    on its point."""
     from pipeline.config import TrackingConfig
     from pipeline.record.tracking import Tracker, prepare, resolve_store
 
@@ -241,6 +271,7 @@ def _store(tmp_path: Path, nights: list[float], params: dict[str, str] | None = 
                 "p99_tpot_ms": 1.4 * tpot,
                 "median_ttft_ms": 90.0,
                 "output_throughput": 10_000 / tpot,
+                **(validity if validity and i == len(nights) - 1 else {}),
             },
         )
         tracker.end_run(child)
@@ -281,6 +312,29 @@ def test_gate_command_line_exit_codes_on_a_real_store(tmp_path: Path, capsys: py
     assert pin_tag() is None  # gone from the experiment's tags
     assert main([parents[2], *out]) == 0
     assert "pinned sweep run" not in capsys.readouterr().out  # the gate no longer uses it
+
+
+def test_the_gate_reads_a_windows_failed_checks_from_the_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An unchanged night whose window was not steady exits 3, naming the check, and its point
+    carries gate.withheld; the same night with its checks passed exits 0."""
+    out = ["--tracking-uri", "", "--out", str(tmp_path / "out")]
+    uri, parents, child = _store(tmp_path / "a", [201.0, 198.0, 203.0, 200.0], validity={"validity.steady_state": 1.0})
+    out[1] = uri
+    assert main(["nightly", *out]) == 0
+    capsys.readouterr()
+    uri, parents, child = _store(
+        tmp_path / "b", [201.0, 198.0, 203.0, 200.0], validity={"validity.steady_state": 0.0, "validity.failed": 1.0}
+    )
+    out[1] = uri
+    assert main(["nightly", *out]) == 3
+    said = capsys.readouterr()
+    assert "baseline-r1: not steady (validity.steady_state)" in said.out + said.err
+    from mlflow.tracking import MlflowClient
+
+    tags = MlflowClient(uri).get_run(child).data.tags
+    assert tags["gate.verdict"] == INSUFFICIENT and "not steady" in tags["gate.withheld"]
 
 
 def test_gate_judges_again_with_the_floors_the_sweep_recorded(
