@@ -11,7 +11,8 @@
 #   SPECSWEEP_EXPERIMENT the MLflow experiment on a shared server (tracking.experiment), default: nightly
 #   SPECSWEEP_REFERENCE  a reference build to measure tonight beside the candidate (gate.reference,
 #                        which makes the gate paired), e.g. "['engine.python=/opt/vllm-previous/bin/python']"
-#   SPECSWEEP_ARGS       extra overrides, e.g. "+ray.resources_per_group.GPU=1"
+#   SPECSWEEP_ARGS       extra overrides; a GPU model needs its GPUs per server and a start-up allowance, e.g.
+#                        "engine.device=gpu engine.tensor_parallel_size=8 engine.startup_timeout_s=1800 run.confirm_gpu_hours=12"
 # Exit code: the sweep's own (0 pass, 1 regression, 3 insufficient data or a failed
 # point, 4 infrastructure), read from the job's driver_exit_code.
 set -euo pipefail
@@ -31,6 +32,11 @@ else
   # The job's driver runs on the head, which does not see this shell's environment: the
   # model and the experiment travel as overrides.
   named=()
+  if [ -n "${SPECSWEEP_MODEL:-}" ]; then
+    echo "tonight measures $SPECSWEEP_MODEL"
+  else
+    echo "SPECSWEEP_MODEL is not set: tonight measures the embedded 135M toy model, a health check of the engine, not your model"
+  fi
   [ -z "${SPECSWEEP_MODEL:-}" ] || named+=("model.id=$SPECSWEEP_MODEL")
   [ -z "${SPECSWEEP_EXPERIMENT:-}" ] || named+=("tracking.experiment=$SPECSWEEP_EXPERIMENT")
   [ -z "${SPECSWEEP_REFERENCE:-}" ] || named+=("gate.reference=$SPECSWEEP_REFERENCE")

@@ -206,26 +206,29 @@ def judge_against_history(
             ratios.append(ratio)
             slots.append((point, metric, reference, value, measured))
     decided = decisions.decide(ratios, opts, [floors.relative(m, ref) for _, m, ref, _, _ in slots])
-    findings = tuple(
-        _withhold(
-            Finding(
-                p.label,
-                p.key,
-                p.run_id,
-                m.column,
-                _verdict(d, measured),
-                replace(d.ratio, metric=m.column),
-                floors.relative(m, ref),
-                ref,
-                value,
-                d.p_adjusted,
-                d.detail if not measured else "",
-            ),
-            _undermining(p, m),
-        )
-        for (p, m, ref, value, measured), d in zip(slots, decided, strict=True)
-    )
+    findings = tuple(_decided_finding(slot, d, floors) for slot, d in zip(slots, decided, strict=True))
     return _gate_result(current, findings, history, spread)
+
+
+def _decided_finding(
+    slot: tuple[GatedRun, GateMetric, float, float, bool], decided: decisions.Decision, floors: Floors
+) -> Finding:
+    """One metric of one point, decided, with the validity checks that withhold it."""
+    point, metric, reference, value, measured = slot
+    found = Finding(
+        point.label,
+        point.key,
+        point.run_id,
+        metric.column,
+        _verdict(decided, measured),
+        replace(decided.ratio, metric=metric.column),
+        floors.relative(metric, reference),
+        reference,
+        value,
+        decided.p_adjusted,
+        decided.detail if not measured else "",
+    )
+    return _withhold(found, _undermining(point, metric))
 
 
 def _undermining(point: GatedRun, metric: GateMetric) -> str:

@@ -86,9 +86,12 @@ def test_local_ray_starts_its_workers_at_normal_priority(monkeypatch: pytest.Mon
     seen: dict[str, str | None] = {}
     monkeypatch.delenv(cluster.WORKER_NICENESS, raising=False)
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(ray, "init", lambda **kw: seen.update(niceness=os.environ.get(cluster.WORKER_NICENESS)))
+    monkeypatch.setattr(
+        ray, "init", lambda **kw: seen.update(niceness=os.environ.get(cluster.WORKER_NICENESS), address=kw["address"])
+    )
     assert cluster.connect(RayConfig()) is True
-    assert seen == {"niceness": "0"}
+    # "local": on a machine that ran `ray start`, Ray would otherwise join that cluster unasked.
+    assert seen == {"niceness": "0", "address": "local"}
 
 
 def test_resources_no_node_offers_are_refused_naming_what_the_nodes_have() -> None:

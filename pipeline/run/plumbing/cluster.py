@@ -145,7 +145,9 @@ def connect(config: RayConfig) -> bool:
             # it: on a CPU machine the measured server then yields to Ray's own processes.
             # Ray Jobs runs drivers at 0 for the same reason; so do the workers of our local Ray.
             os.environ.setdefault(WORKER_NICENESS, "0")
-            ray.init(**LOCAL_INIT)
+            # "local": a machine that ran `ray start` (a head, a node) has a cluster Ray would
+            # otherwise join unasked, and refuse there for LOCAL_INIT's object store size.
+            ray.init(address="local", **LOCAL_INIT)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise Unreachable(f"cannot start or join Ray (ray.address={address}): {exc}") from exc
     # ray.init takes SIGTERM over (its handler aborts the driver: exit 134, not 143): take it back.
