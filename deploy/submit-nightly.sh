@@ -12,7 +12,7 @@
 #   SPECSWEEP_REFERENCE  a reference build to measure tonight beside the candidate (gate.reference,
 #                        which makes the gate paired), e.g. "['engine.python=/opt/vllm-previous/bin/python']"
 #   SPECSWEEP_ARGS       extra overrides; a GPU model needs its GPUs per server and a start-up allowance, e.g.
-#                        "engine.device=gpu engine.tensor_parallel_size=8 engine.startup_timeout_s=1800 run.confirm_gpu_hours=12"
+#                        "engine.device=gpu engine.tensor_parallel_size=8 engine.startup_timeout_s=3600 run.confirm_gpu_hours=12"
 # Exit code: the sweep's own (0 pass, 1 regression, 3 insufficient data or a failed
 # point, 4 infrastructure), read from the job's driver_exit_code.
 set -euo pipefail

@@ -86,6 +86,7 @@ class GroupEstimate:
     warmup_s: float
     points_s: dict[str, float]  # each point's window, by hash
     gpus: int
+    timeout_s: float = math.inf  # engine.startup_timeout_s: the server is stopped if not ready by then
 
     @property
     def total_s(self) -> float:
@@ -135,6 +136,12 @@ class TimeEstimate:
                 + f", windows ~{(g.warmup_s + sum(g.points_s.values())) / 60:.1f} min"
                 + (f", {g.gpus} GPU(s): ~{g.gpu_hours:.2f} GPU-hours" if g.gpus else "")
             )
+            if s.total_s > g.timeout_s:
+                # The deadline counts from the process's start, download included.
+                out.append(
+                    f"  ! server {g.index} would start in ~{s.total_s / 60:.1f} min, past engine.startup_timeout_s="
+                    f"{g.timeout_s:g} s: it would be stopped before it is ready; raise engine.startup_timeout_s"
+                )
         return out + [f"  {note}" for note in self.notes]
 
 
@@ -213,7 +220,10 @@ def _group_estimate(group: ServerGroup, facts: StartFacts, start: StartEstimate)
     job = group.server_job
     warmup = job.load.warmup_requests * min(job.workload.max_tokens, WARMUP_MAX_TOKENS) * tpot_s(facts)
     points = {p.hash: point_estimate_s(p.job, facts) for p in group.points}
-    return GroupEstimate(group.index, start, warmup, points, facts.gpus if facts.starts else 0)
+    gpus = facts.gpus if facts.starts else 0
+    return GroupEstimate(
+        group.index, start, warmup, points, gpus, job.engine.startup_timeout_s if facts.starts else math.inf
+    )
 
 
 # ---- What this machine knows ---------------------------------------------------------------

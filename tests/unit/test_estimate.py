@@ -73,6 +73,18 @@ def test_a_first_70b_sweep_pays_the_download_once_and_each_configuration_compile
     assert again.wall_s < first.wall_s - 23 * 60
 
 
+def test_a_start_past_the_startup_deadline_is_said_in_the_plan() -> None:
+    """The first 70B start (~30 min, the download included) is past a 1800 s deadline: the plan
+    says which server would be stopped before it is ready, and the fix; an hour is enough."""
+    short = plan_sweep(_jobs(startup_timeout_s=1800))
+    lines = est.estimate(short, _facts(short)).lines()
+    warned = [line for line in lines if "past engine.startup_timeout_s" in line]
+    assert len(warned) == 1 and "server 1 would start in ~30." in warned[0], lines
+    assert "raise engine.startup_timeout_s" in warned[0]
+    enough = plan_sweep(_jobs(startup_timeout_s=3600))
+    assert not [line for line in est.estimate(enough, _facts(enough)).lines() if "startup_timeout_s" in line]
+
+
 def test_repeated_starts_of_one_configuration_compile_cold_only_the_first_time() -> None:
     from pipeline.config import RepeatsConfig
 
