@@ -182,7 +182,8 @@ def k_schedule(
                 best = best if switch else previous
         previous = best or None
         e2el = baseline_e2el_s.get(float(rate))
-        batch = max(1, math.ceil(rate * e2el)) if e2el and math.isfinite(rate) else None
+        # A rate whose baseline window served nothing has no latency (NaN): no batch to place it at.
+        batch = max(1, math.ceil(rate * e2el)) if e2el and math.isfinite(e2el) and math.isfinite(rate) else None
         if batch is None:
             continue
         bands.append((batch, best))

@@ -498,7 +498,13 @@ def _window_level_ratio(
     """Throughput is one number per window: its spread is measured across windows (repeats).
     Resampling a window's requests would not do: the window's span hangs on its slowest
     request, and a bootstrap of a maximum is known to mislead (it came out far too narrow)."""
-    per_run = np.array([math.log(s.throughput / b.throughput) for b, s in zip(base, spec, strict=True)])
+    # A window that streamed nothing (every request failed) has throughput 0: no ratio, said below.
+    per_run = np.array(
+        [
+            math.log(s.throughput / b.throughput) if s.throughput > 0 and b.throughput > 0 else math.nan
+            for b, s in zip(base, spec, strict=True)
+        ]
+    )
     requests = int(np.median([min(b.size, s.size) for b, s in zip(base, spec, strict=True)]))
     if not np.all(np.isfinite(per_run)):
         return Ratio(metric, None, runs=len(base), requests=requests, note="a window has no throughput")

@@ -292,6 +292,10 @@ def test_the_report_advice_and_figures_read_each_verdict_from_its_decision_not_t
     schedule = advisor.k_schedule(blanked.comparisons, e2el, "ngram", lambda slower, faster: False)
     assert schedule == advisor.k_schedule(data.comparisons, e2el, "ngram", lambda slower, faster: False)
     assert schedule is not None and schedule["num_speculative_tokens_per_batch_size"][0][2] == 3
+    # A rate whose baseline served nothing (every request failed: its latency is NaN) has no band;
+    # the others keep theirs (the default sweep's 16/s windows on an AVX2-only CPU).
+    lost = advisor.k_schedule(data.comparisons, e2el | {16.0: math.nan}, "ngram", lambda slower, faster: False)
+    assert lost is not None and lost["num_speculative_tokens_per_batch_size"][0][2] == 3
 
 
 def test_fewer_than_five_requests_get_no_verdict() -> None:

@@ -257,6 +257,18 @@ def test_kept_up_is_the_achieved_request_rate_against_the_offered_one() -> None:
     assert math.isnan(stats.achieved_share(w)) and not stats.keeps_up(w)
 
 
+def test_a_window_that_streamed_nothing_has_no_throughput_ratio_and_no_error() -> None:
+    """Every request of a window failed (found by the default sweep on an AVX2-only CPU, whose
+    16 req/s windows timed out whole): its throughput is 0, and the ratio says so, not a crash."""
+    rng = np.random.default_rng(0)
+    base = window(rng, np.zeros(30), 0.04)
+    empty = dataclasses.replace(window(rng, np.zeros(30), 0.04), output_tokens=np.zeros(30))
+    assert empty.throughput == 0.0
+    for a, b in ((base, empty), (empty, base), (empty, empty)):
+        ratio = stats.paired_ratio("output_throughput_ratio", [a], [b], OPTS, rng)
+        assert ratio.estimate is None and "no throughput" in ratio.note
+
+
 def test_acceptance_length_interval_is_centred_on_the_counters() -> None:
     rng = np.random.default_rng(0)
     w = window(rng, np.zeros(30), 0.04)
