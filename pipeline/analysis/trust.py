@@ -44,6 +44,7 @@ RATE_TOLERANCE = 0.05  # achieved / offered send rate, or 3 / sqrt(n) where the 
 LAG_MS = (10.0, 50.0)  # p99 send lateness allowed: a quarter of the mean gap, within these bounds
 BURSTY_CV = 2.0  # sends per second's coefficient of variation above this: synchronized waves
 BURSTY_MIN_RATE = 1.0  # ... where at least this many requests a second are sent
+VALIDITY = "validity."  # the metrics' prefix: validity.<check name>
 REPEAT_P = 0.01  # repeats disagree when their windows' noise (and the A/A spread) makes it this unlikely
 
 
@@ -464,7 +465,12 @@ def judge_window(facts: Mapping[str, object], policy: str = "cold") -> dict[str,
 
 def validity_metrics(found: Mapping[str, CheckResult]) -> dict[str, float]:
     """``validity.<name>``: 1 where the check passed, 0 where it failed."""
-    return {f"validity.{name}": finding.metric for name, finding in found.items()}
+    return {f"{VALIDITY}{name}": finding.metric for name, finding in found.items()}
+
+
+def failed_checks(metrics: Mapping[str, float]) -> list[str]:
+    """The names of the checks a window failed, read back from its metrics (:func:`validity_metrics`)."""
+    return [k.removeprefix(VALIDITY) for k, v in metrics.items() if k.startswith(VALIDITY) and not v]
 
 
 # ---- Across a point's windows, for the report ----------------------------------------------

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from pipeline.analysis import trust
 from pipeline.analysis.decisions import GateOutcome
 from pipeline.analysis.gate_summary import flips_markdown, gate_markdown, night_markdown
 from pipeline.analysis.paired import NightWindow, PairedResult, judge_night_as
@@ -91,15 +92,19 @@ def point_runs(
         sample = window_sample(reader, child.run_id, child.metrics.get("duration", math.nan), work)
         values = {m.column: child.metrics.get(m.column, math.nan) for m in GATED}
         key = fingerprint(child.tags)
-        out.append(GatedRun(child.run_id, parent_id, key, child.name, values, sample, started, failed_checks(child)))
+        out.append(
+            GatedRun(
+                child.run_id,
+                parent_id,
+                key,
+                child.name,
+                values,
+                sample,
+                started,
+                tuple(sorted(trust.failed_checks(child.metrics))),
+            )
+        )
     return out
-
-
-def failed_checks(child: ChildRun) -> tuple[str, ...]:
-    """The validity checks the window failed, by name (``validity.<name>`` = 0, as point.py logs them)."""
-    return tuple(
-        sorted(k.removeprefix("validity.") for k, v in child.metrics.items() if k.startswith("validity.") and not v)
-    )
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from typing import Any
 
 import pandas as pd
 
+from pipeline.analysis import trust
 from pipeline.analysis.samples import Sample
 from pipeline.engines import synthetic
 from pipeline.engines.acceptance import normalized
@@ -213,9 +214,7 @@ def _log_point(
         tags["acceptance.note"] = measurement.acceptance.note
     tags["prefix_cache.policy"] = point.job.engine.prefix_cache
     tracker.set_tags(run_id, tags)
-    failed = [
-        k.removeprefix("validity.") for k, v in measurement.validity.items() if k.startswith("validity.") and not v
-    ]
+    failed = trust.failed_checks(measurement.validity)
     if failed:
         print(f"[{point.label}] validity checks failed: {', '.join(failed)} (the report says why, and what to do)")
 
