@@ -96,22 +96,38 @@ def pair_log_ratio(
         return math.log(ref / cand) if higher_is_better else math.log(cand / ref)
     if reference is None or candidate is None:
         return math.nan
+    quantiles = _pair_quantiles(how, reference, candidate)
+    if isinstance(quantiles, str):
+        return math.nan
+    ref_q, cand_q = quantiles
+    # A quantile that reaches one build's failures is censored: that build is slower than any
+    # answer, and the pair's ratio is +inf (the candidate's) or -inf (the reference's), which the
+    # night's test counts by rank.
+    if math.isinf(cand_q) or math.isinf(ref_q):
+        return math.inf if math.isinf(cand_q) else -math.inf
+    return math.log(cand_q / ref_q)
+
+
+def _pair_quantiles(how: str, reference: Sample, candidate: Sample) -> tuple[float, float] | str:
+    """The two builds' quantiles (``how``: "median tpot") over the prompts both were asked, or
+    why they give no ratio: the one place both the ratio and the night's account of a lost
+    pair read, so that the reason said is the reason it was lost."""
     statistic, name = how.split()
     # The prompts both servers were asked, a failed request as a latency of +inf (censored): a
     # candidate that fails requests is slower by them, not judged on what it did answer.
     ref_values, cand_values = paired_values(reference, candidate, name)
     if len(ref_values) < 5:  # as the sweep's verdicts: fewer than five paired requests say nothing
-        return math.nan
+        return f"{len(ref_values)} prompt(s) paired, fewer than 5"
     q = 50.0 if statistic == "median" else 99.0
     ref_q, cand_q = censored_percentile(ref_values, q), censored_percentile(cand_values, q)
+    if math.isinf(cand_q) and math.isinf(ref_q):  # both censored: nothing says which is slower
+        return f"both builds' {how} reached their failed requests"
     if not (ref_q > 0 and cand_q > 0):
-        return math.nan
-    # A quantile that reaches one build's failures is censored: that build is slower than any
-    # answer, and the pair's ratio is +inf (the candidate's) or -inf (the reference's), which the
-    # night's test counts by rank. Both censored: nothing says which is slower.
-    if math.isinf(cand_q) or math.isinf(ref_q):
-        return math.nan if math.isinf(cand_q) and math.isinf(ref_q) else (math.inf if math.isinf(cand_q) else -math.inf)
-    return math.log(cand_q / ref_q)
+        # A zero: the requests' tokens arrived together (a server that streams in one burst),
+        # and a ratio to zero measures nothing.
+        zero = [b for b, v in (("reference", ref_q), ("candidate", cand_q)) if not v > 0]
+        return f"the {' and '.join(zero)} build's {how} is 0 ms"
+    return ref_q, cand_q
 
 
 def why_no_ratio(metric: str, reference: Sample | None, candidate: Sample | None) -> str:
@@ -123,10 +139,8 @@ def why_no_ratio(metric: str, reference: Sample | None, candidate: Sample | None
     how, _ = PAIRED_METRICS[metric]
     if how == "summary":
         return f"a window has no {metric}"
-    ref_values, _ = paired_values(reference, candidate, how.split()[1])
-    if len(ref_values) < 5:
-        return f"{len(ref_values)} prompt(s) paired, fewer than 5"
-    return f"both builds' {how} reached their failed requests"
+    quantiles = _pair_quantiles(how, reference, candidate)
+    return quantiles if isinstance(quantiles, str) else "it has one"
 
 
 def failures_test(windows: Sequence[NightWindow], pairs: int, alpha: float) -> PairedTest:

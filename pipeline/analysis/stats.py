@@ -48,6 +48,7 @@ class Metric:
 
 
 # The report's ratios, named as the sweep table's columns: every comparison the metrics declare.
+Statistic = Callable[[np.ndarray], np.ndarray]  # a quantile over resampled positions
 RATIOS: dict[str, Metric] = {
     m.ratio: Metric(m.field or "throughput", m.percentile or 0, m.better is Better.LOWER)
     for m in COMPARISONS.values()
@@ -430,23 +431,7 @@ def _paired_ratio(
     estimates, replicates, sizes = [], [], []
     sign = 1.0 if m.latency else -1.0  # > 1 always means speculation is better
     for b, s in zip(base, spec, strict=True):
-        if m.field == "itl":
-            b_rows, s_rows = _paired_positions(b, s, m)
-            b_stat, s_stat = _quantile_of(b, b_rows, m), _quantile_of(s, s_rows, m)
-            size = len(b_rows)
-            # Each request's own median gap stands for it in the serial-correlation check.
-            b_req, s_req = (
-                [float(np.median(w.itl[r])) if len(w.itl[r]) else math.nan for r in rows]
-                for w, rows in ((b, b_rows), (s, s_rows))
-            )
-            per_request = np.log(np.array(b_req)) - np.log(np.array(s_req))
-            prompts = b.index[b_rows]
-        else:
-            b_vals, s_vals, prompts = _paired_by_prompt(b, s, m.field)
-            b_stat, s_stat = _quantile(b_vals, m.percentile), _quantile(s_vals, m.percentile)
-            size = len(b_vals)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                per_request = np.log(b_vals) - np.log(s_vals)
+        b_stat, s_stat, size, per_request, prompts = _window_quantiles(b, s, m)
         sizes.append(size)
         if size < opts.min_requests:
             return Ratio(
@@ -457,11 +442,19 @@ def _paired_ratio(
                 note=f"not enough requests ({size} paired, fewer than {opts.min_requests})",
             )
 
-        def log_ratio(pos: np.ndarray, b_stat=b_stat, s_stat=s_stat) -> np.ndarray:
-            with np.errstate(divide="ignore", invalid="ignore"):
-                return sign * (np.log(b_stat(pos)) - np.log(s_stat(pos)))
+        everyone = np.arange(size)
+        if 0.0 in (float(b_stat(everyone)), float(s_stat(everyone))):
+            # A server that streamed a request's tokens together measures a gap of 0: a ratio to
+            # it is no speedup (log 0 would read as the censored -inf of a failed window).
+            return Ratio(metric, None, runs=runs, requests=size, note=f"a window's {m.field} quantile is 0 ms")
 
-        estimate = float(log_ratio(np.arange(size)))
+        def log_ratio(pos: np.ndarray, b_stat=b_stat, s_stat=s_stat) -> np.ndarray:
+            b_q, s_q = b_stat(pos), s_stat(pos)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                # A resample whose quantile is 0 is undefined (NaN), never the +-inf of a failure.
+                return np.where((b_q == 0) | (s_q == 0), np.nan, sign * (np.log(b_q) - np.log(s_q)))
+
+        estimate = float(log_ratio(everyone))
         estimates.append(estimate)
         # Serially correlated requests (high load): widen this run's replicates about its estimate.
         _, factor = serial_inflation(per_request[_arrival_order(b, s, prompts)])
@@ -473,6 +466,25 @@ def _paired_ratio(
     centre, combined, df = _combine_runs(estimates, replicates, opts, rng)
     noise = _noise(estimates, replicates, int(np.median(sizes)), restarted)
     return interval_from(metric, centre, combined, opts, runs, int(np.median(sizes)), df, noise)
+
+
+def _window_quantiles(b: Sample, s: Sample, m: Metric) -> tuple[Statistic, Statistic, int, np.ndarray, np.ndarray]:
+    """One pair of windows' quantile statistics (over resampled positions), the number of
+    paired requests, each request's log ratio (for the serial-correlation check) and its prompts."""
+    if m.field == "itl":
+        b_rows, s_rows = _paired_positions(b, s, m)
+        # Each request's own median gap stands for it in the serial-correlation check.
+        b_req, s_req = (
+            [float(np.median(w.itl[r])) if len(w.itl[r]) else math.nan for r in rows]
+            for w, rows in ((b, b_rows), (s, s_rows))
+        )
+        with np.errstate(divide="ignore", invalid="ignore"):
+            per_request = np.log(np.array(b_req)) - np.log(np.array(s_req))
+        return _quantile_of(b, b_rows, m), _quantile_of(s, s_rows, m), len(b_rows), per_request, b.index[b_rows]
+    b_vals, s_vals, prompts = _paired_by_prompt(b, s, m.field)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_request = np.log(b_vals) - np.log(s_vals)
+    return _quantile(b_vals, m.percentile), _quantile(s_vals, m.percentile), len(b_vals), per_request, prompts
 
 
 def _noise(estimates: list[float], replicates: list[np.ndarray], requests: int, restarted: bool) -> Noise:

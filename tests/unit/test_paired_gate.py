@@ -500,6 +500,32 @@ def test_a_night_that_lost_pairs_is_insufficient_and_says_how_many_were_planned_
     assert slowed.overall == "fail"
 
 
+def test_a_lost_pairs_reason_is_the_reason_it_has_no_ratio() -> None:
+    # A server that streams its tokens in one burst measures a TPOT of 0: no ratio, and the
+    # night's account says so, not that the builds' quantiles reached failed requests (it once did).
+    aa = _night(0.0, pairs=4, seed=3)
+    burst = [
+        dataclasses.replace(
+            w, sample=dataclasses.replace(w.sample, values={**w.sample.values, "tpot": w.sample.values["tpot"] * 0})
+        )
+        if w.pair == 1 and w.build == "reference"
+        else w
+        for w in aa
+    ]
+    verdict = paired.judge_night(
+        burst, pairs=4, primary="median_tpot_ms", gated=[], alpha=0.05, floor=0.01, detect=0.15
+    )
+    assert verdict.overall == "insufficient" and len(verdict.account.lost) == 1
+    assert "the reference build's median tpot is 0 ms" in verdict.account.lost[0], verdict.account.lost
+    ref, cand = aa[0].sample, aa[1].sample
+    assert ref is not None and cand is not None
+    both = paired.why_no_ratio("median_tpot_ms", _failing(ref, list(range(16))), _failing(cand, list(range(14, 30))))
+    assert both == "both builds' median tpot reached their failed requests"
+    assert (
+        paired.why_no_ratio("median_tpot_ms", ref.with_index(ref.index[:4]), cand) == "4 prompt(s) paired, fewer than 5"
+    )
+
+
 def _crashing_night(rng: np.random.Generator, slowdown: float, crash_after: int | None) -> list[NightWindow]:
     """The issue's night: 2 points x 16 requests, 5 pairs, a candidate ``slowdown`` slower that
     (with ``crash_after``) fails every request after that many at one point in pairs 2-4."""

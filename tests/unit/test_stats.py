@@ -369,6 +369,23 @@ def test_failed_requests_count_as_censored_latencies_not_as_missing_ones() -> No
     assert p99.estimate == 0.0  # its p99 is a failure: +inf
 
 
+def test_a_zero_latency_is_no_ratio_and_never_read_as_a_failure() -> None:
+    # A server that streams a request's tokens together measures a TPOT of 0 (a scripted server
+    # did, in a stand-in night): log(0) once read as the -inf a failed window gives.
+    rng = np.random.default_rng(4)
+    prompt = rng.normal(0, 0.1, 40)
+    base, spec = window(rng, prompt, 0.04), window(rng, prompt, 0.04)
+    some = dataclasses.replace(
+        spec, values={**spec.values, "tpot": np.where(np.arange(40) < 12, 0.0, spec.values["tpot"])}
+    )
+    ratio = paired_ratio("speedup_median_tpot", [base], [some], OPTS)
+    assert ratio.estimate is not None and math.isfinite(ratio.estimate)
+    assert ratio.low is not None and ratio.high is not None  # resamples reaching a 0 are undefined, not censored
+    every = dataclasses.replace(spec, values={**spec.values, "tpot": np.zeros(40)})
+    none = paired_ratio("speedup_median_tpot", [base], [every], OPTS)
+    assert none.estimate is None and none.note == "a window's tpot quantile is 0 ms"
+
+
 def _failing_spec(spec: Sample, prompts: np.ndarray) -> Sample:
     """The speculative window with these prompts failed: gone from the answers, listed as failures."""
     kept = spec.with_index(np.setdiff1d(spec.index, prompts))
