@@ -47,8 +47,9 @@ class Metric:
     latency: bool  # True: lower is better, the ratio is baseline / speculative
 
 
-# The report's ratios, named as the sweep table's columns: every comparison the metrics declare.
 Statistic = Callable[[np.ndarray], np.ndarray]  # a quantile over resampled positions
+
+# The report's ratios, named as the sweep table's columns: every comparison the metrics declare.
 RATIOS: dict[str, Metric] = {
     m.ratio: Metric(m.field or "throughput", m.percentile or 0, m.better is Better.LOWER)
     for m in COMPARISONS.values()
